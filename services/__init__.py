@@ -1,0 +1,1 @@
+"""Code shared by the gateway, the worker and the cache service."""

@@ -1,0 +1,1 @@
+"""gRPC stubs generated from protos/ by `make protos`; nothing here is written by hand."""

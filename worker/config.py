@@ -1,0 +1,38 @@
+"""Engine configuration: numbers and strings only, so the scheduler builds without a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    max_waiting: int = 1024  # queue full beyond this: the request is refused as overloaded
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class EngineConfig:
+    model: str = "models/SmolLM2-135M-Instruct"
+    served_model_name: str | None = None
+    dtype: str = "float32"  # float32 | bfloat16
+    device: str = "cpu"  # cpu | cuda
+    num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    scheduler: SchedulerConfig | None = None
+    cache: CacheConfig | None = None
+
+    def __post_init__(self) -> None:
+        self.scheduler = self.scheduler or SchedulerConfig()
+        self.cache = self.cache or CacheConfig()
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")

@@ -1,0 +1,116 @@
+"""What the engine streams back to its callers, one object per choice and step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    token_bytes: bytes = b""
+
+
+@dataclass
+class PositionLogprobs:
+    chosen: TokenLogprob
+    top: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass
+class RequestOutput:
+    """A delta of one choice. The final one has finish_reason and usage set."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    usage: Usage | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class PromptInput:
+    """Exactly one of the three forms."""
+
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
+    token_ids: list[int] | None = None
+
+
+@dataclass
+class ModelInfo:
+    model_name: str
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    dtype: str
+    device: str
+    max_num_seqs: int
+    vocab_size: int
+
+
+@dataclass
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_kv_blocks_used: int = 0
+    num_kv_blocks_total: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_finished: int = 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.num_kv_blocks_used / self.num_kv_blocks_total if self.num_kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+@dataclass
+class StepStats:
+    """One engine step, for metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+    batch_size: int  # sequences in the step
+    num_batched_tokens: int
+    step_time_s: float
+    num_preemptions: int
+    prefix_cache_queries: int  # tokens looked up this step
+    prefix_cache_hits: int
+    num_prompt_tokens: int  # prompt tokens computed this step
+    num_generation_tokens: int  # tokens sampled this step
+    time_to_first_tokens_s: list[float] = field(default_factory=list)
+    inter_token_latencies_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class FinishedRequestStats:
+    """One finished choice, for metrics."""
+
+    finish_reason: str
+    prompt_tokens: int
+    generation_tokens: int
+    cached_tokens: int
+    queue_time_s: float  # arrival to first scheduled
+    e2e_latency_s: float  # arrival to finish

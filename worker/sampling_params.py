@@ -1,0 +1,58 @@
+"""Per-request sampling and stopping parameters (OpenAI's, plus vLLM's extensions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = None  # None: up to the context limit
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = None  # None: no logprobs; k: sampled token's logprob and the top k
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise ValueError with a user-facing message for out-of-range values."""
+        checks = [
+            (self.n >= 1, "n must be at least 1"),
+            (self.temperature >= 0.0, "temperature must be non-negative"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be 0 (off) or positive"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be positive"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.min_tokens >= 0, "min_tokens must be non-negative"),
+            (
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "min_tokens must not exceed max_tokens",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+            ),
+            (all(s for s in self.stop), "stop strings must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)

@@ -1,0 +1,50 @@
+"""Worker settings: one environment variable (and flag) per setting, prefix WORKER_."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WORKER_", cli_parse_args=False, extra="ignore")
+
+    model: str = "models/SmolLM2-135M-Instruct"
+    served_model_name: str = "SmolLM2-135M-Instruct"
+    dtype: str = "float32"
+    device: str = "cpu"
+    num_threads: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int = 9101
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_gb: float = 1.0
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    max_waiting: int = 1024
+    price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model,
+            served_model_name=self.served_model_name,
+            dtype=self.dtype,
+            device=self.device,
+            num_threads=self.num_threads,
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                max_waiting=self.max_waiting,
+            ),
+            cache=CacheConfig(
+                block_size=self.block_size,
+                num_blocks=self.num_kv_blocks,
+                kv_cache_memory_gb=self.kv_cache_gb,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+        )
