@@ -1,0 +1,233 @@
+"""Prometheus metrics of one worker, named as vLLM names them with `llmserve:` in place of `vllm:`.
+
+The engine calls `on_step` and `on_request_finished` on its own thread after each step; the HTTP server
+that serves /metrics runs on another thread, so the little state kept here (the recent-throughput
+window behind the cost gauge) is guarded by a lock. Keeping vLLM's names lets dashboards and alerts
+written for vLLM work against this worker with a prefix change.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from worker.outputs import FinishedRequestStats, StepStats
+
+PREFIX = "llmserve:"
+FINISH_REASONS = ("stop", "length", "abort")
+
+# Bucket bounds (seconds or counts), chosen for a small model on CPU up to a large one on a GPU.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class _Engine(Protocol):
+    def add_step_listener(self, listener: Callable[[StepStats], None]) -> None: ...
+
+    def add_finished_listener(self, listener: Callable[[FinishedRequestStats], None]) -> None: ...
+
+
+class _Settings(Protocol):
+    host: str
+    metrics_port: int
+    served_model_name: str
+    price_per_hour_usd: float
+
+
+class WorkerMetrics:
+    """The worker's metrics on a registry of their own (so tests can build as many as they like)."""
+
+    def __init__(
+        self,
+        model_name: str,
+        price_per_hour_usd: float = 0.0,
+        throughput_window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if price_per_hour_usd < 0:
+            raise ValueError("price_per_hour_usd must be non-negative")
+        if throughput_window_s <= 0:
+            raise ValueError("throughput_window_s must be positive")
+        self.registry = CollectorRegistry()
+        self.price_per_hour_usd = price_per_hour_usd
+        self._window_s = throughput_window_s
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._recent: deque[tuple[float, int]] = deque()
+        self._server = None
+        self._server_thread: threading.Thread | None = None
+
+        reg = self.registry
+        name = ["model_name"]
+
+        def gauge(metric: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + metric, doc, name, registry=reg)
+
+        def counter(metric: str, doc: str) -> Counter:
+            return Counter(PREFIX + metric, doc, name, registry=reg)
+
+        def histogram(metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + metric, doc, name, buckets=buckets, registry=reg)
+
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.").labels(
+            model_name
+        )
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.").labels(
+            model_name
+        )
+        self.kv_cache_usage_perc = gauge(
+            "kv_cache_usage_perc", "Fraction (0..1) of KV-cache blocks held by live requests."
+        ).labels(model_name)
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        ).labels(model_name)
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        ).labels(model_name)
+        self.num_preemptions = counter("num_preemptions", "Requests preempted to free KV blocks.").labels(
+            model_name
+        )
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed (prefill).").labels(model_name)
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(model_name)
+        self._request_success = Counter(
+            PREFIX + "request_success",
+            "Finished requests (choices), by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=reg,
+        )
+        self._model_name = model_name
+        for reason in FINISH_REASONS:
+            self._request_success.labels(model_name, reason)
+
+        self.time_to_first_token = histogram(
+            "time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS
+        ).labels(model_name)
+        self.inter_token_latency = histogram(
+            "inter_token_latency_seconds", "Time between two generated tokens of a request.", ITL_BUCKETS
+        ).labels(model_name)
+        self.e2e_request_latency = histogram(
+            "e2e_request_latency_seconds", "Arrival to finish of a request.", E2E_BUCKETS
+        ).labels(model_name)
+        self.request_queue_time = histogram(
+            "request_queue_time_seconds", "Arrival to first scheduled.", QUEUE_BUCKETS
+        ).labels(model_name)
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt length of finished requests.", TOKEN_COUNT_BUCKETS
+        ).labels(model_name)
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated length of finished requests.", TOKEN_COUNT_BUCKETS
+        ).labels(model_name)
+        self.step_batch_size = histogram(
+            "step_batch_size", "Sequences in one engine step.", BATCH_SIZE_BUCKETS
+        ).labels(model_name)
+        self.step_batched_tokens = histogram(
+            "step_batched_tokens", "Tokens computed in one step (prefill and decode).", TOKEN_COUNT_BUCKETS
+        ).labels(model_name)
+        self.step_time = histogram(
+            "step_time_seconds", "Wall time of one engine step.", STEP_TIME_BUCKETS
+        ).labels(model_name)
+
+        gauge(
+            "avg_generation_throughput_toks_per_s",
+            f"Generated tokens per second over the last {throughput_window_s:g} s.",
+        ).labels(model_name).set_function(self.generation_throughput)
+        gauge(
+            "cost_per_1k_generation_tokens_usd",
+            "Machine price per hour (WORKER_PRICE_PER_HOUR_USD) spread over the recent generation "
+            "throughput, per 1000 generated tokens; NaN while nothing was generated in the window.",
+        ).labels(model_name).set_function(self.cost_per_1k_generation_tokens)
+
+    def request_success(self, finished_reason: str) -> Counter:
+        """The request_success child for one finish reason."""
+        return self._request_success.labels(self._model_name, finished_reason)
+
+    def on_step(self, stats: StepStats) -> None:
+        """Engine step listener: gauges take the step's state, counters and histograms its deltas."""
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        total = stats.num_kv_blocks_total
+        self.kv_cache_usage_perc.set(stats.num_kv_blocks_used / total if total else 0.0)
+        self.prefix_cache_queries.inc(stats.prefix_cache_queries)
+        self.prefix_cache_hits.inc(stats.prefix_cache_hits)
+        self.num_preemptions.inc(stats.num_preemptions)
+        self.prompt_tokens.inc(stats.num_prompt_tokens)
+        self.generation_tokens.inc(stats.num_generation_tokens)
+        for ttft in stats.time_to_first_tokens_s:
+            self.time_to_first_token.observe(ttft)
+        for itl in stats.inter_token_latencies_s:
+            self.inter_token_latency.observe(itl)
+        if stats.batch_size > 0:
+            self.step_batch_size.observe(stats.batch_size)
+            self.step_batched_tokens.observe(stats.num_batched_tokens)
+            self.step_time.observe(stats.step_time_s)
+        if stats.num_generation_tokens > 0:
+            with self._lock:
+                self._recent.append((self._clock(), stats.num_generation_tokens))
+                self._prune(self._clock())
+
+    def on_request_finished(self, stats: FinishedRequestStats) -> None:
+        """Engine finished-request listener."""
+        self.request_success(stats.finish_reason).inc()
+        self.e2e_request_latency.observe(stats.e2e_latency_s)
+        self.request_queue_time.observe(stats.queue_time_s)
+        self.request_prompt_tokens.observe(stats.prompt_tokens)
+        self.request_generation_tokens.observe(stats.generation_tokens)
+
+    def _prune(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - self._window_s:
+            self._recent.popleft()
+
+    def _window(self) -> tuple[int, float]:
+        """Tokens generated in the window and the window's length (shorter just after start)."""
+        now = self._clock()
+        with self._lock:
+            self._prune(now)
+            tokens = sum(n for _, n in self._recent)
+        return tokens, min(self._window_s, now - self._started)
+
+    def generation_throughput(self) -> float:
+        tokens, span = self._window()
+        return tokens / span if span > 0 else 0.0
+
+    def cost_per_1k_generation_tokens(self) -> float:
+        """What the machine cost during the window, divided by the thousands of tokens it generated."""
+        tokens, span = self._window()
+        if tokens == 0 or span <= 0:
+            return math.nan
+        return self.price_per_hour_usd * span / 3600.0 / tokens * 1000.0
+
+    def serve(self, port: int, host: str) -> int:
+        """Serve /metrics over HTTP on a daemon thread; returns the bound port (useful with port 0)."""
+        self._server, self._server_thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        """Stop the HTTP server, if serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._server_thread is not None:
+            self._server_thread.join(timeout=5)
+            self._server_thread = None
+
+
+def start_metrics_server(engine: _Engine, settings: _Settings) -> WorkerMetrics:
+    """Attach the metrics to the engine's listeners and serve them on settings.metrics_port."""
+    metrics = WorkerMetrics(settings.served_model_name, settings.price_per_hour_usd)
+    engine.add_step_listener(metrics.on_step)
+    engine.add_finished_listener(metrics.on_request_finished)
+    metrics.serve(settings.metrics_port, settings.host)
+    return metrics
