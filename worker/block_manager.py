@@ -1,0 +1,166 @@
+"""Paged KV block bookkeeping with automatic prefix caching. Pure Python: no torch, no model.
+
+The KV pool holds `num_blocks` blocks of `block_size` token slots. A request owns a block table
+(list of block ids); token i of the request lives in slot block_table[i // bs] * bs + i % bs.
+
+    request tokens:  [t0 .. t15][t16 .. t31][t32 .. t37 ______]
+    block table:     [    7    ][    2     ][      11         ]   (last block partly filled)
+
+A *full* block is identified by a hash chained from its predecessor's hash and its own tokens, so one
+hash names a whole prefix. Full blocks are registered in `cached_blocks` once computed; a later
+request whose prompt starts with the same tokens reuses them (reference counted). A block whose
+count drops to zero goes to the back of the free queue but keeps its hash: until it is handed out
+again it can still be hit. Allocation takes from the front, so the least recently freed block is
+evicted first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from worker.request import Request
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()  # kept for the token re-check on a hash hit
+
+
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached_blocks: dict[int, int] = {}  # block hash -> block id
+        # Per request: hashes of its full blocks that are registered in the cache, in order.
+        self._request_hashes: dict[str, list[int]] = {}
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by live requests (cached-but-free blocks do not count)."""
+        return self.num_blocks - len(self.free_queue)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- prefix cache --------------------------------------------------------------------
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of the prompt, never covering its last token.
+
+        The last prompt token must run to produce logits, so at most (num_tokens - 1) tokens count.
+        Every hash hit is re-checked against the block's stored tokens.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        tokens = request.all_token_ids
+        max_full = (len(tokens) - 1) // self.block_size
+        hits: list[int] = []
+        parent: int | None = None
+        for i in range(max_full):
+            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+            block_hash = hash_block(parent, chunk)
+            block_id = self.cached_blocks.get(block_hash)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            hits.append(block_id)
+            parent = block_hash
+        return hits
+
+    def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries += num_query_tokens
+        self.prefix_hits += num_hit_tokens
+
+    # ---- allocation ----------------------------------------------------------------------
+    def can_allocate(self, request: Request, num_new_tokens: int, cached_block_ids: list[int] = ()) -> bool:
+        needed = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        needed -= len(cached_block_ids)
+        # Reusing a cached block that is currently free takes it out of the free queue too.
+        free_hits = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        return max(needed, 0) + free_hits <= self.num_free_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int, cached_block_ids: list[int] = ()) -> bool:
+        """Grow the request's block table to hold num_new_tokens more tokens. False if out of blocks."""
+        if not self.can_allocate(request, num_new_tokens, cached_block_ids):
+            return False
+        for block_id in cached_block_ids:
+            self._take(block_id)
+            request.block_ids.append(block_id)
+        if cached_block_ids:
+            self._request_hashes[request.request_id] = [self.blocks[b].block_hash for b in cached_block_ids]
+            request.num_computed_tokens = len(cached_block_ids) * self.block_size
+        needed = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        for _ in range(needed):
+            block_id, _ = self.free_queue.popitem(last=False)
+            self._evict(block_id)
+            self.blocks[block_id].ref_count = 1
+            request.block_ids.append(block_id)
+        return True
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's newly completed full blocks so that others can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._request_hashes.setdefault(request.request_id, [])
+        num_full = request.num_computed_tokens // self.block_size
+        tokens = request.all_token_ids
+        for i in range(len(hashes), num_full):
+            parent = hashes[-1] if hashes else None
+            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+            block_hash = hash_block(parent, chunk)
+            hashes.append(block_hash)
+            block = self.blocks[request.block_ids[i]]
+            if block.block_hash is None and block_hash not in self.cached_blocks:
+                block.block_hash = block_hash
+                block.token_ids = chunk
+                self.cached_blocks[block_hash] = block.block_id
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references. Tail blocks go first into the free queue, so they are
+        evicted before the shared prefix blocks that other requests are more likely to hit."""
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        request.block_ids = []
+        request.num_computed_tokens = 0
+        self._request_hashes.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.blocks:
+            if block.ref_count == 0:
+                self._evict(block.block_id)
+
+    # ---- internals -----------------------------------------------------------------------
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_queue[block_id]
+        block.ref_count += 1
+
+    def _evict(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self.cached_blocks.get(block.block_hash) == block_id:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+            block.token_ids = ()

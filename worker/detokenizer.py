@@ -1,0 +1,103 @@
+"""Incremental detokenization and stop strings, in one place.
+
+Text is decoded from a sliding window of tokens, so a multi-byte UTF-8 character split over several
+tokens is only emitted once complete. Text that may still turn into a stop string is held back;
+a matched stop string (and anything after it) never reaches the client.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:  # noqa: ANN001
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""  # all decoded text (stop string excluded once matched)
+        self.emitted = 0  # characters of self.text already returned
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add_token(self, token_id: int) -> bool:
+        """Append one token; return True if a stop string matched (the text is then truncated)."""
+        self.token_ids.append(token_id)
+        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.token_ids[self.prefix_offset :])
+        if new_text.endswith("\ufffd") or len(new_text) <= len(prefix_text):
+            return False  # an incomplete character (or nothing visible yet): wait for more tokens
+        delta = new_text[len(prefix_text) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        self.text += delta
+        return self._truncate_at_stop(search_from)
+
+    def _truncate_at_stop(self, search_from: int) -> bool:
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def take_delta(self, final: bool) -> str:
+        """New text safe to send: all of it when final, else all but a possible stop-string start."""
+        end = len(self.text)
+        if not final and self.stop:
+            end -= self._held_back()
+        end = max(end, self.emitted)
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self.stop:
+            for n in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
+
+
+_BYTE_LEVEL_CHARS: dict[str, int] | None = None
+
+
+def _byte_level_map() -> dict[str, int]:
+    """The byte-level BPE alphabet: each byte 0..255 is written as one printable character."""
+    global _BYTE_LEVEL_CHARS
+    if _BYTE_LEVEL_CHARS is None:
+        printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+        printable += list(range(ord("®"), ord("ÿ") + 1))
+        chars = list(printable)
+        extra = 0
+        for b in range(256):
+            if b not in printable:
+                printable.append(b)
+                chars.append(256 + extra)
+                extra += 1
+        _BYTE_LEVEL_CHARS = {chr(c): b for b, c in zip(printable, chars, strict=True)}
+    return _BYTE_LEVEL_CHARS
+
+
+class TokenTexts:
+    """Text and raw bytes of single tokens, for logprobs."""
+
+    def __init__(self, tokenizer) -> None:  # noqa: ANN001
+        self.tokenizer = tokenizer
+        self.lookup = lru_cache(maxsize=65536)(self._lookup)
+
+    def _lookup(self, token_id: int) -> tuple[str, bytes]:
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        table = _byte_level_map()
+        if isinstance(piece, str) and piece and all(ch in table for ch in piece):
+            raw = bytes(table[ch] for ch in piece)
+        else:
+            raw = self.tokenizer.decode([token_id]).encode("utf-8")
+        return raw.decode("utf-8", errors="replace"), raw

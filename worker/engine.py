@@ -1,0 +1,339 @@
+"""The synchronous engine: schedule, run, update, detokenize. One call to `step()` is one iteration."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from worker.config import EngineConfig
+from worker.detokenizer import IncrementalDetokenizer, TokenTexts
+from worker.errors import InvalidRequestError
+from worker.outputs import (
+    EngineStats,
+    FinishedRequestStats,
+    ModelInfo,
+    PositionLogprobs,
+    PromptInput,
+    RequestOutput,
+    StepStats,
+    TokenLogprob,
+    Usage,
+)
+from worker.request import Request, RequestStatus
+from worker.sampling_params import SamplingParams
+from worker.scheduler import Scheduler
+
+
+@dataclass
+class _ChoiceState:
+    detokenizer: IncrementalDetokenizer
+
+
+@dataclass
+class StepResult:
+    outputs: list[RequestOutput]
+    stats: StepStats | None
+    finished: list[FinishedRequestStats]
+
+
+class LLMEngine:
+    """Owns the scheduler, the model runner and the per-choice text state.
+
+    Not thread-safe: one thread calls `add`, `abort` and `step`. `make_requests` only reads shared
+    state and may run on any thread (it tokenizes, which is the slow part of admission).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        scheduler: Scheduler,
+        runner,
+        tokenizer,
+        model_info: ModelInfo,
+        eos_token_id: int | None,
+        extra_stop_token_ids: tuple[int, ...] = (),
+    ) -> None:  # noqa: ANN001
+        self.config = config
+        self.scheduler = scheduler
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        self.eos_token_id = eos_token_id
+        self.extra_stop_token_ids = extra_stop_token_ids
+        self.token_texts = TokenTexts(tokenizer)
+        self.choices: dict[str, _ChoiceState] = {}
+        self.groups: dict[str, list[str]] = {}  # group id -> choice request ids still live
+        self.num_finished = 0
+        self._aborted_stats: list[FinishedRequestStats] = []
+
+    # ---- admission -----------------------------------------------------------------------
+    def tokenize(self, prompt: PromptInput) -> list[int]:
+        if prompt.token_ids is not None:
+            ids = list(prompt.token_ids)
+            bad = [t for t in ids if not 0 <= t < self.model_info.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})"
+                )
+        elif prompt.messages is not None:
+            if not prompt.messages:
+                raise InvalidRequestError("messages must not be empty")
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    prompt.messages, tokenize=False, add_generation_prompt=True
+                )
+            except Exception as exc:  # a template error is the caller's input problem
+                raise InvalidRequestError(f"could not apply the chat template: {exc}") from exc
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        elif prompt.text is not None:
+            ids = self.tokenizer.encode(prompt.text)
+        else:
+            raise InvalidRequestError("a prompt is required")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def make_requests(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> list[Request]:
+        """Validate and tokenize; one Request per choice. Raises InvalidRequestError."""
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        prompt_ids = self.tokenize(prompt)
+        max_model_len = self.scheduler.config.max_model_len
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(prompt_ids)
+        if max_tokens < 1:
+            max_tokens = 1  # let check_fits report the real numbers
+        try:
+            self.scheduler.check_fits(len(prompt_ids), max_tokens)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        if self.extra_stop_token_ids and not params.ignore_eos:
+            params.stop_token_ids = list(params.stop_token_ids) + list(self.extra_stop_token_ids)
+        request_id = request_id or uuid.uuid4().hex
+        return [
+            Request(
+                request_id=request_id if params.n == 1 else f"{request_id}#{i}",
+                prompt_token_ids=prompt_ids,
+                params=params,
+                eos_token_id=self.eos_token_id,
+                max_tokens=max_tokens,
+                group_id=request_id,
+                index=i,
+            )
+            for i in range(params.n)
+        ]
+
+    def add(self, requests: list[Request]) -> None:
+        group = requests[0].group_id
+        if group in self.groups:
+            raise InvalidRequestError(f"request id {group!r} is already in use")
+        for request in requests:
+            self.scheduler.add_request(request)
+            self.choices[request.request_id] = _ChoiceState(
+                IncrementalDetokenizer(
+                    self.tokenizer, request.params.stop, request.params.skip_special_tokens
+                )
+            )
+        self.groups[group] = [r.request_id for r in requests]
+
+    def abort(self, group_id: str) -> list[RequestOutput]:
+        """Abort every live choice of a request; their blocks are freed now."""
+        outputs = []
+        for request_id in list(self.groups.get(group_id, [])):
+            request = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+            if request is not None:
+                outputs.append(self._final_output(request, []))
+                self._aborted_stats.append(self._finished_stats(request, time.monotonic()))
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # ---- one iteration -------------------------------------------------------------------
+    def step(self) -> StepResult:
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            finished_stats, self._aborted_stats = self._aborted_stats, []
+            return StepResult([], None, finished_stats)
+        scheduled_at = time.monotonic()
+        for item in plan.scheduled:
+            if item.request.first_scheduled_time is None:
+                item.request.first_scheduled_time = scheduled_at
+        requests, sampled = self.runner.execute(plan)
+        by_request = {
+            r.request_id: (tok, lp) for r, tok, lp in zip(requests, sampled.token_ids, sampled.logprobs)
+        }
+        new_tokens, finished = self.scheduler.update_from_output(
+            plan, {k: v[0] for k, v in by_request.items()}
+        )
+        now = time.monotonic()
+        ttfts, itls = [], []
+        outputs: list[RequestOutput] = []
+        finished_ids = {r.request_id for r in finished}
+        for request, token in new_tokens:
+            if request.first_token_time is None:
+                request.first_token_time = now
+                ttfts.append(now - request.arrival_time)
+            else:
+                itls.append(now - request.last_token_time)
+            request.last_token_time = now
+            state = self.choices[request.request_id]
+            check_stop = request.num_output_tokens >= request.params.min_tokens
+            if state.detokenizer.add_token(token) and check_stop and request.request_id not in finished_ids:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+                finished.append(request)
+                finished_ids.add(request.request_id)
+            logprobs = self._logprobs(token, by_request[request.request_id][1])
+            if request.request_id in finished_ids:
+                outputs.append(self._final_output(request, [token], logprobs))
+            else:
+                outputs.append(
+                    RequestOutput(
+                        request.group_id,
+                        request.index,
+                        state.detokenizer.take_delta(False),
+                        [token],
+                        logprobs,
+                    )
+                )
+        stats = self._step_stats(plan, start, len(new_tokens), ttfts, itls)
+        finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
+        self._aborted_stats = []
+        return StepResult(outputs, stats, finished_stats)
+
+    # ---- outputs -------------------------------------------------------------------------
+    def _final_output(self, request: Request, tokens: list[int], logprobs=None) -> RequestOutput:  # noqa: ANN001
+        state = self.choices.pop(request.request_id)
+        self.runner.release(request.request_id)
+        live = self.groups.get(request.group_id, [])
+        if request.request_id in live:
+            live.remove(request.request_id)
+        if not live:
+            self.groups.pop(request.group_id, None)
+        self.num_finished += 1
+        usage = Usage(request.num_prompt_tokens, request.num_output_tokens, max(request.num_cached_tokens, 0))
+        return RequestOutput(
+            request.group_id,
+            request.index,
+            state.detokenizer.take_delta(True),
+            tokens,
+            logprobs,
+            request.status.finish_reason,
+            usage,
+        )
+
+    def _logprobs(self, token: int, sampled) -> list[PositionLogprobs] | None:  # noqa: ANN001
+        if sampled is None:
+            return None
+        chosen, top_ids, top_values = sampled
+        return [
+            PositionLogprobs(
+                self._token_logprob(token, chosen),
+                [self._token_logprob(t, v) for t, v in zip(top_ids, top_values)],
+            )
+        ]
+
+    def _token_logprob(self, token_id: int, logprob: float) -> TokenLogprob:
+        text, raw = self.token_texts.lookup(token_id)
+        return TokenLogprob(token_id, text, logprob, raw)
+
+    def _step_stats(self, plan, start: float, num_generated: int, ttfts: list, itls: list) -> StepStats:  # noqa: ANN001
+        bm = self.scheduler.block_manager
+        prompt_tokens = sum(
+            max(0, min(s.start + s.num_new_tokens, s.request.num_prompt_tokens) - s.start)
+            for s in plan.scheduled
+        )
+        return StepStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks_used=bm.num_used_blocks,
+            num_kv_blocks_total=bm.num_blocks,
+            batch_size=len(plan.scheduled),
+            num_batched_tokens=plan.num_batched_tokens,
+            step_time_s=time.perf_counter() - start,
+            num_preemptions=len(plan.preempted),
+            prefix_cache_queries=plan.prefix_queries,
+            prefix_cache_hits=plan.prefix_hits,
+            num_prompt_tokens=prompt_tokens,
+            num_generation_tokens=num_generated,
+            time_to_first_tokens_s=ttfts,
+            inter_token_latencies_s=itls,
+        )
+
+    @staticmethod
+    def _finished_stats(request: Request, now: float) -> FinishedRequestStats:
+        scheduled = request.first_scheduled_time or now
+        return FinishedRequestStats(
+            finish_reason=request.status.finish_reason or "abort",
+            prompt_tokens=request.num_prompt_tokens,
+            generation_tokens=request.num_output_tokens,
+            cached_tokens=max(request.num_cached_tokens, 0),
+            queue_time_s=scheduled - request.arrival_time,
+            e2e_latency_s=now - request.arrival_time,
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.scheduler.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks_used=bm.num_used_blocks,
+            num_kv_blocks_total=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_finished=self.num_finished,
+        )
+
+
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """Load the model and tokenizer, size the KV pool from the memory budget, wire everything."""
+    import torch
+    from transformers import GenerationConfig
+
+    from worker.block_manager import BlockManager
+    from worker.model_loader import load_model, load_tokenizer, torch_dtype
+    from worker.model_runner import ModelRunner, kv_bytes_per_block
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    sched, cache = config.scheduler, config.cache
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, config.dtype, config.device, sched.max_model_len)
+    num_blocks = cache.num_blocks or int(
+        cache.kv_cache_memory_gb
+        * 2**30
+        // kv_bytes_per_block(model.shape, cache.block_size, torch_dtype(config.dtype))
+    )
+    runner = ModelRunner(model, num_blocks, cache.block_size)
+    block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+    scheduler = Scheduler(sched, block_manager)
+    eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)
+    info = ModelInfo(
+        model_name=config.served_model_name or config.model,
+        max_model_len=sched.max_model_len,
+        block_size=cache.block_size,
+        num_kv_blocks=num_blocks,
+        dtype=config.dtype,
+        device=config.device,
+        max_num_seqs=sched.max_num_seqs,
+        vocab_size=model.shape.vocab_size,
+    )
+    return LLMEngine(
+        config, scheduler, runner, tokenizer, info, eos_ids[0] if eos_ids else None, tuple(eos_ids[1:])
+    )
+
+
+def _eos_token_ids(path: str, tokenizer, generation_config_cls) -> list[int]:  # noqa: ANN001
+    """The generation config's EOS ids (what transformers' generate stops on), else the tokenizer's."""
+    try:
+        eos = generation_config_cls.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return list(dict.fromkeys(ids))

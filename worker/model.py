@@ -1,0 +1,128 @@
+"""A Llama-family decoder run by the engine itself: one flat batch of tokens, paged attention.
+
+Weights are taken from a transformers model (so anything transformers loads, a local directory or a
+GGUF conversion, works); the forward pass is ours. Q/K/V and gate/up projections are fused into one
+matmul each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker.attention import AttentionMetadata, paged_attention
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(H + 2 KV) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+@dataclass
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+
+
+class LlamaForPagedAttention:
+    def __init__(self, hf_model: torch.nn.Module, max_positions: int) -> None:
+        config = hf_model.config
+        self.shape = ModelShape(
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            vocab_size=config.vocab_size,
+            rms_norm_eps=config.rms_norm_eps,
+        )
+        inner = hf_model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.final_norm = inner.norm.weight.detach()
+        self.lm_head = hf_model.lm_head.weight.detach()
+        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.cos, self.sin = self._rope_tables(inner, max_positions)
+
+    @staticmethod
+    def _layer(layer: torch.nn.Module) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+        return LayerWeights(
+            input_norm=layer.input_layernorm.weight.detach(),
+            qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+            qkv_bias=bias,
+            o_proj=attn.o_proj.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+            down=mlp.down_proj.weight.detach(),
+        )
+
+    def _rope_tables(self, inner: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for every position, from transformers' own rotary module (any rope type)."""
+        probe = self.embed[:1].unsqueeze(0)
+        positions = torch.arange(max_positions, device=self.embed.device).unsqueeze(0)
+        with torch.no_grad():
+            cos, sin = inner.rotary_emb(probe, positions)
+        return cos[0], sin[0]
+
+    # ---- forward -------------------------------------------------------------------------
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.shape.rms_norm_eps)
+        return weight * x32.to(dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor | None,  # rows whose logits are wanted; None: all
+    ) -> torch.Tensor:
+        s = self.shape
+        num_tokens = input_ids.shape[0]
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin.index_select(0, positions).unsqueeze(1)
+        hidden = F.embedding(input_ids, self.embed)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            residual = hidden
+            x = self._rms_norm(hidden, layer.input_norm)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = self._rotate(q.view(num_tokens, s.num_heads, s.head_dim), cos, sin)
+            k = self._rotate(k.view(num_tokens, s.num_kv_heads, s.head_dim), cos, sin)
+            v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta)
+            hidden = residual + F.linear(attn.view(num_tokens, q_size), layer.o_proj)
+            residual = hidden
+            x = self._rms_norm(hidden, layer.post_norm)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = residual + F.linear(F.silu(gate) * up, layer.down)
+        if logits_indices is not None:
+            hidden = hidden.index_select(0, logits_indices)
+        hidden = self._rms_norm(hidden, self.final_norm)
+        return F.linear(hidden, self.lm_head)

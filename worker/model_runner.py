@@ -1,0 +1,134 @@
+"""Turns a scheduler plan into tensors (token ids, positions, slot mapping, block tables), runs the
+model over the paged KV pool, and samples. torch lives here, in the model, attention and sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from worker.attention import AttentionMetadata, PrefillChunk
+from worker.model import LlamaForPagedAttention, ModelShape
+from worker.request import Request
+from worker.sampler import SamplerOutput, build_batch, sample
+from worker.scheduler import ScheduledRequest, SchedulerOutput
+
+
+def kv_bytes_per_block(shape: ModelShape, block_size: int, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * shape.num_layers * block_size * shape.num_kv_heads * shape.head_dim * element
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sampling_requests: list[Request]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForPagedAttention, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = model.embed.device
+        self.dtype = model.embed.dtype
+        s = model.shape
+        cache_shape = (num_blocks, block_size, s.num_kv_heads, s.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
+                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(s.num_layers)
+        ]
+        self.generators: dict[str, torch.Generator] = {}
+
+    # ---- inputs --------------------------------------------------------------------------
+    def prepare(self, plan: SchedulerOutput) -> StepInputs:
+        # Decodes (one token) first, so their queries are one contiguous slice of the batch.
+        items = sorted(plan.scheduled, key=lambda s: s.num_new_tokens != 1)
+        num_decodes = sum(1 for s in items if s.num_new_tokens == 1)
+        dev = self.device
+        bs = self.block_size
+        input_ids: list[int] = []
+        for s in items:
+            input_ids.extend(s.request.all_token_ids[s.start : s.start + s.num_new_tokens])
+        lens = torch.tensor([s.num_new_tokens for s in items], dtype=torch.long)
+        starts = torch.tensor([s.start for s in items], dtype=torch.long)
+        offsets = torch.cumsum(lens, 0) - lens
+        seq_of_token = torch.repeat_interleave(torch.arange(len(items)), lens)
+        positions = torch.arange(int(lens.sum())) - offsets[seq_of_token] + starts[seq_of_token]
+        max_blocks = max(len(s.request.block_ids) for s in items)
+        block_tables = torch.tensor(
+            [s.request.block_ids + [0] * (max_blocks - len(s.request.block_ids)) for s in items],
+            dtype=torch.long,
+        )
+        slot_mapping = block_tables[seq_of_token, positions // bs] * bs + positions % bs
+        context_lens = starts + lens
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev),
+            decode_token_indices=None,
+            decode_block_tables=None,
+            decode_mask=None,
+            prefills=[],
+            decode_contiguous=True,
+        )
+        if num_decodes:
+            dec_ctx = context_lens[:num_decodes]
+            dec_blocks = int((dec_ctx.max() + bs - 1) // bs)
+            span = torch.arange(dec_blocks * bs)
+            meta.decode_token_indices = torch.arange(num_decodes, device=dev)
+            meta.decode_block_tables = block_tables[:num_decodes, :dec_blocks].to(dev)
+            meta.decode_mask = (span.unsqueeze(0) < dec_ctx.unsqueeze(1)).view(num_decodes, 1, 1, -1).to(dev)
+        for i in range(num_decodes, len(items)):
+            ctx = int(context_lens[i])
+            meta.prefills.append(
+                PrefillChunk(
+                    int(offsets[i]), int(lens[i]), ctx, block_tables[i, : (ctx + bs - 1) // bs].to(dev)
+                )
+            )
+        sampling = [i for i, s in enumerate(items) if s.samples]
+        logits_indices = (offsets + lens - 1)[sampling]
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
+            positions=positions.to(dev),
+            meta=meta,
+            logits_indices=logits_indices.to(dev),
+            sampling_requests=[items[i].request for i in sampling],
+        )
+
+    # ---- execution -----------------------------------------------------------------------
+    def execute(self, plan: SchedulerOutput) -> tuple[list[Request], SamplerOutput]:
+        """Run one step; return the requests that produced a token and what they produced."""
+        inputs = self.prepare(plan)
+        logits = self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+        )
+        requests = inputs.sampling_requests
+        if not requests:
+            return [], SamplerOutput([], [])
+        for request in requests:
+            self._ensure_generator(request)
+        batch = build_batch(requests, self.generators, self.model.shape.vocab_size, self.device)
+        return requests, sample(logits.float(), batch)
+
+    def all_logits(self, plan: SchedulerOutput) -> tuple[list[ScheduledRequest], torch.Tensor]:
+        """Logits of every token in the step, in the runner's order (for tests against transformers)."""
+        inputs = self.prepare(plan)
+        items = sorted(plan.scheduled, key=lambda s: s.num_new_tokens != 1)
+        logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, None)
+        return items, logits.float()
+
+    def _ensure_generator(self, request: Request) -> None:
+        seed = request.params.seed
+        if seed is not None and request.request_id not in self.generators:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed + request.index)
+            self.generators[request.request_id] = generator
+
+    def release(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)

@@ -1,0 +1,171 @@
+"""Batched sampling on tensors: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
+
+Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which draws from p exactly and
+lets a seeded request draw its noise row from its own generator: its tokens then do not depend on
+what else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from worker.request import Request
+
+
+@dataclass
+class SamplingBatch:
+    temperature: torch.Tensor  # [B], 1.0 for greedy rows
+    greedy: torch.Tensor  # [B] bool
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [B] long, 0 = off
+    top_p: torch.Tensor | None  # [B]
+    min_p: torch.Tensor | None  # [B]
+    generators: list[torch.Generator | None]
+    presence: torch.Tensor | None  # [B]
+    frequency: torch.Tensor | None
+    repetition: torch.Tensor | None
+    output_tokens: torch.Tensor | None  # [B, Lmax], padded with vocab_size
+    seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
+    banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
+    num_logprobs: list[int | None]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # Per row: None, or (chosen logprob, top ids, top logprobs)
+    logprobs: list[tuple[float, list[int], list[float]] | None]
+
+
+def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+
+
+def build_batch(
+    requests: list[Request], generators: dict[str, torch.Generator], vocab_size: int, device: torch.device
+) -> SamplingBatch:
+    params = [r.params for r in requests]
+    greedy = [p.greedy for p in params]
+    temperature = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], device=device)
+    any_top_k = any(p.top_k > 0 for p in params)
+    any_top_p = any(p.top_p < 1.0 for p in params)
+    any_min_p = any(p.min_p > 0.0 for p in params)
+    any_penalty = any(p.presence_penalty or p.frequency_penalty for p in params)
+    any_repetition = any(p.repetition_penalty != 1.0 for p in params)
+    banned = []
+    for row, (request, p) in enumerate(zip(requests, params)):
+        if request.num_output_tokens < p.min_tokens:
+            ids = list(p.stop_token_ids)
+            if request.eos_token_id is not None and not p.ignore_eos:
+                ids.append(request.eos_token_id)
+            if ids:
+                banned.append((row, ids))
+
+    def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return SamplingBatch(
+        temperature=temperature,
+        greedy=column(greedy, torch.bool),
+        all_greedy=all(greedy),
+        top_k=column([p.top_k for p in params], torch.long) if any_top_k else None,
+        top_p=column([p.top_p for p in params]) if any_top_p else None,
+        min_p=column([p.min_p for p in params]) if any_min_p else None,
+        generators=[generators.get(r.request_id) for r in requests],
+        presence=column([p.presence_penalty for p in params]) if any_penalty else None,
+        frequency=column([p.frequency_penalty for p in params]) if any_penalty else None,
+        repetition=column([p.repetition_penalty for p in params]) if any_repetition else None,
+        output_tokens=_padded([r.output_token_ids for r in requests], vocab_size, device)
+        if any_penalty
+        else None,
+        seen_tokens=_padded([r.all_token_ids for r in requests], vocab_size, device)
+        if any_repetition
+        else None,
+        banned=banned,
+        num_logprobs=[p.logprobs for p in params],
+    )
+
+
+def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
+    num_rows, vocab = logits.shape
+    if batch.output_tokens is not None:
+        counts = torch.zeros(num_rows, vocab + 1, device=logits.device)
+        counts.scatter_add_(1, batch.output_tokens, torch.ones_like(batch.output_tokens, dtype=counts.dtype))
+        counts = counts[:, :vocab]
+        logits -= batch.frequency.unsqueeze(1) * counts
+        logits -= batch.presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+    if batch.repetition is not None:
+        seen = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=logits.device)
+        seen.scatter_(1, batch.seen_tokens, True)
+        seen = seen[:, :vocab]
+        penalty = batch.repetition.unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits.copy_(torch.where(seen, penalized, logits))
+
+
+def _apply_truncation(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """top-k, then top-p over what is left, then min-p; masked entries become -inf."""
+    if batch.top_k is not None or batch.top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if batch.top_k is not None:
+            ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+            k = batch.top_k.unsqueeze(1)
+            remove |= (k > 0) & (ranks >= k)
+        if batch.top_p is not None:
+            probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+            mass_before = probs.cumsum(dim=-1) - probs
+            remove |= mass_before > batch.top_p.unsqueeze(1)
+        remove[:, 0] = False
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    if batch.min_p is not None:
+        probs = logits.softmax(dim=-1)
+        floor = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def _gather_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> list:
+    wanted = [k for k in batch.num_logprobs if k is not None]
+    if not wanted:
+        return [None] * len(batch.num_logprobs)
+    logprobs = raw_logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    max_k = max(wanted)
+    top_values, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (None, None)
+    top_values = top_values.tolist() if max_k else None
+    top_ids = top_ids.tolist() if max_k else None
+    result = []
+    for row, k in enumerate(batch.num_logprobs):
+        if k is None:
+            result.append(None)
+        else:
+            ids = top_ids[row][:k] if k else []
+            values = top_values[row][:k] if k else []
+            result.append((chosen[row], ids, values))
+    return result
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits: [B, V] float32 for the rows that produce a token this step."""
+    raw_logits = logits
+    logits = logits.clone()
+    _apply_penalties(logits, batch)
+    for row, ids in batch.banned:
+        logits[row, ids] = float("-inf")
+    if batch.all_greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        greedy_tokens = logits.argmax(dim=-1)
+        logits = _apply_truncation(logits / batch.temperature.unsqueeze(1), batch)
+        probs = logits.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_()
+        for row, generator in enumerate(batch.generators):
+            if generator is not None:
+                noise[row].exponential_(generator=generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        tokens = torch.where(batch.greedy, greedy_tokens, sampled)
+    return SamplerOutput(tokens.tolist(), _gather_logprobs(raw_logits, tokens, batch))

@@ -1,0 +1,197 @@
+"""Per-iteration continuous batching under a token budget. Pure Python: data in, plan out.
+
+Each step `schedule()` returns a plan (which requests run how many tokens); the runner executes it;
+`update_from_output()` applies the sampled tokens. Running requests are served first (their decodes
+and the rest of chunked prefills), so a long prompt never stalls the decodes of others; the remaining
+budget admits waiting requests in arrival order. When blocks run out, the most recently admitted
+running request is preempted: its blocks are freed and it goes back to the head of the queue, to be
+recomputed (mostly from the prefix cache) later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from worker.block_manager import BlockManager
+from worker.config import SchedulerConfig
+from worker.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    start: int  # position of the first token run this step (== computed tokens before it)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the end of the known tokens, and so produces the next one."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ---- admission -----------------------------------------------------------------------
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise ValueError if a request could never run, whatever else is going on."""
+        total = num_prompt_tokens + max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
+                f"requested {total} tokens ({num_prompt_tokens} in the messages, {max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
+            capacity = self.block_manager.num_blocks * self.block_manager.block_size
+            raise ValueError(
+                f"The request needs {total} tokens of KV cache but the whole cache holds {capacity} tokens."
+            )
+
+    def add_request(self, request: Request) -> None:
+        self.check_fits(request.num_prompt_tokens, request.max_tokens)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Finish (stop, length or abort) a request wherever it is; its blocks are freed now."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.block_manager.free(request)
+        return request
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.block_manager.allocate(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    return budget
+            out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if self._sibling_prefilling(request):
+                break  # let the first choice fill the shared prompt blocks, then hit them
+            cached = self.block_manager.find_cached_prefix(request)
+            num_cached = len(cached) * self.block_manager.block_size
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not self.block_manager.allocate(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            out.prefix_queries += request.num_tokens
+            out.prefix_hits += num_cached
+            self.block_manager.record_prefix_query(request.num_tokens, num_cached)
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+            budget -= num_new
+
+    def _sibling_prefilling(self, request: Request) -> bool:
+        if not self.block_manager.enable_prefix_caching or request.group_id == request.request_id:
+            return False
+        if request.num_prompt_tokens <= self.block_manager.block_size:
+            return False
+        return any(
+            r.group_id == request.group_id and r.num_computed_tokens < r.num_prompt_tokens
+            for r in self.running
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- results -------------------------------------------------------------------------
+    def update_from_output(
+        self, plan: SchedulerOutput, sampled: dict[str, int]
+    ) -> tuple[list[tuple[Request, int]], list[Request]]:
+        """Advance computed tokens, append sampled tokens, finish what hit a stop condition.
+
+        Returns (request, new token) pairs and the requests that finished this step.
+        """
+        new_tokens: list[tuple[Request, int]] = []
+        finished: list[Request] = []
+        for item in plan.scheduled:
+            request = item.request
+            if request.is_finished or request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens = item.start + item.num_new_tokens
+            self.block_manager.cache_full_blocks(request)
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.append_output_token(token)
+            new_tokens.append((request, token))
+            status = self._stop_status(request, token)
+            if status is not None:
+                self.finish_request(request.request_id, status)
+                finished.append(request)
+        return new_tokens, finished
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token == request.eos_token_id:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
