@@ -1,0 +1,136 @@
+"""The cache's decisions, free of gRPC: exact match first, then similarity within a partition, then the
+verifier, then a check that the entry still exists in Redis."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from cache_service.embedder import MicroBatcher
+from cache_service.index import Candidate, VectorIndex
+from cache_service.keys import ParsedKey
+from cache_service.metrics import CacheMetrics
+from cache_service.store import IndexRecord, RedisStore, StoredAnswer
+from cache_service.verifier import verify
+
+TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
+STORABLE_FINISH_REASONS = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class Hit:
+    entry_id: str
+    answer: StoredAnswer
+    similarity: float
+    exact: bool
+
+
+def acceptable(query: str, candidates: list[Candidate], use_verifier: bool) -> list[Candidate]:
+    """Candidates (already above the threshold, best first) that may answer `query`."""
+    if not use_verifier:
+        return candidates
+    return [c for c in candidates if verify(query, c.query).ok]
+
+
+@dataclass
+class Counts:
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    stores: int = 0
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        store: RedisStore,
+        batcher: MicroBatcher,
+        index: VectorIndex,
+        metrics: CacheMetrics,
+        *,
+        replica_id: str,
+        threshold: float,
+        max_temperature: float,
+        ttl_seconds: int,
+        use_verifier: bool = True,
+    ) -> None:
+        self.store = store
+        self.batcher = batcher
+        self.index = index
+        self.metrics = metrics
+        self.replica_id = replica_id
+        self.threshold = threshold
+        self.max_temperature = max_temperature
+        self.ttl_seconds = ttl_seconds
+        self.use_verifier = use_verifier
+        self.counts = Counts()
+
+    def cacheable_temperature(self, temperature: float) -> bool:
+        return temperature <= self.max_temperature + 1e-6
+
+    async def lookup(self, key: ParsedKey, temperature: float, threshold: float | None) -> Hit | None:
+        started = time.perf_counter()
+        self.counts.lookups += 1
+        self.metrics.lookups.inc()
+        hit = await self._lookup(key, temperature, self.threshold if threshold is None else threshold)
+        if hit is None:
+            self.counts.misses += 1
+            self.metrics.misses.inc()
+        else:
+            self.counts.hits += 1
+            self.metrics.hits.labels(kind="exact" if hit.exact else "semantic").inc()
+        self.metrics.lookup_seconds.observe(time.perf_counter() - started)
+        return hit
+
+    async def _lookup(self, key: ParsedKey, temperature: float, threshold: float) -> Hit | None:
+        if not self.cacheable_temperature(temperature):
+            return None
+        answer = await self.store.fetch_hit(key.entry_id)
+        if answer is not None:
+            return Hit(key.entry_id, answer, 1.0, True)
+        if not self.index.has_partition(key.partition):
+            return None  # nothing comparable stored: no need to embed
+        vector = await self.batcher.embed(key.query)
+        candidates = self.index.search(key.partition, vector, TOP_K, threshold)
+        accepted = acceptable(key.query, candidates, self.use_verifier)
+        self.metrics.verifier_rejections.inc(len(candidates) - len(accepted))
+        for cand in accepted:
+            answer = await self.store.fetch_hit(cand.entry_id)
+            if answer is not None:
+                return Hit(cand.entry_id, answer, cand.similarity, False)
+            self.metrics.stale_candidates.inc()
+            self.index.remove(cand.entry_id)  # expired or removed elsewhere
+        return None
+
+    async def put(
+        self, key: ParsedKey, temperature: float, answer: StoredAnswer, ttl: int | None
+    ) -> str | None:
+        if not self.cacheable_temperature(temperature) or answer.finish_reason not in STORABLE_FINISH_REASONS:
+            return None
+        vector = await self.batcher.embed(key.query)
+        record = IndexRecord(key.entry_id, key.partition, key.scope, key.query, vector)
+        await self.store.put(record, key.model, answer, ttl or self.ttl_seconds)
+        self.index.add(record.entry_id, record.partition, record.scope, vector, record.query)
+        await self.store.publish({"op": "store", "id": record.entry_id, "origin": self.replica_id})
+        self.counts.stores += 1
+        self.metrics.stores.inc()
+        self.metrics.entries.set(len(self.index))
+        return record.entry_id
+
+    async def invalidate_entry(self, entry_id: str) -> int:
+        return await self._remove([entry_id])
+
+    async def invalidate_scope(self, scope: str) -> int:
+        ids = set(await self.store.scope_members(scope)) | set(self.index.ids_in_scope(scope))
+        removed = await self._remove(sorted(ids))
+        await self.store.drop_scope_set(scope)
+        return removed
+
+    async def _remove(self, ids: list[str]) -> int:
+        removed = await self.store.delete(ids)
+        for entry_id in ids:
+            self.index.remove(entry_id)
+        if ids:
+            await self.store.publish({"op": "del", "ids": ids, "origin": self.replica_id})
+        self.metrics.entries.set(len(self.index))
+        return removed

@@ -1,0 +1,84 @@
+"""Process wiring: Redis, the embedding model, the index and its sync, gRPC (with health and reflection)
+and the metrics HTTP server; graceful shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cache_service.core import SemanticCache
+from cache_service.embedder import Embedder, MicroBatcher
+from cache_service.index import VectorIndex
+from cache_service.metrics import CacheMetrics
+from cache_service.service import SemanticCacheServicer
+from cache_service.settings import CacheSettings
+from cache_service.store import RedisStore
+from cache_service.sync import IndexSync
+from services.gen import cache_pb2, cache_pb2_grpc
+
+log = logging.getLogger("cache_service")
+SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["SemanticCache"].full_name
+
+
+async def serve(settings: CacheSettings) -> None:
+    metrics = CacheMetrics()
+    store = RedisStore(settings.redis_url)
+    await store.ping()
+    embedder = await asyncio.to_thread(Embedder)
+    batcher = MicroBatcher(embedder, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
+    batcher.start()
+    index = VectorIndex(embedder.dim)
+    replica_id = uuid.uuid4().hex
+    sync = IndexSync(
+        store, index, replica_id, settings.resync_seconds, on_change=lambda: metrics.entries.set(len(index))
+    )
+    await sync.start()
+    cache = SemanticCache(
+        store,
+        batcher,
+        index,
+        metrics,
+        replica_id=replica_id,
+        threshold=settings.similarity_threshold,
+        max_temperature=settings.max_temperature,
+        ttl_seconds=settings.ttl_seconds,
+        use_verifier=settings.verifier_enabled,
+    )
+
+    server = grpc.aio.server()
+    cache_pb2_grpc.add_SemanticCacheServicer_to_server(SemanticCacheServicer(cache), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    address = f"{settings.host}:{settings.port}"
+    if server.add_insecure_port(address) == 0:
+        raise RuntimeError(f"cannot bind {address}")
+    await server.start()
+    if settings.metrics_port:
+        metrics.serve(settings.host, settings.metrics_port)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "cache service on %s (%d entries, threshold %.2f)", address, len(index), settings.similarity_threshold
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=2.0)
+    await sync.close()
+    await batcher.close()
+    await store.close()

@@ -1,0 +1,99 @@
+"""gRPC adapter of SemanticCache (protos/cache.proto): validation, status codes and error accounting."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from redis.exceptions import RedisError
+
+from cache_service.core import SemanticCache
+from cache_service.keys import NotCacheableError, parse_key
+from cache_service.store import StoredAnswer
+from services.gen import cache_pb2, cache_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
+    def __init__(self, cache: SemanticCache) -> None:
+        self._cache = cache
+
+    async def _fail(self, context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+        self._cache.metrics.errors.labels(method=method).inc()
+        if isinstance(exc, NotCacheableError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if isinstance(exc, RedisError | OSError):
+            log.warning("%s: redis unavailable: %s", method, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "cache storage unavailable")
+        log.exception("%s failed", method, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+    async def Lookup(
+        self, request: cache_pb2.LookupRequest, context: grpc.aio.ServicerContext
+    ) -> cache_pb2.LookupResponse:
+        try:
+            key = parse_key(request.key)
+            threshold = request.threshold if request.HasField("threshold") else None
+            if threshold is not None and not 0.0 <= threshold <= 1.0:
+                raise NotCacheableError("threshold must be in [0, 1]")
+            hit = await self._cache.lookup(key, request.key.temperature, threshold)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+            await self._fail(context, "Lookup", exc)
+            raise
+        if hit is None:
+            return cache_pb2.LookupResponse(hit=False)
+        a = hit.answer
+        return cache_pb2.LookupResponse(
+            hit=True,
+            entry_id=hit.entry_id,
+            response=a.response,
+            similarity=hit.similarity,
+            exact=hit.exact,
+            finish_reason=a.finish_reason,
+            prompt_tokens=a.prompt_tokens,
+            completion_tokens=a.completion_tokens,
+        )
+
+    async def Store(
+        self, request: cache_pb2.StoreRequest, context: grpc.aio.ServicerContext
+    ) -> cache_pb2.StoreResponse:
+        try:
+            key = parse_key(request.key)
+            if request.HasField("ttl_seconds") and request.ttl_seconds <= 0:
+                raise NotCacheableError("ttl_seconds must be positive")
+            if not request.response:
+                raise NotCacheableError("response is empty")
+            answer = StoredAnswer(
+                request.response, request.finish_reason, request.prompt_tokens, request.completion_tokens
+            )
+            ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
+            entry_id = await self._cache.put(key, request.key.temperature, answer, ttl)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+            await self._fail(context, "Store", exc)
+            raise
+        return cache_pb2.StoreResponse(stored=entry_id is not None, entry_id=entry_id or "")
+
+    async def Invalidate(
+        self, request: cache_pb2.InvalidateRequest, context: grpc.aio.ServicerContext
+    ) -> cache_pb2.InvalidateResponse:
+        try:
+            target = request.WhichOneof("target")
+            if target == "entry_id":
+                removed = await self._cache.invalidate_entry(request.entry_id)
+            elif target == "scope":
+                removed = await self._cache.invalidate_scope(request.scope)
+            else:
+                raise NotCacheableError("set entry_id or scope")
+        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+            await self._fail(context, "Invalidate", exc)
+            raise
+        return cache_pb2.InvalidateResponse(removed=removed)
+
+    async def GetStats(
+        self, request: cache_pb2.CacheStatsRequest, context: grpc.aio.ServicerContext
+    ) -> cache_pb2.CacheStats:
+        c = self._cache.counts
+        return cache_pb2.CacheStats(
+            entries=len(self._cache.index), lookups=c.lookups, hits=c.hits, misses=c.misses, stores=c.stores
+        )

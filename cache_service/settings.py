@@ -1,0 +1,26 @@
+"""Cache service settings: one environment variable per setting (CACHE_*, plus REDIS_URL)."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Chosen from bench/cache_quality.py on the tuning half of bench/data/cache_eval.jsonl (docs/BENCHMARKS.md).
+DEFAULT_SIMILARITY_THRESHOLD = 0.80
+
+
+class CacheSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CACHE_", extra="ignore", populate_by_name=True)
+
+    host: str = "127.0.0.1"
+    port: int = 50052
+    metrics_port: int = 9102  # 0: no metrics HTTP server
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", validation_alias=AliasChoices("REDIS_URL", "redis_url")
+    )
+    similarity_threshold: float = Field(default=DEFAULT_SIMILARITY_THRESHOLD, ge=0.0, le=1.0)
+    ttl_seconds: int = Field(default=86400, ge=1)
+    max_temperature: float = Field(default=0.0, ge=0.0)
+    verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
+    resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
+    embed_max_batch: int = Field(default=32, ge=1)

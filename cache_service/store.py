@@ -1,0 +1,180 @@
+"""Entries in Redis: the source of truth shared by every replica.
+
+Layout (prefix `llmserve:cache:`):
+- `e:<entry id>` hash with the query text, its embedding, the response, model, scope, partition, created time and
+  hit count; expires after the entry's TTL.
+- `s:<scope digest>` set of entry ids of one tenant, for invalidating a whole scope (pruned on resync).
+- channel `events`: JSON notices of stores and removals, so other replicas update their index at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from cache_service.keys import scope_digest
+
+PREFIX = "llmserve:cache:"
+EVENTS_CHANNEL = PREFIX + "events"
+
+# Hit check and hit count in one round trip: an expired (or invalidated) entry is never served.
+_FETCH_HIT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'hits', 1)
+  return redis.call('HMGET', KEYS[1], 'resp', 'fr', 'pt', 'ct')
+end
+return false
+"""
+
+
+def entry_key(entry_id: str) -> str:
+    return f"{PREFIX}e:{entry_id}"
+
+
+def scope_key(scope: str) -> str:
+    return f"{PREFIX}s:{scope_digest(scope)}"
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    response: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class IndexRecord:
+    """What a replica's vector index needs of one entry."""
+
+    entry_id: str
+    partition: str
+    scope: str
+    query: str
+    vector: np.ndarray
+
+
+class RedisStore:
+    def __init__(self, url: str) -> None:
+        self._redis = aioredis.Redis.from_url(url, decode_responses=False)
+        self._fetch_hit = self._redis.register_script(_FETCH_HIT)
+
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._redis
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def ping(self) -> bool:
+        return bool(await self._redis.ping())
+
+    async def fetch_hit(self, entry_id: str) -> StoredAnswer | None:
+        row = await self._fetch_hit(keys=[entry_key(entry_id)])
+        if not row:
+            return None
+        resp, fr, pt, ct = row
+        return StoredAnswer(resp.decode(), fr.decode(), int(pt), int(ct))
+
+    async def put(self, record: IndexRecord, model: str, answer: StoredAnswer, ttl_seconds: int) -> None:
+        key = entry_key(record.entry_id)
+        fields = {
+            "q": record.query,
+            "emb": record.vector.astype(np.float32).tobytes(),
+            "resp": answer.response,
+            "fr": answer.finish_reason,
+            "pt": answer.prompt_tokens,
+            "ct": answer.completion_tokens,
+            "model": model,
+            "scope": record.scope,
+            "part": record.partition,
+            "created": f"{time.time():.3f}",
+            "hits": 0,
+        }
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, ttl_seconds)
+            pipe.sadd(scope_key(record.scope), record.entry_id)
+            await pipe.execute()
+
+    async def delete(self, entry_ids: list[str]) -> int:
+        if not entry_ids:
+            return 0
+        return int(await self._redis.delete(*(entry_key(i) for i in entry_ids)))
+
+    async def scope_members(self, scope: str) -> list[str]:
+        return [m.decode() for m in await self._redis.smembers(scope_key(scope))]
+
+    async def drop_scope_set(self, scope: str) -> None:
+        await self._redis.delete(scope_key(scope))
+
+    async def load(self, entry_id: str) -> IndexRecord | None:
+        part, scope, query, emb = await self._redis.hmget(entry_key(entry_id), "part", "scope", "q", "emb")
+        if part is None or emb is None:
+            return None
+        return IndexRecord(
+            entry_id,
+            part.decode(),
+            (scope or b"").decode(),
+            (query or b"").decode(),
+            np.frombuffer(emb, dtype=np.float32),
+        )
+
+    async def load_all(self, batch: int = 1000) -> list[IndexRecord]:
+        """Every live entry, scanned in batches (used at start and by the periodic resync)."""
+        records: list[IndexRecord] = []
+        ids: list[str] = []
+        async for key in self._redis.scan_iter(match=f"{PREFIX}e:*", count=batch):
+            ids.append(key.decode()[len(PREFIX) + 2 :])
+            if len(ids) >= batch:
+                records.extend(await self._load_many(ids))
+                ids = []
+        records.extend(await self._load_many(ids))
+        return records
+
+    async def _load_many(self, ids: list[str]) -> list[IndexRecord]:
+        if not ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for entry_id in ids:
+                pipe.hmget(entry_key(entry_id), "part", "scope", "q", "emb")
+            rows = await pipe.execute()
+        return [
+            IndexRecord(
+                i,
+                part.decode(),
+                (scope or b"").decode(),
+                (query or b"").decode(),
+                np.frombuffer(emb, dtype=np.float32),
+            )
+            for i, (part, scope, query, emb) in zip(ids, rows, strict=True)
+            if part is not None and emb is not None
+        ]
+
+    async def prune_scope_sets(self) -> None:
+        """Drop ids of expired entries from the per-scope sets (they would otherwise only grow)."""
+        async for key in self._redis.scan_iter(match=f"{PREFIX}s:*", count=500):
+            members = list(await self._redis.smembers(key))
+            if not members:
+                continue
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for m in members:
+                    pipe.exists(entry_key(m.decode()))
+                alive = await pipe.execute()
+            dead = [m for m, a in zip(members, alive, strict=True) if not a]
+            if dead:
+                await self._redis.srem(key, *dead)
+
+    async def publish(self, event: dict[str, object]) -> None:
+        await self._redis.publish(EVENTS_CHANNEL, json.dumps(event))
+
+    async def count(self) -> int:
+        n = 0
+        async for _ in self._redis.scan_iter(match=f"{PREFIX}e:*", count=1000):
+            n += 1
+        return n
