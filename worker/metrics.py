@@ -139,6 +139,9 @@ class WorkerMetrics:
             "step_time_seconds", "Wall time of one engine step.", STEP_TIME_BUCKETS
         ).labels(model_name)
 
+        gauge("price_per_hour_usd", "Configured machine price (WORKER_PRICE_PER_HOUR_USD).").labels(
+            model_name
+        ).set(price_per_hour_usd)
         gauge(
             "avg_generation_throughput_toks_per_s",
             f"Generated tokens per second over the last {throughput_window_s:g} s.",
