@@ -1,0 +1,210 @@
+"""docker-compose.yml: everything it names exists in the project and is read by the service it is given to."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+from cache_service.settings import CacheSettings
+from gateway.settings import GatewaySettings
+from services import healthcheck
+from tests.deploy.files import (
+    COMPOSE,
+    PROMETHEUS,
+    ROOT,
+    load_compose,
+    parse_as_field,
+    service_env,
+    settings_env_fields,
+)
+from worker.settings import WorkerSettings
+
+APP_SETTINGS: dict[str, type[BaseSettings]] = {
+    "worker": WorkerSettings,
+    "cache_service": CacheSettings,
+    "gateway": GatewaySettings,
+}
+EXPECTED_SERVICES = {"redis", "model-init", "worker", "cache_service", "gateway", "prometheus", "grafana"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_compose()
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def settings_for(service: str, services: dict[str, dict[str, Any]]) -> BaseSettings:
+    """The service's settings class built from the compose environment alone."""
+    cls = APP_SETTINGS[service]
+    env = service_env(services[service])
+    fields = settings_env_fields(cls)
+    kwargs = {fields[name]: value for name, value in env.items()}
+    return cls(**kwargs)
+
+
+def test_compose_file_is_yaml_with_the_whole_stack(services: dict[str, dict[str, Any]]) -> None:
+    assert set(services) == EXPECTED_SERVICES
+    assert "version" not in yaml.safe_load(COMPOSE.read_text()), "the version key is obsolete in Compose v2"
+
+
+@pytest.mark.parametrize("service", sorted(APP_SETTINGS))
+def test_every_environment_variable_is_read_by_the_service(
+    service: str, services: dict[str, dict[str, Any]]
+) -> None:
+    cls = APP_SETTINGS[service]
+    fields = settings_env_fields(cls)
+    env = service_env(services[service])
+    unknown = sorted(set(env) - set(fields))
+    assert not unknown, f"{service} sets variables its settings never read: {unknown}"
+    settings = settings_for(service, services)
+    for name, raw in env.items():
+        field = fields[name]
+        assert getattr(settings, field) == parse_as_field(cls, field, raw), name
+
+
+def test_services_bind_every_interface_inside_their_containers(services: dict[str, dict[str, Any]]) -> None:
+    assert service_env(services["worker"])["WORKER_HOST"] == "0.0.0.0"
+    assert service_env(services["cache_service"])["CACHE_HOST"] == "0.0.0.0"
+    assert service_env(services["gateway"])["GATEWAY_HOST"] == "0.0.0.0"
+
+
+def test_worker_can_be_scaled(services: dict[str, dict[str, Any]]) -> None:
+    worker = services["worker"]
+    assert "container_name" not in worker
+    assert "ports" not in worker, "a published host port would collide between replicas"
+    assert not worker.get("deploy", {}).get("replicas"), "replica count is for --scale to choose"
+
+
+def test_addresses_point_at_services_and_their_ports(services: dict[str, dict[str, Any]]) -> None:
+    worker = settings_for("worker", services)
+    cache = settings_for("cache_service", services)
+    gateway = settings_for("gateway", services)
+    assert isinstance(worker, WorkerSettings) and isinstance(cache, CacheSettings)
+    assert isinstance(gateway, GatewaySettings)
+
+    (worker_target,) = gateway.worker_addrs
+    match = re.fullmatch(r"dns:///([\w.-]+):(\d+)", worker_target)
+    assert match, f"WORKER_ADDR={worker_target!r}: one dns:/// target resolving to every replica"
+    assert match.group(1) == "worker" and int(match.group(2)) == worker.port
+
+    cache_host, cache_port = gateway.cache_addr.rsplit(":", 1)
+    assert cache_host in names_of("cache_service", services) and int(cache_port) == cache.port
+
+    redis = urlparse(cache.redis_url)
+    assert redis.scheme == "redis" and redis.hostname == "redis" and (redis.port or 6379) == 6379
+
+
+def names_of(service: str, services: dict[str, dict[str, Any]]) -> set[str]:
+    """The DNS names a service answers to on the default network."""
+    aliases = (services[service].get("networks") or {}).get("default", {}) or {}
+    return {service, *aliases.get("aliases", [])}
+
+
+def test_exposed_ports_match_the_settings(services: dict[str, dict[str, Any]]) -> None:
+    worker = settings_for("worker", services)
+    cache = settings_for("cache_service", services)
+    gateway = settings_for("gateway", services)
+    assert {int(p) for p in services["worker"]["expose"]} == {worker.port, worker.metrics_port}
+    assert {int(p) for p in services["cache_service"]["expose"]} == {cache.port, cache.metrics_port}
+    (published,) = services["gateway"]["ports"]
+    assert published.rsplit(":", 1)[1] == str(gateway.gateway_port)
+
+
+def test_prometheus_scrapes_each_service_where_it_serves_metrics(services: dict[str, dict[str, Any]]) -> None:
+    worker = settings_for("worker", services)
+    cache = settings_for("cache_service", services)
+    gateway = settings_for("gateway", services)
+    jobs = {job["job_name"]: job for job in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]}
+    (worker_sd,) = jobs["worker"]["dns_sd_configs"]
+    assert worker_sd["names"] == ["worker"] and worker_sd["port"] == worker.metrics_port
+    (cache_target,) = jobs["cache_service"]["static_configs"][0]["targets"]
+    host, port = cache_target.rsplit(":", 1)
+    assert host in names_of("cache_service", services) and int(port) == cache.metrics_port
+    (gateway_target,) = jobs["gateway"]["static_configs"][0]["targets"]
+    assert gateway_target == f"gateway:{gateway.gateway_port}"
+    assert jobs["gateway"].get("metrics_path", "/metrics") == "/metrics"
+
+
+def test_commands_name_modules_and_make_targets_that_exist(services: dict[str, dict[str, Any]]) -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    for name, service in services.items():
+        command = service.get("command")
+        if "build" not in service or command is None:
+            continue
+        if command[:2] == ["python", "-m"]:
+            module = command[2]
+            assert importlib.util.find_spec(f"{module}.__main__") is not None, f"{name}: {module}"
+        elif command[0] == "make":
+            for target in (arg for arg in command[1:] if "=" not in arg):
+                assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"{name}: make {target}"
+        else:
+            pytest.fail(f"{name}: unexpected command {command}")
+
+
+def test_model_init_writes_where_the_worker_reads(services: dict[str, dict[str, Any]]) -> None:
+    init, worker = services["model-init"], services["worker"]
+    (model_dir,) = [arg.split("=", 1)[1] for arg in init["command"] if arg.startswith("MODEL_DIR=")]
+    assert service_env(worker)["WORKER_MODEL"] == model_dir
+    volume_of = {
+        s: {v.split(":")[0]: v.split(":")[1] for v in services[s]["volumes"]}
+        for s in (
+            "model-init",
+            "worker",
+        )
+    }
+    assert volume_of["model-init"]["models"] == volume_of["worker"]["models"] == "/app/models"
+    assert model_dir.startswith("models/"), "relative to the image's WORKDIR /app"
+    assert worker["volumes"] == ["models:/app/models:ro"]
+    assert worker["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
+
+
+def test_depends_on_waits_for_health(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for dependency, rule in (service.get("depends_on") or {}).items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            if rule["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
+    assert services["gateway"]["depends_on"]["worker"]["condition"] == "service_healthy"
+    assert services["gateway"]["depends_on"]["cache_service"]["condition"] == "service_healthy"
+    assert services["cache_service"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_healthchecks_probe_the_ports_the_services_listen_on(services: dict[str, dict[str, Any]]) -> None:
+    parser_checks = {
+        "worker": ("grpc", f"127.0.0.1:{settings_for('worker', services).port}"),  # type: ignore[attr-defined]
+        "cache_service": ("grpc", f"127.0.0.1:{settings_for('cache_service', services).port}"),  # type: ignore[attr-defined]
+        "gateway": (
+            "http",
+            f"http://127.0.0.1:{settings_for('gateway', services).gateway_port}/health",  # type: ignore[attr-defined]
+        ),
+    }
+    for name, (kind, target) in parser_checks.items():
+        test = services[name]["healthcheck"]["test"]
+        assert test[:4] == ["CMD", "python", "-m", "services.healthcheck"], name
+        assert test[4:] == [kind, target], name
+    assert Path(healthcheck.__file__).resolve() == ROOT / "services" / "healthcheck.py"
+
+
+def test_bind_mounts_and_volumes_exist(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    declared = set(compose.get("volumes") or {})
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (ROOT / source).exists(), f"{name}: {source}"
+            else:
+                assert source in declared, f"{name}: undeclared volume {source}"
+        build = service.get("build")
+        if build:
+            assert (ROOT / build["context"] / build["dockerfile"]).is_file()

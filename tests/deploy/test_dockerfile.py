@@ -1,0 +1,170 @@
+"""deploy/Dockerfile: parses (BuildKit's own parser), lints clean, and builds from what it copies.
+
+No Docker engine runs here, so the build is replayed: the files its COPY lines bring (after the
+.dockerignore filter) go into a scratch /app, its `make` steps run there, and every module of the
+image must import from that copy alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dockerfile
+import pytest
+
+from cache_service.settings import CacheSettings
+from gateway.settings import GatewaySettings
+from tests.deploy.files import DOCKERFILE, ROOT, dockerignore_patterns, excluded, hadolint, load_compose, run
+from worker.settings import WorkerSettings
+
+PACKAGES = ("worker", "gateway", "cache_service", "services")
+
+
+@pytest.fixture(scope="module")
+def instructions() -> tuple[dockerfile.Command, ...]:
+    return dockerfile.parse_file(str(DOCKERFILE))
+
+
+def of(instructions: tuple[dockerfile.Command, ...], cmd: str) -> list[dockerfile.Command]:
+    return [i for i in instructions if i.cmd == cmd.upper()]
+
+
+def test_hadolint_is_clean() -> None:
+    result = run([hadolint(), "--no-color", str(DOCKERFILE)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_base_image_is_a_build_argument_defaulting_to_python_slim(
+    instructions: tuple[dockerfile.Command, ...],
+) -> None:
+    first_arg = instructions[0]
+    assert first_arg.cmd == "ARG" and first_arg.value == ("BASE_IMAGE=python:3.11-slim",)
+    (base,) = of(instructions, "from")
+    assert base.value == ("${BASE_IMAGE}",)
+
+
+def test_exposed_ports_are_the_settings_defaults(instructions: tuple[dockerfile.Command, ...]) -> None:
+    exposed = {int(p) for e in of(instructions, "expose") for p in e.value}
+    worker, cache, gateway = WorkerSettings(), CacheSettings(), GatewaySettings()
+    assert exposed == {worker.port, worker.metrics_port, cache.port, cache.metrics_port, gateway.gateway_port}
+
+
+def test_runs_as_an_unprivileged_numeric_user(instructions: tuple[dockerfile.Command, ...]) -> None:
+    (user,) = of(instructions, "user")
+    assert re.fullmatch(r"[1-9]\d*(:\d+)?", user.value[0])
+
+
+def test_workdir_and_venv_path_match_compose(instructions: tuple[dockerfile.Command, ...]) -> None:
+    (workdir,) = of(instructions, "workdir")
+    assert workdir.value == ("/app",)
+    env = dict(zip(*[iter(v for e in of(instructions, "env") for v in e.value)] * 2, strict=True))
+    assert env["PATH"].startswith("/app/.venv/bin:"), "the Makefile's venv is .venv under WORKDIR"
+    models_mount = load_compose()["services"]["worker"]["volumes"][0].split(":")[1]
+    assert models_mount == workdir.value[0] + "/models"
+
+
+def replay_copies(instructions: tuple[dockerfile.Command, ...], app: Path) -> list[str]:
+    """Copy what each COPY brings from the context into `app`; return the `make` steps in order."""
+    patterns = dockerignore_patterns()
+    make_steps: list[str] = []
+    for ins in instructions:
+        if ins.cmd == "COPY":
+            assert not ins.flags, f"unexpected COPY flags {ins.flags}"
+            *sources, dest = ins.value
+            for source in sources:
+                src = ROOT / source
+                assert src.exists(), f"COPY {source}: not in the repository"
+                assert not excluded(source.rstrip("/"), patterns), f"COPY {source}: excluded by .dockerignore"
+                files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file()]
+                for path in files:
+                    rel = path.relative_to(ROOT).as_posix()
+                    if excluded(rel, patterns):
+                        continue
+                    target = app / dest / (path.name if src.is_file() else path.relative_to(src))
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, target)
+        elif ins.cmd == "RUN" and ins.value[0].startswith("make "):
+            make_steps.append(ins.value[0])
+    return make_steps
+
+
+def fake_venv(where: Path) -> Path:
+    """A stand-in for the image's .venv: this interpreter, with the Makefile's install stamp."""
+    (where / "bin").mkdir(parents=True)
+    python = where / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    (where / ".installed").touch()
+    return where
+
+
+def test_build_steps_work_from_the_copied_files_alone(
+    instructions: tuple[dockerfile.Command, ...], tmp_path: Path
+) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    make_steps = replay_copies(instructions, app)
+    assert make_steps == ["make venv", "make protos"]
+    assert not list((app / "services" / "gen").glob("*_pb2*.py")), "generated stubs must be built, not copied"
+    os.utime(app / "requirements.txt", (0, 0))  # older than the stamp: the venv counts as installed
+    venv = fake_venv(tmp_path / "venv")
+    dry = run(["make", "-n", "venv", f"VENV={venv}"], cwd=app)
+    assert dry.returncode == 0, dry.stderr
+    protos = run(["make", "protos", f"VENV={venv}"], cwd=app)
+    assert protos.returncode == 0, protos.stdout + protos.stderr
+    assert (app / "services" / "gen" / "worker_pb2_grpc.py").is_file()
+
+    modules = sorted(
+        ".".join(p.relative_to(app).with_suffix("").parts)
+        for package in PACKAGES
+        for p in (app / package).rglob("*.py")
+        if p.name != "__main__.py"
+    )
+    for package in ("worker", "gateway", "cache_service"):
+        assert (app / package / "__main__.py").is_file(), f"python -m {package} needs {package}/__main__.py"
+    script = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", script, *modules],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_copied_sources_include_the_services_but_not_local_state() -> None:
+    patterns = dockerignore_patterns()
+    for keep in (
+        "requirements.txt",
+        "Makefile",
+        "protos/worker.proto",
+        "worker/settings.py",
+        "gateway/app.py",
+    ):
+        assert not excluded(keep, patterns), keep
+    for drop in (
+        ".venv/bin/python",
+        "models/SmolLM2-135M-Instruct/model.safetensors",
+        ".git/HEAD",
+        "worker/__pycache__/x.cpython-311.pyc",
+        "services/gen/worker_pb2.py",
+        "tests/__init__.py",
+    ):
+        assert excluded(drop, patterns), drop
+
+
+def test_compose_commands_run_in_the_image(instructions: tuple[dockerfile.Command, ...]) -> None:
+    (cmd,) = of(instructions, "cmd")
+    assert cmd.json and list(cmd.value) == ["python", "-m", "gateway"]
+    for name, service in load_compose()["services"].items():
+        if "build" in service and service["command"][0] == "make":
+            assert "make" in shlex.split(" ".join(r.value[0] for r in of(instructions, "run"))), name
