@@ -1,0 +1,29 @@
+"""`python -m gateway`: serve the OpenAI-compatible API with uvicorn on GATEWAY_HOST:GATEWAY_PORT."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = GatewaySettings()
+    app = create_app(settings)
+    logging.getLogger(__name__).info(
+        "gateway on http://%s:%d -> workers %s",
+        settings.gateway_host,
+        settings.gateway_port,
+        settings.worker_addr,
+    )
+    uvicorn.run(
+        app, host=settings.gateway_host, port=settings.gateway_port, access_log=False, log_level="info"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The FastAPI app: thin routes over Serving, OpenAI-shaped errors for every failure (never a traceback)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.errors import APIError, invalid_request, model_not_found
+from gateway.http_io import ClientDisconnected, check_api_key
+from gateway.observability import MetricsMiddleware
+from gateway.semantic import SemanticCacheGate
+from gateway.serving import Serving
+from gateway.settings import GatewaySettings
+from gateway.worker_pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; only ever seen in metrics
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings or GatewaySettings()
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = WorkerPool(settings.worker_addrs)
+        cache = SemanticCacheGate(settings)
+        app.state.pool = pool
+        app.state.serving = Serving(settings, pool, cache)
+        try:
+            await pool.model_info(timeout_s=1.0)
+        except APIError:
+            log.warning(
+                "no worker answered at start-up (%s); /ready stays 503 until one does", settings.worker_addr
+            )
+        yield
+        await cache.close()
+        await pool.close()
+
+    app = FastAPI(
+        title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.add_middleware(MetricsMiddleware)
+    _add_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await request.app.state.serving.chat(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await request.app.state.serving.completions(request)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        check_api_key(request, settings.api_key)
+        return {"object": "list", "data": [await _model_card(request, started)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str, request: Request) -> dict:
+        check_api_key(request, settings.api_key)
+        card = await _model_card(request, started)
+        if card["id"] != model:
+            raise model_not_found(model, card["id"])
+        return card
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness of the gateway process itself."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready(request: Request) -> dict:
+        """200 only when a worker answers and has its model loaded."""
+        info = await request.app.state.pool.model_info(timeout_s=1.0)
+        return {"status": "ready", "model": info.model_name}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _model_card(request: Request, created: int) -> dict:
+    pool: WorkerPool = request.app.state.pool
+    info = await pool.model_info(timeout_s=1.0)
+    return {
+        "id": info.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "llmserve",
+        "max_model_len": info.max_model_len,
+    }
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        return invalid_request(f"{'.'.join(loc)}: {first['msg']}", param=loc[0] if loc else None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, code).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        body = {
+            "error": {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
+        }
+        return JSONResponse(body, status_code=500)

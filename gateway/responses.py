@@ -1,0 +1,168 @@
+"""OpenAI response shapes built from worker chunks: plain dicts, so each SSE chunk costs one json.dumps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.gen import worker_pb2
+
+Json = dict[str, Any]
+Positions = list[worker_pb2.PositionLogprobs]
+
+MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj: Any) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def _logprob(value: float) -> float:
+    return max(value, MIN_LOGPROB)
+
+
+def _top_entry(t: worker_pb2.TokenLogprob) -> dict[str, Any]:
+    return {"token": t.token, "logprob": _logprob(t.logprob), "bytes": list(t.token_bytes)}
+
+
+def chat_logprobs(positions: list[worker_pb2.PositionLogprobs]) -> dict[str, Any]:
+    """OpenAI chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}."""
+    return {
+        "content": [
+            {
+                "token": p.chosen.token,
+                "logprob": _logprob(p.chosen.logprob),
+                "bytes": list(p.chosen.token_bytes),
+                "top_logprobs": [_top_entry(t) for t in p.top],
+            }
+            for p in positions
+        ]
+    }
+
+
+def completion_logprobs(positions: list[worker_pb2.PositionLogprobs], text_offset: int) -> dict[str, Any]:
+    """Legacy completions shape; `text_offset` is where the first token starts in the completion text."""
+    offsets = []
+    for p in positions:
+        offsets.append(text_offset)
+        text_offset += len(p.chosen.token)
+    return {
+        "tokens": [p.chosen.token for p in positions],
+        "token_logprobs": [_logprob(p.chosen.logprob) for p in positions],
+        "top_logprobs": [{t.token: _logprob(t.logprob) for t in p.top} for p in positions],
+        "text_offset": offsets,
+    }
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    text_parts: list[str] = field(default_factory=list)
+    logprobs: list[worker_pb2.PositionLogprobs] = field(default_factory=list)
+    num_chars: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+@dataclass
+class UsageTotals:
+    """Usage summed over choices: the prompt counts once, completions add up."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, usage: worker_pb2.Usage) -> None:
+        self.prompt_tokens = max(self.prompt_tokens, usage.prompt_tokens)
+        self.cached_tokens = max(self.cached_tokens, usage.cached_tokens)
+        self.completion_tokens += usage.completion_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return usage_dict(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+
+@dataclass
+class ResponseMeta:
+    """The fields every response and chunk of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+    num_logprobs: int | None
+    include_usage: bool = False
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def role_chunk(self, index: int) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        return self.chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def render_logprobs(self, positions: Positions, offset: int) -> Json | None:
+        if self.num_logprobs is None:
+            return None
+        return chat_logprobs(positions) if self.chat else completion_logprobs(positions, offset)
+
+    def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Json | None) -> Json:
+        if self.chat:
+            delta = {"content": text} if text or finish is None else {}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        out = self.chunk([])
+        out["usage"] = usage
+        return out
+
+    def full(self, choices: list[ChoiceState], usage: dict[str, Any]) -> dict[str, Any]:
+        """A non-streaming response from every choice's accumulated output."""
+        rendered = []
+        for index, state in enumerate(choices):
+            choice: dict[str, Any] = {"index": index}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": state.text}
+            else:
+                choice["text"] = state.text
+            choice["logprobs"] = self.render_logprobs(state.logprobs, 0)
+            choice["finish_reason"] = state.finish_reason
+            rendered.append(choice)
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": rendered,
+            "usage": usage,
+        }

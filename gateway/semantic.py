@@ -1,0 +1,111 @@
+"""The gateway's side of the semantic cache: who may reuse an answer, when to ask, when to store."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway import observability
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.responses import UsageTotals
+from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from gateway.cache_client import CacheHit, SemanticCacheClient
+
+BYPASS_HEADER = "x-semantic-cache"
+STORABLE_FINISH = ("stop", "length")
+
+
+@dataclass
+class CacheDecision:
+    """`status` goes to the X-Semantic-Cache header; `key` is set when the answer may be stored."""
+
+    status: str  # hit | miss | bypass
+    key: Any = None
+    hit: CacheHit | None = None
+
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Semantic-Cache": self.status}
+        if self.hit is not None:
+            headers["X-Semantic-Cache-Similarity"] = f"{self.hit.similarity:.4f}"
+        return headers
+
+
+def scope_of(authorization: str | None, user: str | None) -> str:
+    """The tenant: answers are never shared across API keys or across `user`s."""
+    if authorization:
+        token = authorization.removeprefix("Bearer ").strip()
+        if token:
+            return hashlib.sha256(token.encode()).hexdigest()
+    return user or "anonymous"
+
+
+def output_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """Every parameter that shapes the answer; two requests may share an answer only if these match."""
+    return {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "max_tokens": req.completion_limit(),
+        "min_tokens": req.min_tokens,
+        "stop": req.stop_list,
+        "seed": req.seed,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "ignore_eos": req.ignore_eos,
+        "n": req.num_choices,
+        "logprobs": req.num_logprobs(),
+    }
+
+
+class SemanticCacheGate:
+    """Wraps the cache client; with CACHE_ENABLED=false every request is a bypass."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.client: SemanticCacheClient | None = None
+        if settings.cache_enabled:
+            from gateway.cache_client import SemanticCacheClient
+
+            self.client = SemanticCacheClient(settings.cache_addr, settings.cache_timeout_ms / 1000.0)
+
+    async def decide(
+        self,
+        headers: Any,
+        req: ChatCompletionRequest | CompletionRequest,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        prompt: str | None = None,
+    ) -> CacheDecision:
+        """Ask the cache unless the client opted out or the answer can't be reused (n>1, logprobs)."""
+        if self.client is None or headers.get(BYPASS_HEADER, "").lower() == "bypass":
+            return self._bypass()
+        if req.num_choices != 1 or req.num_logprobs() is not None or (messages is None and prompt is None):
+            return self._bypass()
+        scope = scope_of(headers.get("authorization"), req.user)
+        from gateway.cache_client import build_cache_key
+
+        key = build_cache_key(model, scope, messages=messages, prompt=prompt, params=output_params(req))
+        if key is None:
+            return self._bypass()
+        hit = await self.client.lookup(key)
+        observability.SEMANTIC_CACHE.labels("hit" if hit else "miss").inc()
+        return CacheDecision("hit", key, hit) if hit else CacheDecision("miss", key)
+
+    @staticmethod
+    def _bypass() -> CacheDecision:
+        observability.SEMANTIC_CACHE.labels("bypass").inc()
+        return CacheDecision("bypass")
+
+    def store(self, decision: CacheDecision, text: str, finish: str | None, usage: UsageTotals) -> None:
+        """After a complete miss, hand the answer to the cache in the background."""
+        if self.client is None or decision.status != "miss" or finish not in STORABLE_FINISH:
+            return
+        self.client.store_later(decision.key, text, finish, usage.prompt_tokens, usage.completion_tokens)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()

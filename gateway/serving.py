@@ -1,0 +1,200 @@
+"""The work behind the two completion routes: validate, ask the cache, stream from a worker, shape."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway import observability
+from gateway.errors import from_grpc, model_not_found
+from gateway.http_io import check_api_key, read_body, until_disconnect
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from gateway.responses import SSE_DONE, ChoiceState, ResponseMeta, UsageTotals, sse, usage_dict
+from gateway.semantic import CacheDecision, SemanticCacheGate
+from gateway.settings import GatewaySettings
+from gateway.worker_pool import WorkerPool, WorkerStream
+from gateway.worker_request import chat_request, completion_request
+from services.gen import worker_pb2
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Runs `on_close` however the response ends (done, error, or client gone), so the worker call
+    is cancelled at once instead of whenever the body generator is garbage collected."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+class Serving:
+    def __init__(self, settings: GatewaySettings, pool: WorkerPool, cache: SemanticCacheGate) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.cache = cache
+
+    async def _parse(self, raw: Request, model_type: type[Any]) -> Any:
+        check_api_key(raw, self.settings.api_key)
+        req = parse_request(model_type, await read_body(raw, self.settings.gateway_max_body_bytes))
+        served = await self.pool.served_model_name()
+        if req.model != served:
+            raise model_not_found(req.model, served)
+        return req
+
+    async def chat(self, raw: Request) -> Response:
+        req: ChatCompletionRequest = await self._parse(raw, ChatCompletionRequest)
+        meta = self._meta("chatcmpl", req, chat=True)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        decision = await self.cache.decide(raw.headers, req, req.model, messages=messages)
+        return await self._respond(
+            raw, req, meta, decision, chat_request(req, meta.id, req.model), "messages"
+        )
+
+    async def completions(self, raw: Request) -> Response:
+        req: CompletionRequest = await self._parse(raw, CompletionRequest)
+        meta = self._meta("cmpl", req, chat=False)
+        prompt = req.single_prompt()
+        text_prompt = prompt if isinstance(prompt, str) else None
+        decision = await self.cache.decide(raw.headers, req, req.model, prompt=text_prompt)
+        return await self._respond(
+            raw, req, meta, decision, completion_request(req, meta.id, req.model), "prompt"
+        )
+
+    @staticmethod
+    def _meta(prefix: str, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> ResponseMeta:
+        return ResponseMeta(
+            id=f"{prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=req.model,
+            chat=chat,
+            num_logprobs=req.num_logprobs(),
+            include_usage=bool(req.stream) and req.include_usage,
+        )
+
+    async def _respond(
+        self,
+        raw: Request,
+        req: ChatCompletionRequest | CompletionRequest,
+        meta: ResponseMeta,
+        decision: CacheDecision,
+        generate: worker_pb2.GenerateRequest,
+        prompt_param: str,
+    ) -> Response:
+        headers = decision.headers()
+        if decision.hit is not None:
+            return self._cached(meta, decision, bool(req.stream), headers)
+        stream = await until_disconnect(raw, self.pool.generate(generate, prompt_param), WorkerStream.cancel)
+        if req.stream:
+            body = self._sse(meta, stream, decision, req.num_choices, prompt_param)
+            return ClosingStreamingResponse(
+                body, stream.cancel, media_type="text/event-stream", headers=headers | SSE_HEADERS
+            )
+        try:
+            result = await until_disconnect(
+                raw, self._collect(meta, stream, decision, req.num_choices, prompt_param)
+            )
+        finally:
+            stream.cancel()
+        return JSONResponse(result, headers=headers)
+
+    async def _collect(
+        self, meta: ResponseMeta, stream: WorkerStream, decision: CacheDecision, n: int, prompt_param: str
+    ) -> dict[str, Any]:
+        choices = [ChoiceState() for _ in range(n)]
+        usage = UsageTotals()
+        try:
+            async for chunk in stream.chunks():
+                state = choices[chunk.index]
+                if chunk.text:
+                    state.text_parts.append(chunk.text)
+                if meta.num_logprobs is not None:
+                    state.logprobs.extend(chunk.logprobs)
+                if chunk.finish_reason:
+                    state.finish_reason = chunk.finish_reason
+                    usage.add(chunk.usage)
+        except grpc.aio.AioRpcError as exc:
+            observability.WORKER_ERRORS.labels(exc.code().name).inc()
+            raise from_grpc(exc, prompt_param) from None
+        if n == 1:
+            self.cache.store(decision, choices[0].text, choices[0].finish_reason, usage)
+        return meta.full(choices, usage.as_dict())
+
+    async def _sse(
+        self, meta: ResponseMeta, stream: WorkerStream, decision: CacheDecision, n: int, prompt_param: str
+    ) -> AsyncIterator[str]:
+        """Role chunks first (chat), then one chunk per worker chunk, the usage chunk, then [DONE]."""
+        observability.OPEN_STREAMS.inc()
+        completed = False
+        try:
+            if meta.chat:
+                for index in range(n):
+                    yield sse(meta.role_chunk(index))
+            offsets = [0] * n
+            text_parts: list[str] = []
+            usage = UsageTotals()
+            finish: str | None = None
+            async for chunk in stream.chunks():
+                finish = chunk.finish_reason or None
+                if not chunk.text and finish is None and not chunk.logprobs:
+                    continue
+                logprobs = meta.render_logprobs(list(chunk.logprobs), offsets[chunk.index])
+                offsets[chunk.index] += sum(len(p.chosen.token) for p in chunk.logprobs)
+                if finish is not None:
+                    usage.add(chunk.usage)
+                if n == 1 and chunk.text:
+                    text_parts.append(chunk.text)
+                yield sse(meta.chunk([meta.delta_choice(chunk.index, chunk.text, finish, logprobs)]))
+            if meta.include_usage:
+                yield sse(meta.usage_chunk(usage.as_dict()))
+            yield SSE_DONE
+            completed = True
+            if n == 1:
+                self.cache.store(decision, "".join(text_parts), finish, usage)
+        except grpc.aio.AioRpcError as exc:
+            observability.WORKER_ERRORS.labels(exc.code().name).inc()
+            log.warning("worker stream %s failed mid-stream: %s", meta.id, exc.code().name)
+            yield sse(from_grpc(exc, prompt_param).body())
+            yield SSE_DONE
+            completed = True
+        finally:
+            observability.OPEN_STREAMS.dec()
+            if not completed:
+                observability.CLIENT_DISCONNECTS.inc()
+            stream.cancel()
+
+    def _cached(
+        self, meta: ResponseMeta, decision: CacheDecision, stream: bool, headers: dict[str, str]
+    ) -> Response:
+        """A semantic cache hit in the normal response shape; nothing ran, so no prompt tokens were cached."""
+        hit = decision.hit
+        assert hit is not None
+        usage = usage_dict(hit.prompt_tokens, hit.completion_tokens, 0)
+        if not stream:
+            choice = ChoiceState(text_parts=[hit.text], finish_reason=hit.finish_reason)
+            return JSONResponse(meta.full([choice], usage), headers=headers)
+        events = []
+        if meta.chat:
+            events.append(sse(meta.role_chunk(0)))
+        events.append(sse(meta.chunk([meta.delta_choice(0, hit.text, None, None)])))
+        events.append(sse(meta.chunk([meta.delta_choice(0, "", hit.finish_reason, None)])))
+        if meta.include_usage:
+            events.append(sse(meta.usage_chunk(usage)))
+        events.append(SSE_DONE)
+        return StreamingResponse(iter(events), media_type="text/event-stream", headers=headers | SSE_HEADERS)

@@ -1,0 +1,25 @@
+"""Gateway settings: one environment variable per setting (names shared with `make run` and the README)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """Read from GATEWAY_HOST, GATEWAY_PORT, WORKER_ADDR, API_KEY, GATEWAY_MAX_BODY_BYTES, CACHE_*."""
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    worker_addr: str = "127.0.0.1:50051"  # comma-separated for several workers
+    api_key: str | None = None  # unset or empty: no authentication
+    gateway_max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    cache_addr: str = "127.0.0.1:50052"
+    cache_enabled: bool = True
+    cache_timeout_ms: float = Field(default=50.0, gt=0)
+
+    @property
+    def worker_addrs(self) -> list[str]:
+        return [addr.strip() for addr in self.worker_addr.split(",") if addr.strip()]

@@ -1,0 +1,164 @@
+"""The gRPC servicer: a thin adapter converting proto <-> engine objects and pumping one stream per call.
+
+No scheduling happens here. A call that is cancelled or whose connection breaks is cancelled by
+gRPC; the engine stream is then closed, which aborts the request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.gen import worker_pb2, worker_pb2_grpc
+from worker.async_engine import AsyncEngine
+from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from worker.outputs import PromptInput, RequestOutput, TokenLogprob
+from worker.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Optional proto fields copied onto SamplingParams when set; unset ones keep the engine's defaults.
+_OPTIONAL_PARAMS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "max_tokens",
+    "min_tokens",
+    "logprobs",
+    "n",
+)
+
+
+def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
+    kind = request.WhichOneof("prompt")
+    if kind == "text":
+        return PromptInput(text=request.text)
+    if kind == "chat":
+        return PromptInput(messages=[{"role": m.role, "content": m.content} for m in request.chat.messages])
+    if kind == "token_ids":
+        return PromptInput(token_ids=list(request.token_ids.ids))
+    raise InvalidRequestError("a prompt is required: set text, chat or token_ids")
+
+
+def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
+    params = SamplingParams(
+        ignore_eos=proto.ignore_eos, stop=list(proto.stop), stop_token_ids=list(proto.stop_token_ids)
+    )
+    for name in _OPTIONAL_PARAMS:
+        if proto.HasField(name):
+            setattr(params, name, getattr(proto, name))
+    return params
+
+
+def output_to_proto(output: RequestOutput) -> worker_pb2.GenerateResponse:
+    response = worker_pb2.GenerateResponse(
+        request_id=output.request_id,
+        index=output.index,
+        text=output.text,
+        token_ids=output.token_ids,
+        finish_reason=output.finish_reason or "",
+    )
+    for position in output.logprobs or ():
+        response.logprobs.add(
+            chosen=_token_logprob(position.chosen), top=[_token_logprob(t) for t in position.top]
+        )
+    if output.usage is not None:
+        response.usage.prompt_tokens = output.usage.prompt_tokens
+        response.usage.completion_tokens = output.usage.completion_tokens
+        response.usage.cached_tokens = output.usage.cached_tokens
+    return response
+
+
+def _token_logprob(t: TokenLogprob) -> worker_pb2.TokenLogprob:
+    return worker_pb2.TokenLogprob(
+        token_id=t.token_id, token=t.token, logprob=t.logprob, token_bytes=t.token_bytes
+    )
+
+
+def status_of(exc: Exception) -> grpc.StatusCode:
+    """The one place engine errors become gRPC codes (the gateway maps these on to HTTP)."""
+    if isinstance(exc, InvalidRequestError | ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, EngineOverloadedError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, EngineDeadError):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def Generate(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        served = self.engine.model_info.model_name
+        if request.model and request.model != served:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here ({served!r} is)"
+            )
+        request_id = request.request_id or uuid.uuid4().hex
+        try:
+            prompt = prompt_from_proto(request)
+            params = params_from_proto(request.params)
+        except (InvalidRequestError, ValueError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        stream = self.engine.generate(request_id, prompt, params)
+        try:
+            async for output in stream:
+                yield output_to_proto(output)
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            code = status_of(exc)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("request %s failed", request_id)
+            await context.abort(code, str(exc) or type(exc).__name__)
+        finally:
+            await stream.aclose()  # a no-op when finished; otherwise aborts the request in the engine
+
+    async def Abort(
+        self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AbortResponse:
+        return worker_pb2.AbortResponse(found=await self.engine.abort(request.request_id))
+
+    async def GetModelInfo(
+        self, request: worker_pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ModelInfo:
+        info = self.engine.model_info
+        return worker_pb2.ModelInfo(
+            model_name=info.model_name,
+            max_model_len=info.max_model_len,
+            block_size=info.block_size,
+            num_kv_blocks=info.num_kv_blocks,
+            dtype=info.dtype,
+            device=info.device,
+            max_num_seqs=info.max_num_seqs,
+            vocab_size=info.vocab_size,
+        )
+
+    async def GetStats(
+        self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.Stats:
+        stats = self.engine.stats()
+        return worker_pb2.Stats(
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            num_kv_blocks_used=stats.num_kv_blocks_used,
+            num_kv_blocks_total=stats.num_kv_blocks_total,
+            kv_cache_usage=stats.kv_cache_usage,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
+            num_preemptions=stats.num_preemptions,
+            num_finished=stats.num_finished,
+        )
