@@ -1,0 +1,91 @@
+"""Block manager: allocation, reference counts, chained prefix hashes, LRU eviction. No model."""
+
+from tests.engine.factories import make_request
+from worker.block_manager import BlockManager
+
+
+def test_allocate_and_free_returns_every_block():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    request = make_request(num_prompt_tokens=10)
+    assert bm.allocate(request, 10)
+    assert len(request.block_ids) == 3
+    assert bm.num_used_blocks == 3
+    bm.free(request)
+    assert bm.num_used_blocks == 0 and bm.num_free_blocks == 8
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_allocation_fails_cleanly_when_out_of_blocks():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    request = make_request(num_prompt_tokens=12)
+    assert not bm.allocate(request, 12)
+    assert request.block_ids == [] and bm.num_free_blocks == 2
+
+
+def _compute(bm: BlockManager, request, num_tokens: int) -> None:  # noqa: ANN001
+    cached = bm.find_cached_prefix(request)
+    assert bm.allocate(request, num_tokens - len(cached) * bm.block_size, cached)
+    request.num_computed_tokens = num_tokens
+    bm.cache_full_blocks(request)
+
+
+def test_prefix_hit_reuses_blocks_with_reference_counts():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(1, 14))  # 13 tokens: 3 full blocks
+    first = make_request(prompt=prompt)
+    _compute(bm, first, 13)
+    second = make_request(prompt=prompt[:12] + [99, 100])
+    hits = bm.find_cached_prefix(second)
+    assert hits == first.block_ids[:3]
+    assert bm.allocate(second, 2, hits)
+    assert second.num_computed_tokens == 12
+    assert all(bm.blocks[b].ref_count == 2 for b in hits)
+
+
+def test_last_prompt_token_is_never_cached():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(1, 9))  # exactly 2 full blocks
+    first = make_request(prompt=prompt)
+    _compute(bm, first, 8)
+    again = make_request(prompt=prompt)
+    assert len(bm.find_cached_prefix(again)) == 1  # only the first block: the last token must run
+
+
+def test_hash_is_chained_so_same_block_after_different_prefix_misses():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    first = make_request(prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9])
+    _compute(bm, first, 9)
+    other = make_request(prompt=[9, 9, 9, 9, 5, 6, 7, 8, 9])
+    assert bm.find_cached_prefix(other) == []
+
+
+def test_token_recheck_rejects_a_hash_collision():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    first = make_request(prompt=[1, 2, 3, 4, 5])
+    _compute(bm, first, 5)
+    block = bm.blocks[first.block_ids[0]]
+    block.token_ids = (4, 3, 2, 1)  # simulate a different block that collided on the hash
+    assert bm.find_cached_prefix(make_request(prompt=[1, 2, 3, 4, 5])) == []
+
+
+def test_freed_blocks_keep_their_hash_until_reused_and_lru_is_evicted_first():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    old = make_request(prompt=[1, 2, 3, 4, 5])
+    _compute(bm, old, 5)
+    bm.free(old)
+    assert bm.find_cached_prefix(make_request(prompt=[1, 2, 3, 4, 5])) != []  # still hit after free
+    newer = make_request(prompt=[7, 7, 7, 7, 8])
+    _compute(bm, newer, 5)
+    bm.free(newer)
+    # Two fresh blocks: the least recently freed ones go first, the newer prefix survives.
+    filler = make_request(prompt=[50] * 8)
+    assert bm.allocate(filler, 8)
+    assert bm.find_cached_prefix(make_request(prompt=[7, 7, 7, 7, 8])) != []
+    assert bm.find_cached_prefix(make_request(prompt=[1, 2, 3, 4, 5])) == []
+
+
+def test_prefix_caching_off_never_hits():
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    first = make_request(prompt=list(range(1, 10)))
+    _compute(bm, first, 9)
+    assert bm.find_cached_prefix(make_request(prompt=list(range(1, 10)))) == []
