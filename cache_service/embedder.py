@@ -30,7 +30,7 @@ class Embedder:
         from sentence_transformers import SentenceTransformer
 
         self._model = SentenceTransformer(path or model_path(), device="cpu")
-        self.dim = int(self._model.get_sentence_embedding_dimension())
+        self.dim = int(self._model.get_embedding_dimension())
         self.encode(["warm up"])  # the first forward pass is slow; pay it before serving
 
     def encode(self, texts: list[str]) -> np.ndarray:

@@ -53,11 +53,16 @@ class Features:
 
 def stem(word: str) -> str:
     """A deliberately crude suffix stripper: enough to match plural/tense variants."""
+    base = word
     for suffix, min_len in (("ies", 5), ("ing", 6), ("ed", 5), ("es", 5), ("s", 4), ("ly", 6)):
         if word.endswith(suffix) and len(word) >= min_len and not word.endswith("ss"):
-            base = word[: -len(suffix)]
-            return base + "y" if suffix == "ies" else base
-    return word
+            base = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    for suffix in ("er", "or"):  # agent nouns: painter ~ painted, creator ~ created
+        if base.endswith(suffix) and len(base) >= 7:
+            base = base[: -len(suffix)]
+            break
+    return base[:-1] if base.endswith("e") and len(base) > 4 else base
 
 
 def _raw_tokens(text: str) -> list[tuple[str, bool]]:
@@ -204,11 +209,11 @@ def verify(query: str, cached: str, max_substitutions: int = 0) -> Verdict:
     for group in a.polar.keys() & b.polar.keys():
         if a.polar[group] != b.polar[group]:
             return Verdict(False, f"opposite words ({group})")
-    if sorted(a.units) != sorted(b.units):
-        return Verdict(False, "units differ")
     for role in a.unit_roles.keys() & b.unit_roles.keys():
         if a.unit_roles[role] != b.unit_roles[role]:
-            return Verdict(False, "conversion direction differs")
+            return Verdict(False, f"units differ ({role})")
+    if a.unit_roles.keys() != b.unit_roles.keys() and a.unit_roles and b.unit_roles:
+        return Verdict(False, "conversion direction differs")
     if any((y, x) in b.pairs and (x, y) not in b.pairs for x, y in a.pairs):
         return Verdict(False, "order reversed")
     missing = {e for e in a.entities if e not in b.tokens and stem(e) not in b.stems} | {

@@ -23,11 +23,12 @@ FILLERS = _split(
     exactly actually really basically usually generally typically thing things mean means meaning kind sort
     steps step process method methods guide instructions tips idea ideas question wondering curious try trying
     able make sure use using used happen happens describe definition define difference example examples work
-    works convert conversion equal equals equivalent many much"""
+    works convert conversion equal equals equivalent many much syntax command differ different
+    distinguish abbreviation acronym"""
 )
 
 NEGATIONS = _split(
-    """not no never none nobody nothing neither nor without cannot cant dont doesnt didnt isnt arent wasnt werent
+    """avoid not no never none nobody nothing neither nor without cannot cant dont doesnt didnt isnt arent wasnt werent
     wont wouldnt shouldnt couldnt hasnt havent hadnt nowhere"""
 )
 
@@ -88,6 +89,11 @@ ORDINALS = {
 
 # Multi-word expressions read as one token (before synonyms and opposite-word groups apply).
 PHRASES = {
+    "get in touch with": "contact",
+    "get in touch": "contact",
+    "short for": "stand_for",
+    "stand for": "stand_for",
+    "how far": "distance",
     "turn on": "enable",
     "switch on": "enable",
     "power on": "enable",
@@ -133,6 +139,18 @@ PHRASES = {
 
 # Words that mean the same for caching purposes, mapped to one spelling.
 SYNONYMS = {
+    "update": "change",
+    "switch": "change",
+    "biggest": "largest",
+    "dict": "dictionary",
+    "int": "integer",
+    "see": "view",
+    "check": "view",
+    "reboot": "restart",
+    "wrote": "write",
+    "written": "write",
+    "writer": "write",
+    "author": "write",
     "automobile": "car",
     "vehicle": "car",
     "purchase": "buy",
@@ -400,7 +418,7 @@ GAZETTEER = _split(
     swedish greek latin hebrew turkish polish
     january february march april may june july august september october november december monday tuesday
     wednesday thursday friday saturday sunday christmas easter halloween thanksgiving
-    mercury venus earth mars jupiter saturn uranus neptune pluto moon sun
+    mercury venus mars jupiter saturn uranus neptune pluto
     python java javascript typescript rust golang ruby php perl kotlin swift scala haskell c++ sql bash
     html css react angular vue django flask node docker kubernetes linux windows macos ios android git github
     postgres postgresql mysql redis mongodb excel word powerpoint chrome firefox safari iphone ipad pixel
