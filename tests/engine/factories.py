@@ -22,7 +22,7 @@ def make_request(
     num_prompt_tokens: int = 10, max_tokens: int = 8, prompt: list[int] | None = None, **params: object
 ) -> Request:
     prompt = prompt if prompt is not None else [(7 * i + 3) % 200 + 1 for i in range(num_prompt_tokens)]
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, **params)
+    sampling = SamplingParams(max_tokens=max_tokens, **{"temperature": 0.0, **params})
     return Request(f"req-{next(_ids)}", list(prompt), sampling, eos_token_id=None, max_tokens=max_tokens)
 
 

@@ -1,0 +1,55 @@
+"""Incremental detokenization with the real tokenizer: multi-byte characters and stop strings."""
+
+import pytest
+
+from worker.detokenizer import IncrementalDetokenizer, TokenTexts
+from worker.model_loader import load_tokenizer
+
+MODEL_DIR = "models/SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(MODEL_DIR)
+
+
+def _stream(tokenizer, text: str, stop: list[str]) -> tuple[list[str], bool, IncrementalDetokenizer]:  # noqa: ANN001
+    detok = IncrementalDetokenizer(tokenizer, stop)
+    deltas, stopped = [], False
+    for token in tokenizer.encode(text):
+        stopped = detok.add_token(token)
+        deltas.append(detok.take_delta(final=stopped))
+        if stopped:
+            break
+    if not stopped:
+        deltas.append(detok.take_delta(final=True))
+    return deltas, stopped, detok
+
+
+def test_multibyte_characters_split_over_tokens_are_never_emitted_half(tokenizer):
+    text = "Café ☕ costs 5€ — 日本語のテキスト 🎉🚀 naïve"
+    ids = tokenizer.encode(text)
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids), "the sample must split characters"
+    deltas, _, _ = _stream(tokenizer, text, [])
+    assert "".join(deltas) == tokenizer.decode(ids)
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_stop_string_is_held_back_and_never_emitted(tokenizer):
+    deltas, stopped, detok = _stream(tokenizer, "The capital of France is Paris. It is big.", ["Paris"])
+    assert stopped
+    assert "".join(deltas) == "The capital of France is "
+    assert "Par" not in "".join(deltas) and detok.text == "The capital of France is "
+
+
+def test_text_that_only_looks_like_a_stop_string_is_released(tokenizer):
+    deltas, stopped, _ = _stream(tokenizer, "Paragraph one. Parsing two.", ["Paris"])
+    assert not stopped
+    assert "".join(deltas) == "Paragraph one. Parsing two."
+
+
+def test_token_texts_give_raw_bytes_of_partial_characters(tokenizer):
+    texts = TokenTexts(tokenizer)
+    ids = tokenizer.encode("🎉")
+    raw = b"".join(texts.lookup(t)[1] for t in ids)
+    assert raw == "🎉".encode()

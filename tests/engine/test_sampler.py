@@ -1,0 +1,107 @@
+"""Batched sampling: truncation, penalties, min_tokens, logprobs, and seeds that ignore the batch."""
+
+import torch
+
+from tests.engine.factories import make_request, make_scheduler, paged_runner, tiny_llama
+from worker.sampler import build_batch, sample
+
+VOCAB = 50
+
+
+def _sample(logits, requests, generators=None):  # noqa: ANN001
+    return sample(logits, build_batch(requests, generators or {}, VOCAB, torch.device("cpu")))
+
+
+def _logits(rows: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax():
+    logits = _logits(4)
+    out = _sample(logits, [make_request(temperature=0.0) for _ in range(4)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_top_k_and_top_p_only_draw_from_the_allowed_set():
+    logits = _logits()
+    top5 = set(logits[0].topk(5).indices.tolist())
+    drawn_k = {_sample(logits, [make_request(temperature=1.5, top_k=5)]).token_ids[0] for _ in range(200)}
+    assert drawn_k <= top5 and len(drawn_k) > 1
+    drawn_p = {_sample(logits, [make_request(temperature=1.0, top_p=1e-6)]).token_ids[0] for _ in range(50)}
+    assert drawn_p == {int(logits[0].argmax())}
+
+
+def test_min_p_removes_unlikely_tokens():
+    logits = _logits()
+    probs = logits.softmax(-1)[0]
+    allowed = set((probs >= 0.2 * probs.max()).nonzero().flatten().tolist())
+    drawn = {_sample(logits, [make_request(temperature=1.0, min_p=0.2)]).token_ids[0] for _ in range(300)}
+    assert drawn <= allowed
+
+
+def test_temperature_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1] + [1e-9] * (VOCAB - 3)]))
+    counts = torch.zeros(3)
+    for _ in range(2000):
+        counts[_sample(logits, [make_request(temperature=1.0)]).token_ids[0]] += 1
+    torch.testing.assert_close(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04, rtol=0)
+
+
+def test_penalties_push_repeated_tokens_down():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3] = 1.0
+    logits[0, 4] = 0.9
+    request = make_request(prompt=[1, 2], temperature=0.0, frequency_penalty=0.5, presence_penalty=0.5)
+    request.append_output_token(3)
+    assert _sample(logits, [request]).token_ids == [4]  # 1.0 - 0.5 - 0.5 < 0.9
+    repeat = make_request(prompt=[3], temperature=0.0, repetition_penalty=2.0)
+    assert _sample(logits, [repeat]).token_ids == [4]  # 1.0 / 2 < 0.9
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 7] = 10.0
+    logits[0, 9] = 9.0
+    request = make_request(temperature=0.0, min_tokens=2, stop_token_ids=[9])
+    request.eos_token_id = 7
+    assert _sample(logits, [request]).token_ids not in ([7], [9])
+    request.append_output_token(1)
+    request.append_output_token(1)
+    assert _sample(logits, [request]).token_ids == [7]
+
+
+def test_logprobs_are_of_the_model_distribution_with_top_k_sorted():
+    logits = _logits(2)
+    requests = [make_request(temperature=0.0, logprobs=3), make_request(temperature=0.0)]
+    out = _sample(logits, requests)
+    chosen, top_ids, top_values = out.logprobs[0]
+    expected = logits[0].log_softmax(-1)
+    assert abs(chosen - expected[out.token_ids[0]].item()) < 1e-5
+    assert top_ids == expected.topk(3).indices.tolist()
+    assert top_values == sorted(top_values, reverse=True)
+    assert out.logprobs[1] is None
+
+
+def _run_seeded(hf_model, requests) -> dict:  # noqa: ANN001
+    scheduler = make_scheduler(num_blocks=256, block_size=16, max_num_batched_tokens=512)
+    runner = paged_runner(hf_model, 256, 16)
+    for r in requests:
+        scheduler.add_request(r)
+    while scheduler.num_unfinished:
+        plan = scheduler.schedule()
+        reqs, out = runner.execute(plan)
+        scheduler.update_from_output(plan, {r.request_id: t for r, t in zip(reqs, out.token_ids, strict=True)})
+    return {r.request_id: r.output_token_ids for r in requests}
+
+
+def test_seeded_sample_is_the_same_alone_and_in_a_batch():
+    hf_model = tiny_llama(seed=3)
+    prompt = [11, 12, 13, 14, 15]
+    alone = make_request(prompt=prompt, max_tokens=20, temperature=1.0, seed=1234)
+    in_batch = make_request(prompt=prompt, max_tokens=20, temperature=1.0, seed=1234)
+    others = [make_request(num_prompt_tokens=n, max_tokens=20, temperature=1.0) for n in (3, 9, 17)]
+    first = _run_seeded(hf_model, [alone])[alone.request_id]
+    second = _run_seeded(hf_model, [others[0], in_batch, *others[1:]])[in_batch.request_id]
+    assert first == second
+    different_seed = make_request(prompt=prompt, max_tokens=20, temperature=1.0, seed=99)
+    assert _run_seeded(hf_model, [different_seed])[different_seed.request_id] != first
