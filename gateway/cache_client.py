@@ -1,0 +1,227 @@
+"""Gateway-side client of the semantic cache service.
+
+The cache must never make the gateway slower or less available than it is without one: every call has a short
+deadline, and any error or timeout is a miss (lookup) or a dropped store, counted through `on_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from services.gen import cache_pb2, cache_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+STORABLE_FINISH_REASONS = ("stop", "length")
+STORE_TIMEOUT_S = 2.0  # a store embeds the text: slower than a lookup, and nobody waits for it
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+# Output-shaping parameters and the value meaning "not set": absent and default fingerprint the same.
+_FINGERPRINT_DEFAULTS: dict[str, Any] = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "max_tokens": None,
+    "min_tokens": 0,
+    "stop": [],
+    "seed": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "ignore_eos": False,
+    "response_format": None,
+    "logit_bias": None,
+    "tools": None,
+    "tool_choice": None,
+}
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    text: str
+    similarity: float
+    exact: bool
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _max_temperature() -> float:
+    try:
+        return float(os.environ.get("CACHE_MAX_TEMPERATURE", "0") or 0)
+    except ValueError:
+        return 0.0
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items())}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def params_fingerprint(params: dict[str, Any]) -> str:
+    """Canonical hash of the parameters that shape the answer (stop strings are a set: order is moot)."""
+    canon: dict[str, Any] = {}
+    for name, default in _FINGERPRINT_DEFAULTS.items():
+        value = params.get(name)
+        if name == "stop":
+            value = sorted({value} if isinstance(value, str) else set(value or []))
+        if value is None or value == default:
+            continue
+        canon[name] = _canonical(value)
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def build_cache_key(
+    model: str,
+    scope: str,
+    messages: list[dict] | None = None,
+    prompt: str | None = None,
+    *,
+    params: dict[str, Any],
+    max_temperature: float | None = None,
+) -> cache_pb2.CacheKey | None:
+    """The key of a cacheable request, or None when its answer may not be reused (several choices, logprobs,
+    sampling too random, content that is not plain text)."""
+    logprobs = params.get("logprobs")
+    if (params.get("n") or 1) != 1 or (logprobs is not None and logprobs is not False):
+        return None
+    if params.get("top_logprobs") not in (None, 0):
+        return None
+    temperature = params.get("temperature")
+    temperature = OPENAI_DEFAULT_TEMPERATURE if temperature is None else float(temperature)
+    limit = _max_temperature() if max_temperature is None else max_temperature
+    if temperature > limit + 1e-6:
+        return None
+    key = cache_pb2.CacheKey(
+        model=model, scope=scope, params_fingerprint=params_fingerprint(params), temperature=temperature
+    )
+    if messages is not None and prompt is None:
+        for m in messages:
+            content = m.get("content")
+            if not isinstance(content, str) or not isinstance(m.get("role"), str):
+                return None  # multimodal parts, tool calls: not handled by the cache
+            key.messages.append(cache_pb2.Message(role=m["role"], content=content))
+        if not any(m.role == "user" for m in key.messages):
+            return None
+    elif prompt is not None and messages is None and prompt.strip():
+        key.prompt = prompt
+    else:
+        return None
+    return key
+
+
+class SemanticCacheClient:
+    def __init__(self, addr: str, timeout_s: float, on_error: Callable[[str], None] | None = None) -> None:
+        self._addr = addr
+        self._timeout_s = timeout_s
+        self._on_error = on_error
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: cache_pb2_grpc.SemanticCacheStub | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self.errors = 0  # lookups and stores that failed or timed out
+
+    def _get_stub(self) -> cache_pb2_grpc.SemanticCacheStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self._addr)
+            self._stub = cache_pb2_grpc.SemanticCacheStub(self._channel)
+        return self._stub
+
+    def _error(self, kind: str, exc: BaseException) -> None:
+        self.errors += 1
+        log.debug("semantic cache %s failed: %r", kind, exc)
+        if self._on_error is not None:
+            try:
+                self._on_error(kind)
+            except Exception:  # noqa: BLE001 - a metrics callback must not break serving
+                log.exception("semantic cache on_error callback failed")
+
+    async def lookup(self, key: cache_pb2.CacheKey, threshold: float | None = None) -> CacheHit | None:
+        """The cached answer, or None on a miss and on any error or timeout."""
+        try:
+            request = cache_pb2.LookupRequest(key=key)
+            if threshold is not None:
+                request.threshold = threshold
+            resp = await self._get_stub().Lookup(request, timeout=self._timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            kind = "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "lookup"
+            self._error(kind, exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - the cache is optional: any failure is a miss
+            self._error("lookup", exc)
+            return None
+        if not resp.hit:
+            return None
+        return CacheHit(
+            text=resp.response,
+            similarity=resp.similarity,
+            exact=resp.exact,
+            finish_reason=resp.finish_reason,
+            prompt_tokens=resp.prompt_tokens,
+            completion_tokens=resp.completion_tokens,
+        )
+
+    def store_later(
+        self,
+        key: cache_pb2.CacheKey | None,
+        text: str,
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """Store in the background; never raises, never delays the response."""
+        if key is None or finish_reason not in STORABLE_FINISH_REASONS or not text:
+            return
+        try:
+            request = cache_pb2.StoreRequest(
+                key=key,
+                response=text,
+                finish_reason=finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+            task = asyncio.get_running_loop().create_task(self._store(request))
+        except Exception as exc:  # noqa: BLE001 - e.g. no running loop
+            self._error("store", exc)
+            return
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _store(self, request: cache_pb2.StoreRequest) -> None:
+        try:
+            await self._get_stub().Store(request, timeout=max(self._timeout_s, STORE_TIMEOUT_S))
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - a lost store is only a lost future hit
+            self._error("store", exc)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for background stores (tests, shutdown)."""
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=timeout_s)
+
+    async def close(self) -> None:
+        await self.drain(timeout_s=1.0)
+        for task in list(self._pending):
+            task.cancel()
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stub = None
