@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from gateway import observability
 from gateway.errors import APIError, from_grpc, unavailable
 from services.gen import worker_pb2, worker_pb2_grpc
 
@@ -86,6 +87,7 @@ class WorkerPool:
             try:
                 first = await call.read()
             except grpc.aio.AioRpcError as exc:
+                observability.WORKER_ERRORS.labels(exc.code().name).inc()
                 if exc.code() not in RETRYABLE:
                     raise from_grpc(exc, prompt_param) from None
                 log.warning("worker %s refused a request: %s", replica.addr, exc.code().name)

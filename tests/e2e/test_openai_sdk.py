@@ -1,0 +1,160 @@
+"""The official openai SDK against a real worker and gateway: sync, async, stream, n, stop, seed, logprobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL_NAME, Service
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(gateway: Service) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway.addr}/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=12, temperature=0)
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-") and reply.created > 0
+    assert reply.model == MODEL_NAME
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 12
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_max_completion_tokens_and_vllm_extensions(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=QUESTION,
+        max_completion_tokens=7,
+        extra_body={
+            "ignore_eos": True,
+            "top_k": 5,
+            "min_p": 0.05,
+            "repetition_penalty": 1.1,
+            "min_tokens": 7,
+        },
+    )
+    assert reply.usage.completion_tokens == 7
+    assert reply.choices[0].finish_reason == "length"
+
+
+async def test_async_chat_completion(gateway: Service) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{gateway.addr}/v1", api_key="unused", max_retries=0) as client:
+        reply = await client.chat.completions.create(
+            model=MODEL_NAME, messages=QUESTION, max_tokens=8, temperature=0
+        )
+        assert reply.choices[0].message.content
+        stream = await client.completions.create(
+            model=MODEL_NAME, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+        )
+        texts = [chunk.choices[0].text async for chunk in stream if chunk.choices]
+        assert "Paris" in "".join(texts)
+
+
+def test_streaming_with_usage(client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=10, temperature=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=QUESTION,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_n_choices(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=6, n=3, seed=3)
+    assert sorted(c.index for c in reply.choices) == [0, 1, 2]
+    assert all(c.finish_reason for c in reply.choices)
+    assert reply.usage.completion_tokens <= 18
+    streamed = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4, n=2, stream=True)
+    indexes = {choice.index for chunk in streamed for choice in chunk.choices}
+    assert indexes == {0, 1}
+
+
+def test_stop(client: openai.OpenAI) -> None:
+    prompt = "The capital of France is"
+    free = (
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+    )
+    stop_word = free.split()[1]
+    for stop in (stop_word, [stop_word, "zzzz"]):
+        reply = client.completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0, stop=stop
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        assert stop_word not in reply.choices[0].text
+        assert free.startswith(reply.choices[0].text)
+
+
+def test_seed_repeats_a_sampled_answer(client: openai.OpenAI) -> None:
+    def sample() -> str:
+        reply = client.chat.completions.create(
+            model=MODEL_NAME, messages=QUESTION, max_tokens=12, temperature=1.0, seed=4242
+        )
+        return reply.choices[0].message.content
+
+    assert sample() == sample()
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL_NAME, messages=QUESTION, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    for item in content:
+        assert item.logprob <= 0.0 and bytes(item.bytes).decode(errors="replace")
+        assert len(item.top_logprobs) == 3
+        assert item.top_logprobs[0].token == item.token, "greedy picks the most likely token"
+
+
+def test_completion_logprobs_legacy_shape(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2
+    )
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(5)]
+    assert all(len(top) <= 2 and logprobs.tokens[i] in top for i, top in enumerate(logprobs.top_logprobs))
+
+
+def test_sdk_raises_typed_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=QUESTION, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=2, temperature=5)
+    assert info.value.body["param"] == "temperature"

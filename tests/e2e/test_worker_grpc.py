@@ -1,0 +1,163 @@
+"""The worker's gRPC API called directly: Generate in every prompt form, Abort, info, stats, health,
+reflection, error codes, and cancellation freeing KV blocks."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from services.gen import worker_pb2 as pb
+from services.gen import worker_pb2_grpc
+from tests.e2e.conftest import MODEL_NAME, Service, wait_for_idle
+
+GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
+
+
+def generate(stub: worker_pb2_grpc.WorkerStub, **fields: object) -> list[pb.GenerateResponse]:
+    fields.setdefault("params", GREEDY)
+    return list(stub.Generate(pb.GenerateRequest(**fields), timeout=60))
+
+
+def text_of(chunks: list[pb.GenerateResponse], index: int = 0) -> str:
+    return "".join(c.text for c in chunks if c.index == index)
+
+
+def test_health_and_reflection(worker: Service) -> None:
+    with grpc.insecure_channel(worker.addr) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "llmserve.worker.v1.Worker"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = database.get_services()
+        assert "llmserve.worker.v1.Worker" in services
+        assert "grpc.health.v1.Health" in services
+        proto_file = database.FindFileContainingSymbol("llmserve.worker.v1.Worker")
+        assert {m.name for m in proto_file.service[0].method} == {
+            "Generate",
+            "Abort",
+            "GetModelInfo",
+            "GetStats",
+        }
+
+
+def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    info = worker_stub.GetModelInfo(pb.ModelInfoRequest())
+    assert info.model_name == MODEL_NAME
+    assert info.max_model_len > 0 and info.block_size > 0 and info.num_kv_blocks > 0
+    assert info.vocab_size == 49152
+    assert info.dtype == "float32" and info.device == "cpu"
+
+
+def test_generate_text_streams_deltas_then_usage(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    chunks = generate(worker_stub, text="The capital of France is")
+    assert len(chunks) > 1, "a streamed answer comes in several chunks"
+    assert all(not c.finish_reason for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.finish_reason in ("stop", "length")
+    assert last.usage.prompt_tokens == 5
+    assert last.usage.completion_tokens == sum(len(c.token_ids) for c in chunks)
+    assert "Paris" in text_of(chunks)
+
+
+def test_chat_and_token_id_prompts(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    chat = pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="What is the capital of France?")])
+    chat_chunks = generate(worker_stub, chat=chat)
+    assert chat_chunks[-1].usage.prompt_tokens > 10, "the chat template wraps the message"
+    text_chunks = generate(worker_stub, text="The capital of France is")
+    # The same prompt as SmolLM2 token ids gives the same greedy continuation.
+    by_ids = generate(worker_stub, token_ids=pb.TokenIds(ids=[504, 3575, 282, 4649, 314]))
+    assert text_of(by_ids) == text_of(text_chunks)
+
+
+def test_greedy_is_deterministic_and_seeded_sampling_repeats(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    assert text_of(generate(worker_stub, text="Once upon a time")) == text_of(
+        generate(worker_stub, text="Once upon a time")
+    )
+    seeded = pb.SamplingParams(temperature=1.0, seed=1234, max_tokens=12)
+    first = text_of(generate(worker_stub, text="Once upon a time", params=seeded))
+    assert first == text_of(generate(worker_stub, text="Once upon a time", params=seeded))
+
+
+def test_logprobs_and_n(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    params = pb.SamplingParams(temperature=0.8, max_tokens=6, logprobs=3, n=2, seed=7)
+    chunks = generate(worker_stub, text="Hello", params=params)
+    assert {c.index for c in chunks} == {0, 1}
+    for index in (0, 1):
+        mine = [c for c in chunks if c.index == index]
+        assert mine[-1].finish_reason
+        for chunk in mine:
+            assert len(chunk.logprobs) == len(chunk.token_ids)
+            for position in chunk.logprobs:
+                assert len(position.top) == 3
+                assert position.chosen.logprob <= 0.0
+                assert position.top[0].logprob >= position.top[-1].logprob
+
+
+def test_stop_string_ends_the_choice(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    free = text_of(
+        generate(
+            worker_stub,
+            text="The capital of France is",
+            params=pb.SamplingParams(temperature=0, max_tokens=8),
+        )
+    )
+    stop_word = free.split()[1]
+    params = pb.SamplingParams(temperature=0, max_tokens=8, stop=[stop_word])
+    chunks = generate(worker_stub, text="The capital of France is", params=params)
+    assert chunks[-1].finish_reason == "stop"
+    assert stop_word not in text_of(chunks)
+    assert free.startswith(text_of(chunks))
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({}, "prompt"),
+        ({"text": "hi", "params": pb.SamplingParams(temperature=-1.0)}, "temperature"),
+        ({"text": "hi", "params": pb.SamplingParams(max_tokens=100000)}, "maximum context length"),
+        ({"token_ids": pb.TokenIds(ids=[10**6])}, "out of range"),
+    ],
+)
+def test_invalid_requests_are_invalid_argument(
+    worker_stub: worker_pb2_grpc.WorkerStub, fields: dict, needle: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        list(worker_stub.Generate(pb.GenerateRequest(**fields), timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in info.value.details()
+
+
+def test_unknown_model_is_not_found(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        generate(worker_stub, text="hi", model="gpt-5")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_cancelled_stream_frees_its_blocks(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    params = pb.SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    call = worker_stub.Generate(pb.GenerateRequest(text="Write a long story.", params=params))
+    stream = iter(call)
+    for _ in range(3):
+        next(stream)
+    busy = worker_stub.GetStats(pb.StatsRequest())
+    assert busy.num_running == 1 and busy.num_kv_blocks_used > 0
+    call.cancel()
+    stats = wait_for_idle(worker_stub)
+    assert (stats.num_running, stats.num_kv_blocks_used) == (0, 0)
+
+
+def test_abort_by_id(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    params = pb.SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    stream = iter(
+        worker_stub.Generate(pb.GenerateRequest(request_id="abort-me", text="Tell me", params=params))
+    )
+    next(stream)
+    assert worker_stub.Abort(pb.AbortRequest(request_id="abort-me")).found
+    rest = list(stream)
+    assert rest and rest[-1].finish_reason == "abort"
+    assert not worker_stub.Abort(pb.AbortRequest(request_id="no-such-request")).found
+    stats = wait_for_idle(worker_stub)
+    assert stats.num_kv_blocks_used == 0 and stats.num_finished > 0
