@@ -1,0 +1,174 @@
+"""The cache service as a real process against a real Redis: what hits, what must miss, TTL, invalidation."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from services.gen import cache_pb2
+from tests.cache.keyutil import chat_key, lookup, store
+from tests.cache.procs import CacheService
+
+
+def test_exact_hit_and_miss(stub) -> None:
+    key = chat_key("How do I reset my password?", "t-exact")
+    assert not lookup(stub, key).hit
+    stored = store(stub, key, "Open Settings > Security > Reset password.")
+    assert stored.stored and stored.entry_id
+    again = lookup(stub, chat_key("how do I reset my password", "t-exact"))
+    assert again.hit and again.exact
+    assert again.response == "Open Settings > Security > Reset password."
+    assert again.entry_id == stored.entry_id
+    assert (again.finish_reason, again.prompt_tokens, again.completion_tokens) == ("stop", 11, 7)
+    assert not lookup(stub, chat_key("How do I bake sourdough bread?", "t-exact")).hit
+
+
+def test_paraphrase_hits_by_similarity(stub) -> None:
+    store(stub, chat_key("How do I turn on two-factor authentication?", "t-para"), "Settings > Security > 2FA: on.")
+    hit = lookup(stub, chat_key("How can I enable two-factor authentication?", "t-para"))
+    assert hit.hit and not hit.exact
+    assert 0.0 < hit.similarity < 1.0
+    assert hit.response == "Settings > Security > 2FA: on."
+
+
+@pytest.mark.parametrize(
+    ("stored_q", "asked_q"),
+    [
+        ("How do I turn on two-factor authentication?", "How do I turn off two-factor authentication?"),
+        ("What is the capital of France?", "What is the capital of Germany?"),
+        ("Convert 5 km to miles", "Convert 5 miles to km"),
+        ("What is 15% of 200?", "What is 20% of 200?"),
+        ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?"),
+    ],
+)
+def test_hard_negatives_miss(stub, stored_q: str, asked_q: str) -> None:
+    scope = f"t-neg-{abs(hash(stored_q))}"
+    store(stub, chat_key(stored_q, scope), "an answer")
+    assert lookup(stub, chat_key(stored_q, scope)).hit  # the stored question itself does hit
+    assert not lookup(stub, chat_key(asked_q, scope)).hit
+
+
+def test_threshold_per_request(stub) -> None:
+    store(stub, chat_key("What is the capital of France?", "t-thr"), "Paris")
+    key = chat_key("Which city is the capital of France?", "t-thr")
+    assert lookup(stub, key).hit
+    strict = stub.Lookup(cache_pb2.LookupRequest(key=key, threshold=0.999), timeout=30)
+    assert not strict.hit
+
+
+def test_answers_never_cross_tenants(stub) -> None:
+    store(stub, chat_key("What is my account balance?", "alice"), "Alice has $10.")
+    assert lookup(stub, chat_key("What is my account balance?", "alice")).hit
+    assert not lookup(stub, chat_key("What is my account balance?", "bob")).hit
+    assert not lookup(stub, chat_key("What's my account balance?", "bob")).hit
+
+
+def test_earlier_conversation_must_match(stub) -> None:
+    france = [("user", "What is the capital of France?"), ("assistant", "Paris.")]
+    germany = [("user", "What is the capital of Germany?"), ("assistant", "Berlin.")]
+    store(stub, chat_key("What is its population?", "t-hist", france), "About 2.1 million.")
+    assert lookup(stub, chat_key("What is its population?", "t-hist", france)).hit
+    assert not lookup(stub, chat_key("What is its population?", "t-hist", germany)).hit
+    assert not lookup(stub, chat_key("What is its population?", "t-hist")).hit
+    system = [("system", "Answer in French.")] + france
+    assert not lookup(stub, chat_key("What is its population?", "t-hist", system)).hit
+
+
+def test_parameters_and_temperature(stub) -> None:
+    store(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=5"), "7")
+    assert lookup(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=5")).hit
+    assert not lookup(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=50")).hit
+    hot = chat_key("Name a prime number.", "t-params", params="max_tokens=5", temperature=0.9)
+    assert not lookup(stub, hot).hit  # above CACHE_MAX_TEMPERATURE (0): never answered from the cache
+    assert not store(stub, chat_key("Write a poem.", "t-params", temperature=0.9), "Roses...").stored
+
+
+def test_only_complete_answers_are_stored(stub) -> None:
+    key = chat_key("Tell me a story.", "t-finish")
+    req = cache_pb2.StoreRequest(key=key, response="Once upon", finish_reason="abort")
+    assert not stub.Store(req, timeout=30).stored
+    assert not lookup(stub, key).hit
+
+
+def test_expired_entries_are_not_served(stub) -> None:
+    key = chat_key("What is the speed of light?", "t-ttl")
+    store(stub, key, "299,792 km/s", ttl=1)
+    assert lookup(stub, key).hit
+    time.sleep(2.2)
+    assert not lookup(stub, key).hit
+    assert not lookup(stub, chat_key("How fast does light travel?", "t-ttl")).hit
+
+
+def test_invalidate_one_entry(stub) -> None:
+    a = store(stub, chat_key("How do I cancel my subscription?", "t-inv"), "Billing > Cancel.")
+    store(stub, chat_key("How do I export my data?", "t-inv"), "Settings > Export.")
+    removed = stub.Invalidate(cache_pb2.InvalidateRequest(entry_id=a.entry_id), timeout=10)
+    assert removed.removed == 1
+    assert not lookup(stub, chat_key("How do I cancel my subscription?", "t-inv")).hit
+    assert not lookup(stub, chat_key("How can I cancel my subscription?", "t-inv")).hit
+    assert lookup(stub, chat_key("How do I export my data?", "t-inv")).hit
+
+
+def test_invalidate_scope(stub) -> None:
+    for q in ("Which plan am I on?", "When does my subscription renew?", "What is my shipping address?"):
+        store(stub, chat_key(q, "tenant-gone"), "answer")
+    store(stub, chat_key("Which plan am I on?", "tenant-kept"), "Pro")
+    removed = stub.Invalidate(cache_pb2.InvalidateRequest(scope="tenant-gone"), timeout=10)
+    assert removed.removed == 3
+    assert not lookup(stub, chat_key("Which plan am I on?", "tenant-gone")).hit
+    assert not lookup(stub, chat_key("What plan am I on?", "tenant-gone")).hit
+    assert lookup(stub, chat_key("Which plan am I on?", "tenant-kept")).hit
+
+
+def test_bad_requests_are_invalid_argument(stub) -> None:
+    for key in (
+        cache_pb2.CacheKey(model="m", scope="s"),  # neither messages nor prompt
+        cache_pb2.CacheKey(scope="s", prompt="hi"),  # no model
+        cache_pb2.CacheKey(model="m", scope="s", messages=[cache_pb2.Message(role="system", content="x")]),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Lookup(cache_pb2.LookupRequest(key=key), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Invalidate(cache_pb2.InvalidateRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_completion_prompts_are_cached_apart_from_chat(stub) -> None:
+    prompt_key = cache_pb2.CacheKey(model="m", scope="t-prompt", prompt="The capital of France is")
+    store(stub, prompt_key, " Paris.")
+    assert lookup(stub, prompt_key).hit
+    assert not lookup(stub, chat_key("The capital of France is", "t-prompt")).hit
+
+
+def test_health_and_reflection(cache_service: CacheService) -> None:
+    with grpc.insecure_channel(cache_service.addr) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "llmserve.cache.v1.SemanticCache"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert {"llmserve.cache.v1.SemanticCache", "grpc.health.v1.Health"} <= names
+
+
+def test_stats_and_metrics(stub, cache_service: CacheService) -> None:
+    before = stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5)
+    store(stub, chat_key("What is the largest ocean?", "t-stats"), "The Pacific.")
+    lookup(stub, chat_key("What is the largest ocean?", "t-stats"))
+    lookup(stub, chat_key("How do volcanoes form?", "t-stats"))
+    after = stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5)
+    assert (after.stores - before.stores, after.lookups - before.lookups) == (1, 2)
+    assert (after.hits - before.hits, after.misses - before.misses) == (1, 1)
+    assert after.entries >= 1
+    text = urllib.request.urlopen(cache_service.metrics_url, timeout=5).read().decode()
+    for name in ("llmserve_cache_lookups_total", "llmserve_cache_hits_total", "llmserve_cache_misses_total",
+                 "llmserve_cache_stores_total", "llmserve_cache_entries", "llmserve_cache_embedding_seconds_bucket",
+                 "llmserve_cache_lookup_seconds_bucket"):
+        assert name in text
