@@ -50,6 +50,8 @@ class AsyncEngine:
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine is already started")
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()

@@ -1,0 +1,118 @@
+"""The bundled SmolLM2-135M-Instruct through the async engine against transformers' generate."""
+
+import asyncio
+
+import pytest
+import torch
+
+from worker.async_engine import AsyncEngine
+from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+from worker.errors import InvalidRequestError
+from worker.outputs import PromptInput
+from worker.sampling_params import SamplingParams
+
+MODEL_DIR = "models/SmolLM2-135M-Instruct"
+MAX_NEW = 24
+
+QUESTIONS = [
+    "Hi!",
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Explain in one sentence why the sky is blue.",
+    "Write a haiku about autumn leaves falling on a quiet river at dusk.",
+    "Translate 'good morning' into Spanish.",
+    "I have a list of numbers: 4, 8, 15, 16, 23, 42. What is their sum, and which of them are even? "
+    "Please show your reasoning step by step before giving the final answer.",
+    "Give me a short tip for learning to play the guitar as an adult beginner with little free time.",
+]
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(loop):
+    config = EngineConfig(
+        model=MODEL_DIR,
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, max_model_len=1024),
+        cache=CacheConfig(block_size=16, num_blocks=400),
+    )
+    eng = AsyncEngine.from_config(config)
+    loop.run_until_complete(eng.start())
+    yield eng
+    loop.run_until_complete(eng.shutdown())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+    outputs = []
+    for question in QUESTIONS:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+        generated = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)[0, ids.shape[1]:].tolist()
+        outputs.append(generated)
+    return outputs
+
+
+async def _collect(engine, request_id, prompt, params, delay=0.0):  # noqa: ANN001
+    await asyncio.sleep(delay)
+    outputs = [o async for o in engine.generate(request_id, prompt, params)]
+    return outputs
+
+
+def test_greedy_equals_transformers_generate_for_concurrent_staggered_chats(loop, engine, reference):
+    async def scenario():
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+        tasks = [
+            _collect(engine, f"chat-{i}", PromptInput(messages=[{"role": "user", "content": q}]), params,
+                     delay=0.15 * (i % 4))
+            for i, q in enumerate(QUESTIONS)
+        ]
+        return await asyncio.gather(*tasks)
+
+    results = loop.run_until_complete(scenario())
+    for expected, outputs in zip(reference, results, strict=True):
+        tokens = [t for o in outputs for t in o.token_ids]
+        assert tokens == expected
+        final = outputs[-1]
+        assert final.finish_reason in ("stop", "length")
+        assert final.usage.completion_tokens == len(tokens)
+    stats = engine.stats()
+    assert stats.num_kv_blocks_used == 0 and stats.num_running == 0
+    assert stats.prefix_cache_hits > 0  # the shared system prompt of the chat template
+
+
+def test_abort_frees_blocks_and_n_choices_share_the_prompt(loop, engine):
+    async def scenario():
+        gen = engine.generate("long", PromptInput(text="Once upon a time"), SamplingParams(max_tokens=500))
+        first = await gen.__anext__()
+        assert first.token_ids
+        assert engine.stats().num_kv_blocks_used > 0
+        await gen.aclose()
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if engine.stats().num_kv_blocks_used == 0:
+                break
+        assert engine.stats().num_kv_blocks_used == 0
+
+        hits_before = engine.stats().prefix_cache_hits
+        long_prompt = "Summarize: " + "The quick brown fox jumps over the lazy dog. " * 8
+        outputs = await _collect(engine, "multi", PromptInput(text=long_prompt),
+                                 SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8))
+        finals = [o for o in outputs if o.finished]
+        assert sorted(o.index for o in finals) == [0, 1, 2]
+        assert engine.stats().prefix_cache_hits - hits_before >= 2 * 64  # choices 1 and 2 reuse the prompt
+
+        with pytest.raises(InvalidRequestError, match="maximum context length is 1024"):
+            await _collect(engine, "too-long", PromptInput(text="word " * 1100), SamplingParams(max_tokens=10))
+
+    loop.run_until_complete(scenario())
