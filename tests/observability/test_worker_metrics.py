@@ -83,6 +83,7 @@ def test_every_documented_name_is_exported_before_any_traffic() -> None:
         "llmserve:step_time_seconds_bucket",
         "llmserve:cost_per_1k_generation_tokens_usd",
         "llmserve:avg_generation_throughput_toks_per_s",
+        "llmserve:price_per_hour_usd",
     }
     assert expected <= names, expected - names
     for reason in ("stop", "length", "abort"):
@@ -174,6 +175,7 @@ def test_cost_per_1k_tokens_follows_recent_throughput() -> None:
     clock.now += 10
     metrics.on_step(step(num_generation_tokens=100, batch_size=1))
     # 20 s since start, 200 tokens: 10 tokens/s, 0.02 USD spent, 0.1 USD per 1000 tokens.
+    assert value(metrics, "llmserve:price_per_hour_usd") == 3.6
     assert value(metrics, throughput) == pytest.approx(10.0)
     assert value(metrics, cost) == pytest.approx(0.1)
     clock.now += 55
