@@ -7,17 +7,24 @@ from services.gen import cache_pb2
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def chat_key(question: str, scope: str, history: list[tuple[str, str]] | None = None,
-             temperature: float = 0.0, params: str = "p0") -> cache_pb2.CacheKey:
+def chat_key(
+    question: str,
+    scope: str,
+    history: list[tuple[str, str]] | None = None,
+    temperature: float = 0.0,
+    params: str = "p0",
+) -> cache_pb2.CacheKey:
     messages = [cache_pb2.Message(role=r, content=c) for r, c in history or []]
     messages.append(cache_pb2.Message(role="user", content=question))
-    return cache_pb2.CacheKey(model=MODEL, scope=scope, messages=messages, params_fingerprint=params,
-                              temperature=temperature)
+    return cache_pb2.CacheKey(
+        model=MODEL, scope=scope, messages=messages, params_fingerprint=params, temperature=temperature
+    )
 
 
 def store(stub, key: cache_pb2.CacheKey, response: str, ttl: int | None = None) -> cache_pb2.StoreResponse:
-    req = cache_pb2.StoreRequest(key=key, response=response, finish_reason="stop", prompt_tokens=11,
-                                 completion_tokens=7)
+    req = cache_pb2.StoreRequest(
+        key=key, response=response, finish_reason="stop", prompt_tokens=11, completion_tokens=7
+    )
     if ttl is not None:
         req.ttl_seconds = ttl
     return stub.Store(req, timeout=30)

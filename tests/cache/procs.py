@@ -86,10 +86,26 @@ def start_redis(log_dir: Path) -> tuple[Proc, str]:
 
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    argv = [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(log_dir)]
-    proc = Proc(f"redis-{port}", argv, {}, log_dir / f"redis-{port}.log",
-                lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping()))
+    argv = [
+        str(REDIS_SERVER),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(log_dir),
+    ]
+    proc = Proc(
+        f"redis-{port}",
+        argv,
+        {},
+        log_dir / f"redis-{port}.log",
+        lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping()),
+    )
     return proc.start(), url
 
 
@@ -103,8 +119,17 @@ class CacheService:
 def start_cache_service(log_dir: Path, redis_url: str, name: str = "cache", **env: str) -> CacheService:
     port, metrics_port = free_port(), free_port()
     addr = f"127.0.0.1:{port}"
-    full_env = {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": str(metrics_port), "REDIS_URL": redis_url} | env
-    proc = Proc(name, [sys.executable, "-m", "cache_service"], full_env, log_dir / f"{name}-{port}.log",
-                lambda: grpc_serving(addr))
+    full_env = {
+        "CACHE_PORT": str(port),
+        "CACHE_METRICS_PORT": str(metrics_port),
+        "REDIS_URL": redis_url,
+    } | env
+    proc = Proc(
+        name,
+        [sys.executable, "-m", "cache_service"],
+        full_env,
+        log_dir / f"{name}-{port}.log",
+        lambda: grpc_serving(addr),
+    )
     proc.start()
     return CacheService(proc, addr, f"http://127.0.0.1:{metrics_port}/metrics")

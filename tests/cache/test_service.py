@@ -29,7 +29,11 @@ def test_exact_hit_and_miss(stub) -> None:
 
 
 def test_paraphrase_hits_by_similarity(stub) -> None:
-    store(stub, chat_key("How do I turn on two-factor authentication?", "t-para"), "Settings > Security > 2FA: on.")
+    store(
+        stub,
+        chat_key("How do I turn on two-factor authentication?", "t-para"),
+        "Settings > Security > 2FA: on.",
+    )
     hit = lookup(stub, chat_key("How can I enable two-factor authentication?", "t-para"))
     assert hit.hit and not hit.exact
     assert 0.0 < hit.similarity < 1.0
@@ -153,7 +157,9 @@ def test_health_and_reflection(cache_service: CacheService) -> None:
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        replies = list(
+            refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        )
         names = {s.name for s in replies[0].list_services_response.service}
         assert {"llmserve.cache.v1.SemanticCache", "grpc.health.v1.Health"} <= names
 
@@ -168,7 +174,13 @@ def test_stats_and_metrics(stub, cache_service: CacheService) -> None:
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 1)
     assert after.entries >= 1
     text = urllib.request.urlopen(cache_service.metrics_url, timeout=5).read().decode()
-    for name in ("llmserve_cache_lookups_total", "llmserve_cache_hits_total", "llmserve_cache_misses_total",
-                 "llmserve_cache_stores_total", "llmserve_cache_entries", "llmserve_cache_embedding_seconds_bucket",
-                 "llmserve_cache_lookup_seconds_bucket"):
+    for name in (
+        "llmserve_cache_lookups_total",
+        "llmserve_cache_hits_total",
+        "llmserve_cache_misses_total",
+        "llmserve_cache_stores_total",
+        "llmserve_cache_entries",
+        "llmserve_cache_embedding_seconds_bucket",
+        "llmserve_cache_lookup_seconds_bucket",
+    ):
         assert name in text

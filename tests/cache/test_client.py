@@ -1,0 +1,102 @@
+"""The gateway-side client: key building (pure) and behaviour against a live and a dead service."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.cache_client import SemanticCacheClient, build_cache_key, params_fingerprint
+from tests.cache.procs import CacheService, free_port
+
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is the capital of Italy?"},
+]
+GREEDY = {"temperature": 0.0}
+
+
+def test_key_carries_conversation_and_params() -> None:
+    key = build_cache_key("m", "tenant", messages=MESSAGES, params=GREEDY | {"max_tokens": 20})
+    assert key is not None
+    assert [(m.role, m.content) for m in key.messages] == [(m["role"], m["content"]) for m in MESSAGES]
+    assert (key.model, key.scope, key.temperature) == ("m", "tenant", 0.0)
+    prompt_key = build_cache_key("m", "tenant", prompt="Once upon a time", params=GREEDY)
+    assert prompt_key is not None and prompt_key.prompt == "Once upon a time" and not prompt_key.messages
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0.0, "n": 2},
+        {"temperature": 0.0, "logprobs": 0},
+        {"temperature": 0.0, "logprobs": True, "top_logprobs": 3},
+        {"temperature": 0.7},
+        {},  # OpenAI's default temperature is 1
+    ],
+)
+def test_uncacheable_requests(params: dict) -> None:
+    assert build_cache_key("m", "t", messages=MESSAGES, params=params) is None
+
+
+def test_uncacheable_shapes() -> None:
+    assert build_cache_key("m", "t", params=GREEDY) is None
+    assert build_cache_key("m", "t", messages=[{"role": "system", "content": "x"}], params=GREEDY) is None
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert build_cache_key("m", "t", messages=parts, params=GREEDY) is None
+    assert build_cache_key("m", "t", messages=MESSAGES, params={"temperature": 0.5}, max_temperature=0.5)
+
+
+def test_fingerprint_canonicalizes() -> None:
+    assert params_fingerprint({}) == params_fingerprint({"top_p": 1.0, "stop": [], "seed": None})
+    assert params_fingerprint({"stop": ["a", "b"]}) == params_fingerprint({"stop": ["b", "a"]})
+    assert params_fingerprint({"stop": "a"}) == params_fingerprint({"stop": ["a"]})
+    assert params_fingerprint({"max_tokens": 10}) != params_fingerprint({"max_tokens": 11})
+    assert params_fingerprint({"seed": 1}) != params_fingerprint({})
+    assert params_fingerprint({"temperature": 0.0}) == params_fingerprint({"temperature": 0.0001})
+
+
+async def test_store_then_hit_through_the_client(cache_service: CacheService) -> None:
+    errors: list[str] = []
+    client = SemanticCacheClient(cache_service.addr, timeout_s=5.0, on_error=errors.append)
+    try:
+        key = build_cache_key("m", "client-t", messages=MESSAGES, params=GREEDY)
+        assert await client.lookup(key) is None
+        client.store_later(key, "Rome.", "stop", 12, 2)
+        client.store_later(key, "partial", "abort", 12, 1)  # not a complete answer: not stored
+        await client.drain()
+        hit = await client.lookup(key)
+        assert hit is not None
+        assert (hit.text, hit.exact, hit.finish_reason, hit.prompt_tokens, hit.completion_tokens) == (
+            "Rome.",
+            True,
+            "stop",
+            12,
+            2,
+        )
+        para = build_cache_key(
+            "m",
+            "client-t",
+            params=GREEDY,
+            messages=[MESSAGES[0], {"role": "user", "content": "Which city is the capital of Italy?"}],
+        )
+        semantic = await client.lookup(para)
+        assert semantic is not None and semantic.text == "Rome." and not semantic.exact
+        assert errors == []
+    finally:
+        await client.close()
+
+
+async def test_dead_service_is_a_miss_not_an_error() -> None:
+    errors: list[str] = []
+    client = SemanticCacheClient(f"127.0.0.1:{free_port()}", timeout_s=0.2, on_error=errors.append)
+    try:
+        key = build_cache_key("m", "t", messages=MESSAGES, params=GREEDY)
+        started = asyncio.get_running_loop().time()
+        assert await client.lookup(key) is None
+        assert asyncio.get_running_loop().time() - started < 2.0
+        client.store_later(key, "Rome.", "stop", 1, 1)
+        await client.drain()
+        assert len(errors) == 2 and client.errors == 2
+    finally:
+        await client.close()

@@ -1,0 +1,100 @@
+"""Vector index and key partitioning: pure, no model and no Redis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cache_service.index import VectorIndex
+from cache_service.keys import NotCacheableError, normalize_text, parse_key
+from services.gen import cache_pb2
+
+
+def unit(v: list[float]) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float32)
+    return a / np.linalg.norm(a)
+
+
+def test_search_ranks_by_cosine_within_partition() -> None:
+    idx = VectorIndex(dim=3)
+    idx.add("a", "p1", "s", unit([1, 0, 0]), "qa")
+    idx.add("b", "p1", "s", unit([1, 1, 0]), "qb")
+    idx.add("c", "p2", "s", unit([1, 0, 0]), "qc")
+    found = idx.search("p1", unit([1, 0.1, 0]), k=4, min_similarity=0.0)
+    assert [c.entry_id for c in found] == ["a", "b"]
+    assert found[0].similarity == pytest.approx(float(unit([1, 0.1, 0]) @ unit([1, 0, 0])))
+    assert [c.entry_id for c in idx.search("p1", unit([1, 0.1, 0]), k=4, min_similarity=0.9)] == ["a"]
+    assert idx.search("p3", unit([1, 0, 0]), k=4, min_similarity=0.0) == []
+
+
+def test_remove_keeps_rows_consistent_and_grows() -> None:
+    idx = VectorIndex(dim=2)
+    rng = np.random.default_rng(0)
+    vectors = {f"e{i}": unit(list(rng.normal(size=2))) for i in range(50)}
+    for entry_id, v in vectors.items():
+        idx.add(entry_id, "p", "s", v, entry_id)
+    for i in range(0, 50, 3):
+        assert idx.remove(f"e{i}")
+    assert not idx.remove("e0")
+    for entry_id, v in vectors.items():
+        best = idx.search("p", v, k=1, min_similarity=-1.0)
+        if int(entry_id[1:]) % 3 == 0:
+            assert entry_id not in idx and (not best or best[0].entry_id != entry_id)
+        else:
+            assert best[0].entry_id == entry_id and best[0].query == entry_id
+    assert len(idx) == 50 - 17
+    assert idx.ids_in_scope("s") and idx.ids_in_scope("other") == []
+
+
+def test_partition_is_empty_after_last_removal() -> None:
+    idx = VectorIndex(dim=2)
+    idx.add("x", "p", "s", unit([1, 0]), "q")
+    idx.remove("x")
+    assert not idx.has_partition("p")
+
+
+def key(messages: list[tuple[str, str]], **kw: str) -> cache_pb2.CacheKey:
+    base = {"model": "m", "scope": "s", "params_fingerprint": "f"} | kw
+    return cache_pb2.CacheKey(messages=[cache_pb2.Message(role=r, content=c) for r, c in messages], **base)
+
+
+def test_partition_depends_on_everything_but_the_last_user_message() -> None:
+    base = parse_key(key([("system", "be brief"), ("user", "hi")]))
+    assert parse_key(key([("system", "be brief"), ("user", "hello")])).partition == base.partition
+    for other in (
+        key([("system", "be long"), ("user", "hi")]),
+        key([("user", "hi")]),
+        key([("system", "be brief"), ("user", "hi")], model="m2"),
+        key([("system", "be brief"), ("user", "hi")], scope="s2"),
+        key([("system", "be brief"), ("user", "hi")], params_fingerprint="g"),
+    ):
+        assert parse_key(other).partition != base.partition
+    assert (
+        parse_key(cache_pb2.CacheKey(model="m", scope="s", params_fingerprint="f", prompt="hi")).partition
+        != base.partition
+    )
+
+
+def test_query_is_last_user_message_and_entry_id_normalizes() -> None:
+    parsed = parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "  What is   2FA? ")]))
+    assert parsed.query == "  What is   2FA? "
+    assert (
+        parsed.entry_id
+        == parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "what is 2fa")])).entry_id
+    )
+    assert normalize_text("Ｈello   World?!") == "hello world"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        cache_pb2.CacheKey(model="m"),
+        cache_pb2.CacheKey(prompt="x"),
+        cache_pb2.CacheKey(model="m", prompt="x", messages=[cache_pb2.Message(role="user", content="y")]),
+        cache_pb2.CacheKey(model="m", messages=[cache_pb2.Message(role="assistant", content="y")]),
+        cache_pb2.CacheKey(model="m", prompt="   "),
+    ],
+)
+def test_uncacheable_keys(bad: cache_pb2.CacheKey) -> None:
+    with pytest.raises(NotCacheableError):
+        parse_key(bad)
