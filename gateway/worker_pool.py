@@ -110,6 +110,7 @@ class WorkerPool:
             try:
                 info = await replica.stub.GetModelInfo(worker_pb2.ModelInfoRequest(), timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
+                observability.WORKER_ERRORS.labels(exc.code().name).inc()
                 replica.mark_down()
                 last_error = exc
                 continue
