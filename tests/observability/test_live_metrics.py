@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import uuid
@@ -180,8 +181,6 @@ def test_semantic_cache_hit_is_counted_as_a_hit(
 def test_every_dashboard_metric_is_served_by_the_running_stack(
     gateway: Gateway, cache: Cache, priced_worker: Worker
 ) -> None:
-    import re
-
     names = {
         name
         for panel in json.loads(DASHBOARD.read_text())["panels"]
