@@ -27,6 +27,11 @@ SEMANTIC_CACHE = Counter(
     "Semantic cache outcomes per request: hit, miss, bypass (not asked) or error.",
     ["result"],
 )
+SEMANTIC_CACHE_ERRORS = Counter(
+    "llmserve_gateway_semantic_cache_errors_total",
+    "Semantic cache calls that failed or timed out, by kind (lookup, timeout, store).",
+    ["kind"],
+)
 WORKER_ERRORS = Counter(
     "llmserve_gateway_worker_errors_total", "Worker calls that failed, by gRPC status code.", ["code"]
 )

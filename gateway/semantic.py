@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway import observability
+from gateway.cache_client import CacheHit, SemanticCacheClient, build_cache_key
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.responses import UsageTotals
 from gateway.settings import GatewaySettings
-
-if TYPE_CHECKING:
-    from gateway.cache_client import CacheHit, SemanticCacheClient
 
 BYPASS_HEADER = "x-semantic-cache"
 STORABLE_FINISH = ("stop", "length")
@@ -62,15 +60,18 @@ def output_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, A
     }
 
 
+def _count_error(kind: str) -> None:
+    observability.SEMANTIC_CACHE_ERRORS.labels(kind).inc()
+
+
 class SemanticCacheGate:
     """Wraps the cache client; with CACHE_ENABLED=false every request is a bypass."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.client: SemanticCacheClient | None = None
         if settings.cache_enabled:
-            from gateway.cache_client import SemanticCacheClient
-
-            self.client = SemanticCacheClient(settings.cache_addr, settings.cache_timeout_ms / 1000.0)
+            timeout_s = settings.cache_timeout_ms / 1000.0
+            self.client = SemanticCacheClient(settings.cache_addr, timeout_s, on_error=_count_error)
 
     async def decide(
         self,
@@ -86,14 +87,21 @@ class SemanticCacheGate:
         if req.num_choices != 1 or req.num_logprobs() is not None or (messages is None and prompt is None):
             return self._bypass()
         scope = scope_of(headers.get("authorization"), req.user)
-        from gateway.cache_client import build_cache_key
-
         key = build_cache_key(model, scope, messages=messages, prompt=prompt, params=output_params(req))
         if key is None:
             return self._bypass()
+        errors_before = self.client.errors
         hit = await self.client.lookup(key)
-        observability.SEMANTIC_CACHE.labels("hit" if hit else "miss").inc()
-        return CacheDecision("hit", key, hit) if hit else CacheDecision("miss", key)
+        if hit is not None:
+            observability.SEMANTIC_CACHE.labels("hit").inc()
+            return CacheDecision("hit", key, hit)
+        if (
+            self.client.errors > errors_before
+        ):  # the cache is away or slow: answer from the model, store nothing
+            observability.SEMANTIC_CACHE.labels("error").inc()
+            return CacheDecision("miss")
+        observability.SEMANTIC_CACHE.labels("miss").inc()
+        return CacheDecision("miss", key)
 
     @staticmethod
     def _bypass() -> CacheDecision:
@@ -102,7 +110,12 @@ class SemanticCacheGate:
 
     def store(self, decision: CacheDecision, text: str, finish: str | None, usage: UsageTotals) -> None:
         """After a complete miss, hand the answer to the cache in the background."""
-        if self.client is None or decision.status != "miss" or finish not in STORABLE_FINISH:
+        if (
+            self.client is None
+            or decision.key is None
+            or decision.status != "miss"
+            or finish not in STORABLE_FINISH
+        ):
             return
         self.client.store_later(decision.key, text, finish, usage.prompt_tokens, usage.completion_tokens)
 
