@@ -1,0 +1,137 @@
+"""Request validation and conversion in the gateway, with no process or socket."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from gateway.semantic import scope_of
+from gateway.worker_request import chat_request, completion_request
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def chat(**fields: object) -> ChatCompletionRequest:
+    return parse_request(ChatCompletionRequest, json.dumps(CHAT | fields).encode())
+
+
+def refused(model: type, body: dict | bytes) -> APIError:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(APIError) as info:
+        parse_request(model, raw)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_unknown_fields_are_ignored() -> None:
+    assert chat(foo=1, logit_bias={"1": 2}).model == "m"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": "0.5"}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": {"a": 1}}, "stop"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"frequency_penalty": 2.1}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
+        ({"seed": 2**64}, "seed"),
+    ],
+)
+def test_chat_refusals_name_the_parameter(fields: dict, param: str) -> None:
+    error = refused(ChatCompletionRequest, CHAT | fields)
+    assert error.param == param
+    assert error.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_bad_json_and_missing_fields() -> None:
+    assert "not valid JSON" in refused(ChatCompletionRequest, b"{oops").message
+    assert refused(ChatCompletionRequest, {"messages": CHAT["messages"]}).param == "model"
+    assert refused(CompletionRequest, {"model": "m"}).param == "prompt"
+
+
+def test_completion_prompt_forms() -> None:
+    def prompt_of(prompt: object) -> object:
+        return parse_request(
+            CompletionRequest, json.dumps({"model": "m", "prompt": prompt}).encode()
+        ).single_prompt()
+
+    assert prompt_of("hi") == "hi"
+    assert prompt_of(["hi"]) == "hi"
+    assert prompt_of([1, 2, 3]) == [1, 2, 3]
+    assert prompt_of([[4, 5]]) == [4, 5]
+    for bad in (["a", "b"], [[1], [2]], [], [1, -1], 5):
+        assert refused(CompletionRequest, {"model": "m", "prompt": bad}).param == "prompt"
+
+
+def test_text_parts_are_joined() -> None:
+    req = chat(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    )
+    assert req.messages[0].text() == "ab"
+
+
+def test_chat_to_worker_request() -> None:
+    req = chat(
+        max_tokens=5,
+        max_completion_tokens=7,
+        temperature=0.0,
+        stop="x",
+        top_k=-1,
+        logprobs=True,
+        top_logprobs=2,
+        n=2,
+        seed=9,
+        ignore_eos=True,
+        min_tokens=1,
+    )
+    out = chat_request(req, "rid", "m")
+    assert out.WhichOneof("prompt") == "chat" and out.chat.messages[0].content == "hi"
+    p = out.params
+    assert (p.max_tokens, p.temperature, list(p.stop), p.top_k, p.logprobs, p.n, p.seed) == (
+        7,
+        0.0,
+        ["x"],
+        0,
+        2,
+        2,
+        9,
+    )
+    assert p.ignore_eos and p.min_tokens == 1
+    assert not p.HasField("top_p") and not p.HasField("presence_penalty"), (
+        "unset stays unset: engine defaults"
+    )
+
+
+def test_chat_logprobs_false_sends_none() -> None:
+    assert not chat_request(chat(logprobs=False), "r", "m").params.HasField("logprobs")
+    assert chat_request(chat(logprobs=True), "r", "m").params.logprobs == 0
+
+
+def test_completion_to_worker_request() -> None:
+    req = parse_request(
+        CompletionRequest, b'{"model": "m", "prompt": [1, 2], "logprobs": 0, "stop": ["a", "b"]}'
+    )
+    out = completion_request(req, "rid", "m")
+    assert list(out.token_ids.ids) == [1, 2]
+    assert out.params.logprobs == 0 and list(out.params.stop) == ["a", "b"]
+
+
+def test_cache_scope() -> None:
+    assert scope_of("Bearer k1", "bob") == scope_of("Bearer k1", "alice") != scope_of("Bearer k2", None)
+    assert scope_of(None, "bob") == "bob"
+    assert scope_of(None, None) == "anonymous"
