@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from compose_spec import PyCompose
 from pydantic_settings import BaseSettings
 
 from cache_service.settings import CacheSettings
@@ -19,6 +21,7 @@ from tests.deploy.files import (
     COMPOSE,
     PROMETHEUS,
     ROOT,
+    interpolate,
     load_compose,
     parse_as_field,
     service_env,
@@ -56,6 +59,17 @@ def settings_for(service: str, services: dict[str, dict[str, Any]]) -> BaseSetti
 def test_compose_file_is_yaml_with_the_whole_stack(services: dict[str, dict[str, Any]]) -> None:
     assert set(services) == EXPECTED_SERVICES
     assert "version" not in yaml.safe_load(COMPOSE.read_text()), "the version key is obsolete in Compose v2"
+
+
+@pytest.mark.parametrize("path", [COMPOSE, ROOT / "deploy" / "docker-compose.gpu.yml"], ids=lambda p: p.name)
+def test_compose_file_follows_the_compose_spec(path: Path) -> None:
+    """Validated by the compose_spec parser (unknown keys, enum values, durations, ports are errors).
+
+    Compose interpolates variables and resolves YAML merge keys before it validates; so does this test.
+    """
+    resolved = yaml.safe_load(interpolate(path.read_text()))
+    parsed = PyCompose.from_json(json.dumps(resolved))
+    assert parsed.service_names() == list(resolved["services"])
 
 
 @pytest.mark.parametrize("service", sorted(APP_SETTINGS))
