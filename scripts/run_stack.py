@@ -1,0 +1,232 @@
+"""`make run`: Redis, the semantic cache service, WORKERS workers and the gateway, each its own process.
+
+Every setting is the service's own environment variable, passed through unchanged. Each service is
+waited on until healthy; if one dies later the others keep running (the gateway answers 503 while no
+worker is up, and serves without the cache while the cache is away). Ctrl-C or SIGTERM stops all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_DIR = ROOT / ".run"
+PORT_STRIDE = 10  # worker i listens on WORKER_PORT + 10 i (metrics: WORKER_METRICS_PORT + 10 i)
+START_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 15.0
+
+
+class StackSettings(BaseSettings):
+    """The few settings the launcher itself reads; everything else goes to the services untouched."""
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore")
+
+    redis_url: str | None = None  # set: use that Redis; unset: start .venv/bin/redis-server
+    workers: int = Field(default=1, ge=1)
+    worker_host: str = "127.0.0.1"
+    worker_port: int = 50051
+    worker_metrics_port: int = 9101
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    cache_host: str = "127.0.0.1"
+    cache_port: int = 50052
+    cache_metrics_port: int = 9102
+    cache_enabled: bool = True
+
+
+@dataclass
+class Child:
+    """One supervised process; its output is copied to ours, each line prefixed with its name."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    reported_exit: bool = False
+
+    def start(self) -> None:
+        env = os.environ | self.env | {"PYTHONUNBUFFERED": "1"}
+        # Own session: Ctrl-C reaches only the launcher, which then stops children in order.
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            sys.stdout.write(f"[{self.name}] {raw.decode(errors='replace')}")
+            sys.stdout.flush()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if not self.alive:
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            say(f"{self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it")
+            self.proc.kill()
+            self.proc.wait()
+
+
+def say(message: str) -> None:
+    print(f"[run] {message}", flush=True)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def grpc_serving(addr: str) -> bool:
+    try:
+        with grpc.insecure_channel(addr) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(child: Child, check: Callable[[], bool], stopping: threading.Event) -> bool:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and not stopping.is_set():
+        if not child.alive:
+            say(f"{child.name} exited during start-up (code {child.proc.returncode if child.proc else '?'})")
+            return False
+        if check():
+            return True
+        time.sleep(0.3)
+    if not stopping.is_set():
+        say(f"{child.name} is not healthy after {START_TIMEOUT_S:.0f}s; leaving it running")
+    return False
+
+
+class Stack:
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.children: list[Child] = []
+        self.stopping = threading.Event()
+        self.lines: list[str] = []
+
+    def python(self, name: str, module: str, env: dict[str, str]) -> Child:
+        child = Child(name, [sys.executable, "-m", module], env)
+        self.children.append(child)
+        child.start()
+        return child
+
+    def redis_url(self) -> str:
+        if self.settings.redis_url:
+            self.lines.append(f"redis          {self.settings.redis_url} (REDIS_URL)")
+            return self.settings.redis_url
+        url = "redis://127.0.0.1:6379/0"
+        if port_in_use("127.0.0.1", 6379):
+            say("127.0.0.1:6379 is already in use; using the Redis there")
+            self.lines.append(f"redis          {url} (already running)")
+            return url
+        data_dir = RUN_DIR / "redis"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        args = ["--bind", "127.0.0.1", "--port", "6379", "--dir", str(data_dir), "--save", "300 1"]
+        child = Child("redis", [str(ROOT / ".venv/bin/redis-server"), *args])
+        self.children.append(child)
+        child.start()
+        wait_healthy(child, lambda: port_in_use("127.0.0.1", 6379), self.stopping)
+        self.lines.append(f"redis          {url} (data in {data_dir.relative_to(ROOT)})")
+        return url
+
+    def up(self) -> None:
+        s = self.settings
+        pending: list[tuple[Child, Callable[[], bool], str]] = []
+        cache_addr = f"{s.cache_host}:{s.cache_port}"
+        if s.cache_enabled:
+            cache = self.python("cache", "cache_service", {"REDIS_URL": self.redis_url()})
+            line = f"cache service  grpc {cache_addr}, metrics http://{s.cache_host}:{s.cache_metrics_port}/metrics"
+            pending.append((cache, lambda: grpc_serving(cache_addr), line))
+        worker_addrs = []
+        for i in range(s.workers):
+            port, metrics_port = s.worker_port + PORT_STRIDE * i, s.worker_metrics_port + PORT_STRIDE * i
+            addr = f"{s.worker_host}:{port}"
+            env = {"WORKER_PORT": str(port), "WORKER_METRICS_PORT": str(metrics_port)}
+            worker = self.python(f"worker-{i}", "worker", env)
+            line = f"worker-{i}       grpc {addr}, metrics http://{s.worker_host}:{metrics_port}/metrics"
+            pending.append((worker, lambda addr=addr: grpc_serving(addr), line))
+            worker_addrs.append(addr)
+        for child, check, line in pending:
+            if wait_healthy(child, check, self.stopping):
+                self.lines.append(line)
+        if self.stopping.is_set():
+            return
+        gateway = self.python(
+            "gateway", "gateway", {"WORKER_ADDR": ",".join(worker_addrs), "CACHE_ADDR": cache_addr}
+        )
+        base = f"http://{s.gateway_host}:{s.gateway_port}"
+        if wait_healthy(gateway, lambda: http_ok(f"{base}/ready"), self.stopping):
+            self.lines.append(f"gateway        {base}  (OpenAI API at {base}/v1, metrics {base}/metrics)")
+        say("stack is up:\n      " + "\n      ".join(self.lines) + "\n      Ctrl-C stops everything.")
+
+    def watch(self) -> None:
+        """Report children that die; the rest keep serving."""
+        while not self.stopping.wait(0.5):
+            for child in self.children:
+                if not child.alive and not child.reported_exit:
+                    child.reported_exit = True
+                    code = child.proc.returncode if child.proc else "?"
+                    say(f"{child.name} exited (code {code}); the other services keep running")
+
+    def down(self) -> None:
+        say("stopping ...")
+        for child in reversed(self.children):  # gateway first, Redis last
+            child.stop()
+        say("all stopped")
+
+
+def main() -> None:
+    stack = Stack(StackSettings())
+
+    def on_signal(signum: int, _: object) -> None:
+        stack.stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stack.up()
+        stack.watch()
+    finally:
+        stack.down()
+
+
+if __name__ == "__main__":
+    main()
