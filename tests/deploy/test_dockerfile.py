@@ -1,4 +1,4 @@
-"""deploy/Dockerfile: parses (BuildKit's own parser), lints clean, and builds from what it copies.
+"""deploy/Dockerfile: parses, lints clean, and builds from what it copies.
 
 No Docker engine runs here, so the build is replayed: the files its COPY lines bring (after the
 .dockerignore filter) go into a scratch /app, its `make` steps run there, and every module of the
@@ -15,11 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dockerfile
 import pytest
 
 from cache_service.settings import CacheSettings
 from gateway.settings import GatewaySettings
+from tests.deploy.dockerfile_parser import Instruction, parse
 from tests.deploy.files import DOCKERFILE, ROOT, dockerignore_patterns, excluded, hadolint, load_compose, run
 from worker.settings import WorkerSettings
 
@@ -27,11 +27,11 @@ PACKAGES = ("worker", "gateway", "cache_service", "services")
 
 
 @pytest.fixture(scope="module")
-def instructions() -> tuple[dockerfile.Command, ...]:
-    return dockerfile.parse_file(str(DOCKERFILE))
+def instructions() -> tuple[Instruction, ...]:
+    return parse(DOCKERFILE.read_text())
 
 
-def of(instructions: tuple[dockerfile.Command, ...], cmd: str) -> list[dockerfile.Command]:
+def of(instructions: tuple[Instruction, ...], cmd: str) -> list[Instruction]:
     return [i for i in instructions if i.cmd == cmd.upper()]
 
 
@@ -41,7 +41,7 @@ def test_hadolint_is_clean() -> None:
 
 
 def test_base_image_is_a_build_argument_defaulting_to_python_slim(
-    instructions: tuple[dockerfile.Command, ...],
+    instructions: tuple[Instruction, ...],
 ) -> None:
     first_arg = instructions[0]
     assert first_arg.cmd == "ARG" and first_arg.value == ("BASE_IMAGE=python:3.11-slim",)
@@ -49,18 +49,18 @@ def test_base_image_is_a_build_argument_defaulting_to_python_slim(
     assert base.value == ("${BASE_IMAGE}",)
 
 
-def test_exposed_ports_are_the_settings_defaults(instructions: tuple[dockerfile.Command, ...]) -> None:
+def test_exposed_ports_are_the_settings_defaults(instructions: tuple[Instruction, ...]) -> None:
     exposed = {int(p) for e in of(instructions, "expose") for p in e.value}
     worker, cache, gateway = WorkerSettings(), CacheSettings(), GatewaySettings()
     assert exposed == {worker.port, worker.metrics_port, cache.port, cache.metrics_port, gateway.gateway_port}
 
 
-def test_runs_as_an_unprivileged_numeric_user(instructions: tuple[dockerfile.Command, ...]) -> None:
+def test_runs_as_an_unprivileged_numeric_user(instructions: tuple[Instruction, ...]) -> None:
     (user,) = of(instructions, "user")
     assert re.fullmatch(r"[1-9]\d*(:\d+)?", user.value[0])
 
 
-def test_workdir_and_venv_path_match_compose(instructions: tuple[dockerfile.Command, ...]) -> None:
+def test_workdir_and_venv_path_match_compose(instructions: tuple[Instruction, ...]) -> None:
     (workdir,) = of(instructions, "workdir")
     assert workdir.value == ("/app",)
     env = dict(zip(*[iter(v for e in of(instructions, "env") for v in e.value)] * 2, strict=True))
@@ -69,7 +69,7 @@ def test_workdir_and_venv_path_match_compose(instructions: tuple[dockerfile.Comm
     assert models_mount == workdir.value[0] + "/models"
 
 
-def replay_copies(instructions: tuple[dockerfile.Command, ...], app: Path) -> list[str]:
+def replay_copies(instructions: tuple[Instruction, ...], app: Path) -> list[str]:
     """Copy what each COPY brings from the context into `app`; return the `make` steps in order."""
     patterns = dockerignore_patterns()
     make_steps: list[str] = []
@@ -105,7 +105,7 @@ def fake_venv(where: Path) -> Path:
 
 
 def test_build_steps_work_from_the_copied_files_alone(
-    instructions: tuple[dockerfile.Command, ...], tmp_path: Path
+    instructions: tuple[Instruction, ...], tmp_path: Path
 ) -> None:
     app = tmp_path / "app"
     app.mkdir()
@@ -162,7 +162,7 @@ def test_copied_sources_include_the_services_but_not_local_state() -> None:
         assert excluded(drop, patterns), drop
 
 
-def test_compose_commands_run_in_the_image(instructions: tuple[dockerfile.Command, ...]) -> None:
+def test_compose_commands_run_in_the_image(instructions: tuple[Instruction, ...]) -> None:
     (cmd,) = of(instructions, "cmd")
     assert cmd.json and list(cmd.value) == ["python", "-m", "gateway"]
     for name, service in load_compose()["services"].items():
