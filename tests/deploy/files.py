@@ -23,8 +23,8 @@ GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "llmserve.json"
 
 PROMTOOL_HINT = (
-    "promtool not found on PATH: it ships in Debian's `prometheus` package "
-    "(`apt-get update && apt-get install -y --no-install-recommends prometheus`), which `make test` installs"
+    "promtool not found in the venv or on PATH: it ships in Debian's `prometheus` package; "
+    "`make test` unpacks it into .venv/bin (or: apt-get install -y --no-install-recommends prometheus)"
 )
 
 _INTERPOLATION = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -68,7 +68,9 @@ def parse_as_field(cls: type[BaseModel], field_name: str, raw: str) -> object:
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
+    """`make test` unpacks it into the venv; one on PATH does as well."""
+    beside = Path(sys.executable).parent / "promtool"
+    path = str(beside) if beside.exists() else shutil.which("promtool")
     if path is None:
         raise AssertionError(PROMTOOL_HINT)
     return path
