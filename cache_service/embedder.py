@@ -25,23 +25,37 @@ def model_path() -> str:
 class Embedder:
     """Unit-length float32 embeddings; thread-compatible (one caller at a time)."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, num_threads: int = 1) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
         from sentence_transformers import SentenceTransformer
 
+        # One intra-op thread: a single short sentence gains little from more, and the gRPC loop needs a core.
+        torch.set_num_threads(num_threads)
+        self._torch = torch
         self._model = SentenceTransformer(path or model_path(), device="cpu")
+        self._tokenizer = self._model.tokenizer
+        self._transformer = self._model[0].auto_model
+        self._max_len = int(self._model.get_max_seq_length() or 256)
         self.dim = int(self._model.get_embedding_dimension())
-        self.encode(["warm up"])  # the first forward pass is slow; pay it before serving
+        # The direct path below skips encode()'s per-call overhead; check once that it computes the same thing.
+        probe = ["warm up the model", "a second, longer sentence to check the pooling"]
+        reference = self._model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
+        if not np.allclose(self.encode(probe), reference, atol=1e-5):
+            raise RuntimeError("direct embedding path disagrees with SentenceTransformer.encode")
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        vectors = self._model.encode(
-            texts,
-            batch_size=max(len(texts), 1),
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        """Mean-pooled, L2-normalized token embeddings (the model's own pooling, as configured)."""
+        torch = self._torch
+        with torch.inference_mode():
+            batch = self._tokenizer(
+                texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
+            )
+            hidden = self._transformer(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            vectors = torch.nn.functional.normalize(pooled, dim=1)
+        return np.ascontiguousarray(vectors.numpy(), dtype=np.float32)
 
 
 class MicroBatcher:
