@@ -60,7 +60,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait(ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout_s: float = 300) -> float:
+def wait(
+    ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout_s: float = 300
+) -> float:
     started = time.perf_counter()
     while time.perf_counter() - started < timeout_s:
         if proc.poll() is not None:
@@ -114,9 +116,22 @@ def bulk_load(r: redis.Redis, n: int, seed: int = 0) -> None:
         pipe = r.pipeline(transaction=False)
         for j, v in enumerate(vecs):
             entry_id = f"bulk{start + j:08d}"
-            pipe.hset(entry_key(entry_id), mapping={
-                "q": f"synthetic question {start + j}", "emb": v.tobytes(), "resp": "synthetic", "fr": "stop",
-                "pt": 1, "ct": 1, "model": MODEL, "scope": SCOPE, "part": part, "created": "0", "hits": 0})
+            pipe.hset(
+                entry_key(entry_id),
+                mapping={
+                    "q": f"synthetic question {start + j}",
+                    "emb": v.tobytes(),
+                    "resp": "synthetic",
+                    "fr": "stop",
+                    "pt": 1,
+                    "ct": 1,
+                    "model": MODEL,
+                    "scope": SCOPE,
+                    "part": part,
+                    "created": "0",
+                    "hits": 0,
+                },
+            )
             pipe.expire(entry_key(entry_id), 3600)
             pipe.sadd(scope_key(SCOPE), entry_id)
         pipe.execute()
@@ -126,8 +141,9 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) * 1000.0
 
 
-def timed_lookups(stub: cache_pb2_grpc.SemanticCacheStub, questions: list[str], rounds: int,
-                  expect_hit: bool) -> list[float]:
+def timed_lookups(
+    stub: cache_pb2_grpc.SemanticCacheStub, questions: list[str], rounds: int, expect_hit: bool
+) -> list[float]:
     out: list[float] = []
     for _ in range(rounds):
         for q in questions:
@@ -159,15 +175,20 @@ def measure_size(n: int, redis_url: str, tmp: Path, rows: list[str]) -> str:
     bulk_load(r, n)
     port = free_port()
     addr = f"127.0.0.1:{port}"
-    proc = spawn([sys.executable, "-m", "cache_service"],
-                 {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": "0", "REDIS_URL": redis_url}, tmp / "cache.log")
+    proc = spawn(
+        [sys.executable, "-m", "cache_service"],
+        {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": "0", "REDIS_URL": redis_url},
+        tmp / "cache.log",
+    )
     try:
         startup = wait(lambda: grpc_serving(addr), proc, "cache service")
         with grpc.insecure_channel(addr) as ch:
             stub = cache_pb2_grpc.SemanticCacheStub(ch)
             for stored, _ in REAL:
-                stub.Store(cache_pb2.StoreRequest(key=chat_key(stored), response="an answer", finish_reason="stop"),
-                           timeout=30)
+                stub.Store(
+                    cache_pb2.StoreRequest(key=chat_key(stored), response="an answer", finish_reason="stop"),
+                    timeout=30,
+                )
             timed_lookups(stub, [p for _, p in REAL], 1, True)  # warm-up
             semantic = timed_lookups(stub, [p for _, p in REAL], 25, True)
             exact = timed_lookups(stub, [s for s, _ in REAL], 25, True)
@@ -192,17 +213,38 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
     cport, wport, gport = free_port(), free_port(), free_port()
     procs = []
     try:
-        procs.append(spawn([sys.executable, "-m", "cache_service"],
-                           {"CACHE_PORT": str(cport), "CACHE_METRICS_PORT": "0", "REDIS_URL": redis_url},
-                           tmp / "cache-e2e.log"))
+        procs.append(
+            spawn(
+                [sys.executable, "-m", "cache_service"],
+                {"CACHE_PORT": str(cport), "CACHE_METRICS_PORT": "0", "REDIS_URL": redis_url},
+                tmp / "cache-e2e.log",
+            )
+        )
         wait(lambda: grpc_serving(f"127.0.0.1:{cport}"), procs[-1], "cache service")
-        procs.append(spawn([sys.executable, "-m", "worker"],
-                           {"WORKER_PORT": str(wport), "WORKER_METRICS_PORT": str(free_port()),
-                            "WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_NUM_SEQS": "8"}, tmp / "worker.log"))
+        procs.append(
+            spawn(
+                [sys.executable, "-m", "worker"],
+                {
+                    "WORKER_PORT": str(wport),
+                    "WORKER_METRICS_PORT": str(free_port()),
+                    "WORKER_KV_CACHE_GB": "0.25",
+                    "WORKER_MAX_NUM_SEQS": "8",
+                },
+                tmp / "worker.log",
+            )
+        )
         wait(lambda: grpc_serving(f"127.0.0.1:{wport}"), procs[-1], "worker")
-        procs.append(spawn([sys.executable, "-m", "gateway"],
-                           {"GATEWAY_PORT": str(gport), "WORKER_ADDR": f"127.0.0.1:{wport}",
-                            "CACHE_ADDR": f"127.0.0.1:{cport}"}, tmp / "gateway.log"))
+        procs.append(
+            spawn(
+                [sys.executable, "-m", "gateway"],
+                {
+                    "GATEWAY_PORT": str(gport),
+                    "WORKER_ADDR": f"127.0.0.1:{wport}",
+                    "CACHE_ADDR": f"127.0.0.1:{cport}",
+                },
+                tmp / "gateway.log",
+            )
+        )
         base = f"http://127.0.0.1:{gport}"
         wait(lambda: httpx.get(f"{base}/ready", timeout=1).status_code == 200, procs[-1], "gateway")
         miss_t: list[float] = []
@@ -262,7 +304,9 @@ def matmul_only(sizes: list[int]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--no-gateway", action="store_true")
@@ -272,8 +316,23 @@ def main() -> None:
         tmp = Path(tmpdir)
         rport = free_port()
         redis_url = f"redis://127.0.0.1:{rport}/0"
-        rproc = spawn([str(REDIS_SERVER), "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                       "--appendonly", "no", "--dir", str(tmp)], {}, tmp / "redis.log")
+        rproc = spawn(
+            [
+                str(REDIS_SERVER),
+                "--port",
+                str(rport),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp),
+            ],
+            {},
+            tmp / "redis.log",
+        )
         try:
             wait(lambda: redis.Redis.from_url(redis_url).ping(), rproc, "redis")
             rows = [
