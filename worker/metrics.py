@@ -4,18 +4,27 @@ The engine calls `on_step` and `on_request_finished` on its own thread after eac
 that serves /metrics runs on another thread, so the little state kept here (the recent-throughput
 window behind the cost gauge) is guarded by a lock. Keeping vLLM's names lets dashboards and alerts
 written for vLLM work against this worker with a prefix change.
+
+/metrics always answers in the classic text format. prometheus_client's own HTTP server would answer
+Prometheus (which asks for OpenMetrics first) with its OpenMetrics encoder, and in prometheus_client 0.26
+that encoder turns the ':' of sample names into '_' (but not in the TYPE lines): Prometheus would store
+`llmserve_generation_tokens_total` and every `llmserve:` query would come back empty.
 """
 
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from worker.outputs import FinishedRequestStats, StepStats
 
@@ -66,7 +75,7 @@ class WorkerMetrics:
         self._started = clock()
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
-        self._server = None
+        self._server: WSGIServer | None = None
         self._server_thread: threading.Thread | None = None
 
         reg = self.registry
@@ -213,8 +222,24 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str) -> int:
         """Serve /metrics over HTTP on a daemon thread; returns the bound port (useful with port 0)."""
-        self._server, self._server_thread = start_http_server(port, addr=host, registry=self.registry)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (_ThreadingWSGIServer,), {"address_family": family})
+        self._server = make_server(host, port, self._wsgi_app, server_class, handler_class=_QuietHandler)
+        self._server_thread = threading.Thread(
+            target=self._server.serve_forever, name="worker-metrics-http", daemon=True
+        )
+        self._server_thread.start()
         return int(self._server.server_address[1])
+
+    def _wsgi_app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"not found: metrics are at /metrics\n"]
+        body = generate_latest(self.registry)
+        start_response(
+            "200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))]
+        )
+        return [body]
 
     def close(self) -> None:
         """Stop the HTTP server, if serving."""
@@ -225,6 +250,15 @@ class WorkerMetrics:
         if self._server_thread is not None:
             self._server_thread.join(timeout=5)
             self._server_thread = None
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        """Scrapes every few seconds would flood the worker's log."""
 
 
 def start_metrics_server(engine: _Engine, settings: _Settings) -> WorkerMetrics:

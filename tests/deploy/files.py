@@ -24,7 +24,8 @@ DASHBOARD = GRAFANA / "dashboards" / "llmserve.json"
 
 PROMTOOL_HINT = (
     "promtool not found in the venv or on PATH: it ships in Debian's `prometheus` package; "
-    "`make test` unpacks it into .venv/bin (or: apt-get install -y --no-install-recommends prometheus)"
+    "`make test` unpacks promtool and prometheus into .venv/bin "
+    "(or: apt-get install -y --no-install-recommends prometheus)"
 )
 
 _INTERPOLATION = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -67,13 +68,17 @@ def parse_as_field(cls: type[BaseModel], field_name: str, raw: str) -> object:
     return TypeAdapter(cls.model_fields[field_name].annotation).validate_python(raw)
 
 
-def promtool() -> str:
-    """`make test` unpacks it into the venv; one on PATH does as well."""
-    beside = Path(sys.executable).parent / "promtool"
-    path = str(beside) if beside.exists() else shutil.which("promtool")
+def prometheus_tool(name: str = "promtool") -> str:
+    """promtool or the prometheus server: `make test` unpacks both into the venv; ones on PATH do as well."""
+    beside = Path(sys.executable).parent / name
+    path = str(beside) if beside.exists() else shutil.which(name)
     if path is None:
-        raise AssertionError(PROMTOOL_HINT)
+        raise AssertionError(PROMTOOL_HINT.replace("promtool", name, 1))
     return path
+
+
+def promtool() -> str:
+    return prometheus_tool("promtool")
 
 
 def hadolint() -> str:

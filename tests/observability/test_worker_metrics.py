@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -245,3 +246,29 @@ def test_start_metrics_server_attaches_listeners_and_serves_http() -> None:
         metrics.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+def test_served_names_keep_their_colons_whatever_the_scraper_asks_for() -> None:
+    metrics = WorkerMetrics(MODEL)
+    port = metrics.serve(0, "127.0.0.1")
+    try:
+        metrics.on_step(step(num_generation_tokens=2, batch_size=1))
+        for accept in (PROMETHEUS_ACCEPT, "*/*", "text/plain;version=1.0.0;escaping=underscores"):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                body = resp.read().decode()
+            samples = [line for line in body.splitlines() if line and not line.startswith("#")]
+            assert 'llmserve:generation_tokens_total{model_name="test-model"} 2.0' in samples, accept
+            assert not [line for line in samples if line.startswith("llmserve_")], accept
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+        assert err.value.code == 404
+    finally:
+        metrics.close()
