@@ -1,11 +1,11 @@
 """Quality of the semantic cache on the labelled set bench/data/cache_eval.jsonl.
 
 For every pair, its first question ("a") is stored as the service would store it (partitioned by model,
-tenant, parameters and conversation history), then its second question ("b") is looked up with the service's own
-code: exact match, cosine within the partition, the verifier. A hit on a pair labelled "hit" is a correct hit;
-any hit on a pair labelled "miss" is a false hit. Reported for a range of thresholds, with and without the verifier, on the
-tuning half, the held-out half, a "fresh" set written after the verifier was frozen, and all; the default
-threshold is picked on the tuning half only.
+tenant, parameters and conversation history), then its second question ("b") is looked up with the service's
+own code: exact match, cosine within the partition, the verifier. A hit on a pair labelled "hit" is correct;
+any hit on a pair labelled "miss" is a false hit. Reported for a range of thresholds, with and without the
+verifier, on the tuning half, the held-out half, a "fresh" set written after the verifier was frozen, and all;
+the default threshold is picked on the tuning half only.
 
     .venv/bin/python -m bench.cache_quality [--write-docs]
 """
@@ -40,7 +40,7 @@ RECALL_SLACK = 0.02
 
 
 def write_section(name: str, body: str, path: Path = DOCS) -> None:
-    """Replace the text between <!-- name:start --> and <!-- name:end --> (appending the section if missing)."""
+    """Replace the text between <!-- name:start --> and <!-- name:end --> (append the section if missing)."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     block = f"{start}\n{body.rstrip()}\n{end}"
@@ -107,6 +107,19 @@ def summarize(rows: list[dict], outcomes: list[Outcome], split: str) -> dict[str
     }
 
 
+def per_split(row: dict[str, dict[str, float]], metric: str) -> str:
+    return " / ".join(f"{row[s][metric]:.1%}" for s in SPLITS if s != "all")
+
+
+def upper_bound(stats: dict[str, float], n: int) -> float:
+    """One-sided 95% upper bound of a rate from n trials (exact for zero events: the 'rule of three')."""
+    k = round(stats["false_hit_rate"] * n)
+    if k == 0:
+        return 1 - 0.05 ** (1 / n)
+    p = k / n
+    return p + 1.645 * (p * (1 - p) / n) ** 0.5
+
+
 def pick_threshold(table: dict[tuple[float, bool], dict[str, dict[str, float]]]) -> float:
     """On the tuning half, with the verifier: among thresholds with false hits under target, the highest one
     whose paraphrase hit rate is within RECALL_SLACK of the best (the verifier's word lists will miss cases in
@@ -137,20 +150,23 @@ def main() -> None:
     chosen = pick_threshold(table)
     configured = CacheSettings().similarity_threshold
     kinds = Counter(r["kind"] for r in rows)
+    t0 = THRESHOLDS[0]
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_quality', *sys.argv[1:]])}` "
         f"({len(rows)} labelled pairs in `bench/data/cache_eval.jsonl`: "
         + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
         + f"; model all-MiniLM-L6-v2; {time.perf_counter() - started:.0f} s).",
         "",
-        "For each pair the first question is stored, then the second is looked up with the service's own code "
-        "(partition, exact match, cosine, verifier). "
-        "Paraphrase hit rate is hits on pairs labelled hit; false-hit rate is hits on "
-        "hard negatives; precision is correct hits over all hits. Splits: *tune* and *held-out* halves of the "
-        "first 365 pairs (split by question, so no question is in both; the threshold is picked on *tune* only, "
-        "but the verifier's word lists were written while looking at errors on both halves), and *fresh*: 115 "
-        "pairs on new topics written after the verifier was frozen and never used to change anything, the "
-        "honest estimate for unseen questions.",
+        "For each pair the first question is stored, then the second is looked up with the service's own "
+        "code (partition, exact match, cosine, verifier). Paraphrase hit rate is hits on pairs labelled hit; "
+        "false-hit rate is hits on hard negatives; precision is correct hits over all hits. Splits: *tune* "
+        "and *held-out* halves of the first 365 pairs (split by question, so no question is in both; the "
+        "threshold is picked on *tune* only, but the verifier's word lists were written while looking at "
+        "errors on both halves), and *fresh*: 115 pairs on new topics written after the verifier was frozen "
+        "and never used to change anything, the honest estimate for unseen questions. Pairs per split "
+        "(paraphrases / hard negatives): "
+        + ", ".join(f"{s} {table[(t0, True)][s]['n_pos']} / {table[(t0, True)][s]['n_neg']}" for s in SPLITS)
+        + ".",
         "",
         "| threshold | verifier | paraphrase hit rate (tune / held-out / fresh) "
         "| false-hit rate (tune / held-out / fresh) | precision (all) |",
@@ -158,12 +174,11 @@ def main() -> None:
     ]
     for t in THRESHOLDS:
         for v in (False, True):
-            tu, ho, fr, al = (table[(t, v)][s] for s in SPLITS)
+            row = table[(t, v)]
             mark = " **(default)**" if v and abs(t - configured) < 1e-6 else ""
             lines.append(
-                f"| {t:.3f}{mark} | {'on' if v else 'off'} | {tu['paraphrase_hit_rate']:.1%} / "
-                f"{ho['paraphrase_hit_rate']:.1%} / {fr['paraphrase_hit_rate']:.1%} | {tu['false_hit_rate']:.1%} / "
-                f"{ho['false_hit_rate']:.1%} / {fr['false_hit_rate']:.1%} | {al['precision']:.1%} |"
+                f"| {t:.3f}{mark} | {'on' if v else 'off'} | {per_split(row, 'paraphrase_hit_rate')} "
+                f"| {per_split(row, 'false_hit_rate')} | {row['all']['precision']:.1%} |"
             )
     at_default = {v: evaluate(rows, vectors, configured, v) for v in (False, True)}
     lines += ["", f"False hits by kind at the default threshold {configured:.3f} (verifier off -> on):", ""]
@@ -178,18 +193,19 @@ def main() -> None:
         lines.append(f"| {kind} | {len(idx)} | {off} | {on} |")
     d = table.get((configured, True))
     if d:
+        n_neg = d["all"]["n_neg"]
         lines += [
             "",
             f"At the default ({configured:.3f}, verifier on): paraphrase hit rate "
-            f"{d['tune']['paraphrase_hit_rate']:.1%} tune / {d['holdout']['paraphrase_hit_rate']:.1%} held-out / "
-            f"{d['fresh']['paraphrase_hit_rate']:.1%} fresh, false-hit rate {d['tune']['false_hit_rate']:.1%} / "
-            f"{d['holdout']['false_hit_rate']:.1%} / {d['fresh']['false_hit_rate']:.1%}, "
-            f"precision {d['all']['precision']:.1%} (targets: false hits < {TARGET_FALSE_HIT:.0%}, "
-            f"paraphrases > {TARGET_PARAPHRASE:.0%}).",
+            f"{per_split(d, 'paraphrase_hit_rate')} (tune / held-out / fresh), false-hit rate "
+            f"{per_split(d, 'false_hit_rate')}, precision {d['all']['precision']:.1%} (targets: false hits "
+            f"< {TARGET_FALSE_HIT:.0%}, paraphrases > {TARGET_PARAPHRASE:.0%}). With {n_neg} hard negatives "
+            f"in all, the 95% upper bound on the false-hit rate is {upper_bound(d['all'], n_neg):.1%}.",
         ]
     lines.append(
-        f"Threshold picked on the tuning half by this script (false hits < {TARGET_FALSE_HIT:.0%}, the highest "
-        f"threshold within {RECALL_SLACK:.0%} of the best paraphrase hit rate): {chosen:.3f}; configured default (CACHE_SIMILARITY_THRESHOLD): {configured:.3f}."
+        f"Threshold picked on the tuning half by this script (false hits < {TARGET_FALSE_HIT:.0%}, the "
+        f"highest threshold within {RECALL_SLACK:.0%} of the best paraphrase hit rate): {chosen:.3f}; "
+        f"configured default (CACHE_SIMILARITY_THRESHOLD): {configured:.3f}."
     )
     report = "\n".join(lines)
     print(report)

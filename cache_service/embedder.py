@@ -38,7 +38,7 @@ class Embedder:
         self._transformer = self._model[0].auto_model
         self._max_len = int(self._model.get_max_seq_length() or 256)
         self.dim = int(self._model.get_embedding_dimension())
-        # The direct path below skips encode()'s per-call overhead; check once that it computes the same thing.
+        # The direct path below skips encode()'s per-call overhead; check once that it computes the same.
         probe = ["warm up the model", "a second, longer sentence to check the pooling"]
         reference = self._model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
         if not np.allclose(self.encode(probe), reference, atol=1e-5):

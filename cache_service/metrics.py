@@ -1,4 +1,4 @@
-"""Prometheus metrics of the cache service (prefix llmserve_cache_), served over HTTP on CACHE_METRICS_PORT."""
+"""Prometheus metrics of the cache service (prefix llmserve_cache_), over HTTP on CACHE_METRICS_PORT."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Second check on a candidate hit: do two questions ask for the same thing?
 
-Sentence embeddings put "turn on 2FA" next to "turn off 2FA" and "capital of France" next to "capital of
-Germany". A candidate above the similarity threshold is accepted only if, word for word, nothing that changes the
-answer differs: numbers, negation, opposite words (on/off, increase/decrease...), units and the direction of a
-conversion ("km to miles" vs "miles to km"), named entities, and content words substituted for others.
+Sentence embeddings put "turn on 2FA" next to "turn off 2FA" and "capital of France" next to "capital
+of Germany". A candidate above the similarity threshold is accepted only if, word for word, nothing that
+changes the answer differs: numbers, negation, opposite words (on/off, increase/decrease...), units and the
+direction of a conversion ("km to miles" vs "miles to km"), named entities, and content words substituted
+for others.
 Pure Python and deterministic, so it is cheap to run on every candidate and easy to unit test.
 """
 
@@ -26,7 +27,12 @@ from cache_service.verifier_words import (
 )
 
 _TOKEN = re.compile(r"[$€£¥°%]|\d+(?:[.,:/]\d+)*(?:st|nd|rd|th)?|[^\W\d_]+(?:['’][^\W\d_]+)?|\d+[^\W_]*")
-_DIRECTION_WORDS = {"to", "into", "in", "from"}
+# word -> ((group, side), ...): one dict lookup per word instead of a scan of every group
+_POLAR_INDEX: dict[str, tuple[tuple[str, str], ...]] = {}
+for _group, _sides in POLAR_GROUPS.items():
+    for _side, _members in _sides.items():
+        for _member in _members:
+            _POLAR_INDEX[_member] = _POLAR_INDEX.get(_member, ()) + ((_group, _side),)
 _SOURCE_BEFORE = {"from"}
 _TARGET_BEFORE = {"to", "into", "in", "many", "much"}
 
@@ -163,10 +169,8 @@ def extract(text: str) -> Features:
             negations += 1
             continue
         s = stem(word)
-        for group, sides in POLAR_GROUPS.items():
-            for side, members in sides.items():
-                if word in members or s in members:
-                    f.polar.setdefault(group, set()).add(side)
+        for group, side in _POLAR_INDEX.get(word, ()) + _POLAR_INDEX.get(s, ()):
+            f.polar.setdefault(group, set()).add(side)
         unit = UNITS.get(word) or UNITS.get(s)
         if unit:
             f.units.append(unit)

@@ -32,8 +32,9 @@ def test_replicas_see_each_others_entries(replicas: tuple[CacheService, CacheSer
     ch_a, stub_a = _stub(a)
     ch_b, stub_b = _stub(b)
     with ch_a, ch_b:
-        entry = store(stub_a, chat_key("What is the tallest mountain in the world?", "shared"), "Everest.")
-        # B learns of the entry by pub/sub (its periodic resync is an hour away): a paraphrase needs B's index.
+        tallest = chat_key("What is the tallest mountain in the world?", "shared")
+        entry = store(stub_a, tallest, "Everest.")
+        # B learns of it by pub/sub (its periodic resync is an hour away); a paraphrase needs its index.
         paraphrase = chat_key("Which mountain is the tallest in the world?", "shared")
         wait_for(lambda: lookup(stub_b, paraphrase).hit, what="replica B to index A's entry")
         assert lookup(stub_b, paraphrase).response == "Everest."
