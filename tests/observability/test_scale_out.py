@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.worker_pool import WorkerPool
+from services.gen import worker_pb2
 from tests.observability.stack import Gateway, Worker, gateway_service, scrape, wait_for, worker_service
 
 pytestmark = pytest.mark.slow
@@ -66,6 +68,25 @@ def test_requests_reach_both_workers(pool_gateway: Gateway, workers: tuple[Worke
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["finish_reason"] == "length"
     wait_for(lambda: served(a) - a0 + served(b) - b0 == NUM_REQUESTS, what="every request to be counted")
+    assert served(a) - a0 >= 1 and served(b) - b0 >= 1, (served(a) - a0, served(b) - b0)
+
+
+async def test_one_target_naming_several_workers_spreads_calls(workers: tuple[Worker, Worker]) -> None:
+    """What compose's WORKER_ADDR=dns:///worker:50051 becomes with --scale worker=N: one gRPC target that
+    resolves to every replica. (An ipv4: target lists the two local addresses, as DNS would answer.)"""
+    a, b = workers
+    pool = WorkerPool([f"ipv4:{a.addr},{b.addr}"])
+    a0, b0 = served(a), served(b)
+    params = worker_pb2.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    try:
+        for _ in range(NUM_REQUESTS):
+            request = worker_pb2.GenerateRequest(text=f"{uuid.uuid4().hex} hello", params=params)
+            stream = await pool.generate(request, "prompt")
+            finishes = [chunk.finish_reason async for chunk in stream.chunks()]
+            assert finishes[-1] == "length"
+    finally:
+        await pool.close()
+    wait_for(lambda: served(a) - a0 + served(b) - b0 == NUM_REQUESTS, what="every call to be counted")
     assert served(a) - a0 >= 1 and served(b) - b0 >= 1, (served(a) - a0, served(b) - b0)
 
 
