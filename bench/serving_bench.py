@@ -1,0 +1,252 @@
+"""What the serving path costs: gateway + gRPC versus calling the engine in the same process.
+
+Three paths to the same engine configuration, measured interleaved in one run so machine drift hits
+all of them alike:
+  in-process  AsyncEngine.generate in this process (no network at all)
+  grpc        the worker process, called directly over gRPC
+  gateway     HTTP + SSE through the gateway, which calls the worker over gRPC
+Per request: latency of a one-token completion (prefill + one step + all the plumbing). Per token:
+gaps between streamed tokens. Throughput: generated tokens per second with 1, 8 and 32 concurrent
+streams, and the gateway's own CPU per streamed token. Writes the `serving` section of docs/BENCHMARKS.md.
+
+    .venv/bin/python -m bench.serving_bench [--requests 40] [--tokens 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+import psutil
+
+from bench.report import median, write_section
+from services.gen import worker_pb2, worker_pb2_grpc
+from tests.e2e.conftest import MODEL_NAME, Service, start_gateway, start_worker
+from worker.async_engine import AsyncEngine
+from worker.outputs import PromptInput
+from worker.sampling_params import SamplingParams
+from worker.settings import WorkerSettings
+
+BENCH_ENV = {"WORKER_KV_CACHE_GB": "0.5", "WORKER_MAX_NUM_SEQS": "64"}
+CONCURRENCY = (1, 8, 32)
+
+# A stream: (prompt, max_tokens) -> arrival times of each token-bearing chunk and the tokens generated.
+Stream = Callable[[str, int], Awaitable[tuple[list[float], int]]]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Paths:
+    """The three ways to reach the engine, each as a streaming coroutine."""
+
+    def __init__(self, engine: AsyncEngine, grpc_addr: str, gateway_url: str) -> None:
+        self.engine = engine
+        self.channel = grpc.aio.insecure_channel(grpc_addr)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.http = httpx.AsyncClient(
+            base_url=gateway_url, timeout=300, limits=httpx.Limits(max_connections=64)
+        )
+
+    async def in_process(self, prompt: str, max_tokens: int) -> tuple[list[float], int]:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        times, tokens = [], 0
+        async for out in self.engine.generate(uuid.uuid4().hex, PromptInput(text=prompt), params):
+            if out.token_ids:
+                times.append(time.perf_counter())
+                tokens += len(out.token_ids)
+        return times, tokens
+
+    async def grpc(self, prompt: str, max_tokens: int) -> tuple[list[float], int]:
+        params = worker_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        times, tokens = [], 0
+        async for chunk in self.stub.Generate(worker_pb2.GenerateRequest(text=prompt, params=params)):
+            if chunk.token_ids:
+                times.append(time.perf_counter())
+                tokens += len(chunk.token_ids)
+        return times, tokens
+
+    async def gateway(self, prompt: str, max_tokens: int) -> tuple[list[float], int]:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        times, tokens = [], 0
+        async with self.http.stream("POST", "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk["choices"]:
+                    times.append(time.perf_counter())
+                elif chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+        return times, tokens
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.channel.close()
+
+
+async def latency_round(
+    paths: dict[str, Stream], i: int, tokens: int
+) -> dict[str, tuple[float, list[float]]]:
+    """One request per path, one after the other: (one-token latency, inter-token gaps of a stream)."""
+    out = {}
+    for name, stream in paths.items():
+        start = time.perf_counter()
+        await stream(f"Question {i}: what is the capital of France?", 1)
+        one_token = time.perf_counter() - start
+        times, _ = await stream(f"Story {i}: once upon a time", tokens)
+        out[name] = (one_token, [b - a for a, b in zip(times, times[1:], strict=False)])
+    return out
+
+
+async def throughput(stream: Stream, concurrency: int, tokens: int) -> float:
+    """Generated tokens per second with `concurrency` streams open (max(4, concurrency) requests)."""
+    queue = list(range(max(4, concurrency)))
+    generated = 0
+
+    async def client() -> None:
+        nonlocal generated
+        while queue:
+            i = queue.pop()
+            _, n = await stream(f"Story {i}: once upon a time in a land far away", tokens)
+            generated += n
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return generated / (time.perf_counter() - start)
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+@dataclass
+class Results:
+    one_token: dict[str, list[float]] = field(default_factory=dict)
+    gaps: dict[str, list[float]] = field(default_factory=dict)
+    rates: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    gateway_cpu_s: float = 0.0
+    gateway_tokens: int = 0
+
+
+async def run(args: argparse.Namespace, worker: Service, gateway: Service) -> Results:
+    os.environ.update(BENCH_ENV)
+    engine = AsyncEngine.from_config(WorkerSettings().engine_config())
+    await engine.start()
+    p = Paths(engine, worker.addr, gateway.addr)
+    paths: dict[str, Stream] = {"in-process": p.in_process, "grpc": p.grpc, "gateway": p.gateway}
+    for stream in paths.values():  # warm-up: first calls compile kernels and open connections
+        await stream("warm up", 4)
+
+    res = Results({name: [] for name in paths}, {name: [] for name in paths})
+    for i in range(args.requests):
+        for name, (latency, stream_gaps) in (await latency_round(paths, i, 16)).items():
+            res.one_token[name].append(latency)
+            res.gaps[name].extend(stream_gaps)
+
+    names = list(paths)
+    for concurrency in CONCURRENCY:
+        res.rates[concurrency] = {name: [] for name in paths}
+        for r in range(args.rounds):
+            for name in names[r % 3 :] + names[: r % 3]:  # rotate the order each round
+                before = cpu_seconds(gateway.proc.pid)
+                rate = await throughput(paths[name], concurrency, args.tokens)
+                if name == "gateway":
+                    res.gateway_cpu_s += cpu_seconds(gateway.proc.pid) - before
+                    res.gateway_tokens += max(4, concurrency) * args.tokens
+                res.rates[concurrency][name].append(rate)
+                print(f"concurrency {concurrency:>2} round {r} {name:<10} {rate:8.1f} tok/s", flush=True)
+    await p.close()
+    await engine.shutdown()
+    return res
+
+
+def report(args: argparse.Namespace, res: Results) -> str:
+    ms = 1000.0
+    base_req, base_gap = median(res.one_token["in-process"]), median(res.gaps["in-process"])
+    command = f"--requests {args.requests} --tokens {args.tokens} --rounds {args.rounds}"
+    lines = [
+        "## Serving path overhead (gateway + gRPC vs in-process engine)",
+        "",
+        f"Command: `.venv/bin/python -m bench.serving_bench {command}`",
+        f"(CPU, {os.cpu_count()} cores, SmolLM2-135M-Instruct float32, greedy, `ignore_eos`.) The three",
+        "paths are measured interleaved in one run with the same engine settings; worker and gateway are",
+        "separate processes on the same cores, so whatever CPU they use is taken from the model.",
+        "",
+        "| path | request p50 (ms) | request p99 (ms) | added p50 (ms) "
+        "| token gap p50 (ms) | token gap p99 (ms) | added per token p50 (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in res.one_token:
+        req, gap = res.one_token[name], res.gaps[name]
+        lines.append(
+            f"| {name} | {median(req) * ms:.2f} | {percentile(req, 0.99) * ms:.2f} "
+            f"| {(median(req) - base_req) * ms:+.2f} | {median(gap) * ms:.2f} "
+            f"| {percentile(gap, 0.99) * ms:.2f} | {(median(gap) - base_gap) * ms:+.2f} |"
+        )
+    cpu_per_1k = res.gateway_cpu_s / max(res.gateway_tokens, 1) * 1000 * ms
+    lines += [
+        "",
+        f"Request: a one-token completion, {args.requests} per path. Token gap: time between streamed tokens",
+        f"of 16-token completions. Throughput: {args.tokens}-token streams, max(4, concurrency) requests",
+        f"a run, median of {args.rounds} runs per path, path order rotated every round.",
+        "",
+        "| concurrency | in-process (tok/s) | grpc (tok/s) | gateway (tok/s) | gateway vs in-process |",
+        "|---|---|---|---|---|",
+    ]
+    for concurrency, by_path in res.rates.items():
+        rate = {name: median(values) for name, values in by_path.items()}
+        ratio = rate["gateway"] / rate["in-process"] - 1.0
+        lines.append(
+            f"| {concurrency} | {rate['in-process']:.1f} | {rate['grpc']:.1f} "
+            f"| {rate['gateway']:.1f} | {ratio * 100:+.1f}% |"
+        )
+    lines += [
+        "",
+        f"Gateway process CPU while streaming: {cpu_per_1k:.0f} ms per 1000 streamed tokens",
+        "(gRPC receive, JSON, SSE, HTTP), a cost figure that does not depend on the noise above.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=40, help="latency samples per path")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per stream in the throughput runs")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput runs per path and concurrency")
+    args = parser.parse_args()
+    log_dir = Path(".run/bench")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    worker = start_worker("bench-worker", log_dir, **BENCH_ENV)
+    gateway = start_gateway("bench-gateway", log_dir, worker.addr)
+    try:
+        body = report(args, asyncio.run(run(args, worker, gateway)))
+    finally:
+        gateway.stop()
+        worker.stop()
+    print(body)
+    write_section("serving", body)
+
+
+if __name__ == "__main__":
+    main()
