@@ -23,7 +23,7 @@ from tests.deploy.dockerfile_parser import Instruction, parse
 from tests.deploy.files import DOCKERFILE, ROOT, dockerignore_patterns, excluded, hadolint, load_compose, run
 from worker.settings import WorkerSettings
 
-PACKAGES = ("worker", "gateway", "cache_service", "services")
+PACKAGES = ("worker", "gateway", "cache_service", "services", "scripts")
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,10 @@ def test_build_steps_work_from_the_copied_files_alone(
     protos = run(["make", "protos", f"VENV={venv}"], cwd=app)
     assert protos.returncode == 0, protos.stdout + protos.stderr
     assert (app / "services" / "gen" / "worker_pb2_grpc.py").is_file()
+    for name, service in load_compose()["services"].items():
+        if "build" in service and service["command"][0] == "make":  # e.g. model-init's `make model`
+            dry = run([*service["command"], f"VENV={venv}", "-n"], cwd=app)
+            assert dry.returncode == 0, f"{name}: {dry.stdout}{dry.stderr}"
 
     modules = sorted(
         ".".join(p.relative_to(app).with_suffix("").parts)
