@@ -40,11 +40,18 @@ def load_compose() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+def service_env_names(service: dict[str, Any]) -> list[str]:
+    """Every variable the service lists, including pass-through ones (no value: taken from the shell)."""
+    env = service.get("environment") or {}
+    return [item.split("=", 1)[0] for item in env] if isinstance(env, list) else list(env)
+
+
 def service_env(service: dict[str, Any]) -> dict[str, str]:
+    """The variables compose sets to a value (pass-through ones left out), defaults interpolated."""
     env = service.get("environment") or {}
     if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {key: interpolate(str(value)) for key, value in env.items()}
+        env = dict(item.split("=", 1) for item in env if "=" in item)
+    return {key: interpolate(str(value)) for key, value in env.items() if value is not None}
 
 
 def settings_env_fields(cls: type[BaseSettings]) -> dict[str, str]:

@@ -25,6 +25,7 @@ from tests.deploy.files import (
     load_compose,
     parse_as_field,
     service_env,
+    service_env_names,
     settings_env_fields,
 )
 from worker.settings import WorkerSettings
@@ -79,12 +80,25 @@ def test_every_environment_variable_is_read_by_the_service(
     cls = APP_SETTINGS[service]
     fields = settings_env_fields(cls)
     env = service_env(services[service])
-    unknown = sorted(set(env) - set(fields))
+    unknown = sorted(set(service_env_names(services[service])) - set(fields))
     assert not unknown, f"{service} sets variables its settings never read: {unknown}"
     settings = settings_for(service, services)
     for name, raw in env.items():
         field = fields[name]
         assert getattr(settings, field) == parse_as_field(cls, field, raw), name
+
+
+def test_tunables_pass_through_so_the_services_own_defaults_apply(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """A default copied into compose would drift from the settings class; only container facts are set."""
+    container_facts = {"WORKER_MODEL", "REDIS_URL", "WORKER_ADDR", "CACHE_ADDR"}
+    for name in APP_SETTINGS:
+        for var, value in service_env(services[name]).items():
+            is_fact = var in container_facts or var.endswith(("_HOST", "_PORT"))
+            assert is_fact, f"{name}: {var}={value} duplicates a setting's default; list it without a value"
+    pass_through = set(service_env_names(services["worker"])) - set(service_env(services["worker"]))
+    assert {"WORKER_DEVICE", "WORKER_KV_CACHE_GB", "WORKER_PRICE_PER_HOUR_USD"} <= pass_through
 
 
 def test_services_bind_every_interface_inside_their_containers(services: dict[str, dict[str, Any]]) -> None:
