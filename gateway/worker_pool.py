@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,8 +16,11 @@ from services.gen import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# Reconnect quickly once a worker comes back (gRPC's default backoff grows to two minutes).
+# round_robin: an address that resolves to several replicas (dns:///worker:50051 with scaled containers)
+# spreads calls over all of them instead of pinning the first. Reconnect quickly once a worker comes
+# back (gRPC's default backoff grows to two minutes).
 CHANNEL_OPTIONS = [
+    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
