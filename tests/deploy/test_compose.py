@@ -88,6 +88,19 @@ def test_every_environment_variable_is_read_by_the_service(
         assert getattr(settings, field) == parse_as_field(cls, field, raw), name
 
 
+@pytest.mark.parametrize("service", sorted(APP_SETTINGS))
+def test_every_setting_can_be_given_to_the_container(
+    service: str, services: dict[str, dict[str, Any]]
+) -> None:
+    """Each setting's variable is listed (set, or passed through from the shell / .env)."""
+    missing = sorted(
+        set(settings_env_fields(APP_SETTINGS[service])) - set(service_env_names(services[service]))
+    )
+    assert not missing, (
+        f"{service}: add these to docker-compose.yml (without a value to pass through): {missing}"
+    )
+
+
 def test_tunables_pass_through_so_the_services_own_defaults_apply(
     services: dict[str, dict[str, Any]],
 ) -> None:
