@@ -311,6 +311,20 @@ def matmul_only(sizes: list[int]) -> list[str]:
     return out
 
 
+def embed_only(n: int = 200) -> str:
+    """One query through the service's embedder, in process: the floor under every semantic lookup."""
+    from cache_service.embedder import Embedder
+
+    embedder = Embedder()
+    ts = []
+    for i in range(n):
+        text = REAL[i % len(REAL)][1]
+        t = time.perf_counter()
+        embedder.encode([text])
+        ts.append(time.perf_counter() - t)
+    return f"p50 {pct(ts, 50):.2f} ms, p99 {pct(ts, 99):.2f} ms"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,6 +369,7 @@ def main() -> None:
         finally:
             stop(rproc)
     scan = matmul_only(sizes)
+    embed = embed_only()
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_latency', *sys.argv[1:]])}` "
         f"({os.cpu_count()} CPUs, load average {load_before:.1f} at start and {os.getloadavg()[0]:.1f} at "
@@ -364,6 +379,7 @@ def main() -> None:
         *rows,
         "",
         "Exact-cosine scan alone (numpy matmul + top-4, in process): " + "; ".join(scan) + ".",
+        f"Embedding one query alone (in process, the service's embedder): {embed}.",
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]

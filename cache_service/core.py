@@ -14,6 +14,9 @@ from cache_service.store import IndexRecord, RedisStore, StoredAnswer
 from cache_service.verifier import verify
 
 TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
+# The embedding model reads ~256 tokens: a longer text's tail would be invisible to the similarity, so long
+# queries are answered by exact match only.
+MAX_SEMANTIC_CHARS = 1000
 STORABLE_FINISH_REASONS = ("stop", "length")
 
 
@@ -88,8 +91,8 @@ class SemanticCache:
         answer = await self.store.fetch_hit(key.entry_id)
         if answer is not None:
             return Hit(key.entry_id, answer, 1.0, True)
-        if not self.index.has_partition(key.partition):
-            return None  # nothing comparable stored: no need to embed
+        if len(key.query) > MAX_SEMANTIC_CHARS or not self.index.has_partition(key.partition):
+            return None  # nothing comparable stored (or too long to compare): no need to embed
         vector = await self.batcher.embed(key.query)
         candidates = self.index.search(key.partition, vector, TOP_K, threshold)
         accepted = acceptable(key.query, candidates, self.use_verifier)

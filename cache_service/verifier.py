@@ -203,7 +203,7 @@ def _direction_pairs(words: list[str]) -> set[tuple[str, str]]:
     return pairs
 
 
-def verify(query: str, cached: str, max_substitutions: int = 0) -> Verdict:
+def verify(query: str, cached: str, max_substitutions: int = 0, max_unmatched: int = 2) -> Verdict:
     """May the answer cached for `cached` be returned for `query`?"""
     a, b = extract(query), extract(cached)
     if a.numbers != b.numbers:
@@ -228,4 +228,6 @@ def verify(query: str, cached: str, max_substitutions: int = 0) -> Verdict:
     only_a, only_b = a.content - b.content, b.content - a.content
     if min(len(only_a), len(only_b)) > max_substitutions:
         return Verdict(False, "content words substituted")
+    if len(only_a) + len(only_b) > max_unmatched:  # "capital city of France" ok; a whole added clause is not
+        return Verdict(False, "content words added")
     return Verdict(True)

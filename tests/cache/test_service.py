@@ -184,3 +184,10 @@ def test_stats_and_metrics(stub, cache_service: CacheService) -> None:
         "llmserve_cache_lookup_seconds_bucket",
     ):
         assert name in text
+
+
+def test_long_queries_hit_only_exactly(stub) -> None:
+    text = "Summarize the following notes. " + "The meeting covered budgets, hiring and the roadmap. " * 25
+    store(stub, chat_key(text, "t-long"), "A summary.")
+    assert lookup(stub, chat_key(text.upper(), "t-long")).exact
+    assert not lookup(stub, chat_key(text + " Thanks!", "t-long")).hit

@@ -67,3 +67,10 @@ def test_stem_matches_inflections() -> None:
     assert stem("exercising") == stem("exercise")
     assert stem("duplicates") == stem("duplicate")
     assert stem("painter") == stem("painted")
+
+
+def test_added_words_are_tolerated_only_a_little() -> None:
+    assert verify("What is the capital city of France?", "What is the capital of France?").ok
+    long_add = "Write a poem about cats that rhymes, uses short lines and mentions sunshine"
+    verdict = verify(long_add, "Write a poem about cats")
+    assert not verdict.ok and "added" in verdict.reason
