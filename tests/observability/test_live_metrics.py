@@ -178,6 +178,37 @@ def test_semantic_cache_hit_is_counted_as_a_hit(
     assert delta(w0, w1, W + "request_success_total") == 1
 
 
+def test_streams_are_counted_open_and_a_client_leaving_is_counted(gateway: Gateway) -> None:
+    gateway_metrics = f"{gateway.url}/metrics"
+    body = {
+        "model": MODEL,
+        "prompt": f"{uuid.uuid4().hex} Count from one to one hundred:",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    before = scrape(gateway_metrics)
+    headers = {"X-Semantic-Cache": "bypass"}
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/completions", json=body, headers=headers, timeout=120
+    ) as resp:
+        assert resp.status_code == 200
+        events = 0
+        for line in resp.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                assert scrape(gateway_metrics).value("llmserve_gateway_open_streams") == 1
+                break
+    wait_for(
+        lambda: delta(before, scrape(gateway_metrics), "llmserve_gateway_client_disconnects_total") == 1,
+        what="the gateway to count the client that left",
+    )
+    after = scrape(gateway_metrics)
+    assert after.value("llmserve_gateway_open_streams") == 0
+    assert delta(before, after, "llmserve_gateway_semantic_cache_requests_total", result="bypass") == 1
+
+
 def test_every_dashboard_metric_is_served_by_the_running_stack(
     gateway: Gateway, cache: Cache, priced_worker: Worker
 ) -> None:
