@@ -1,8 +1,15 @@
 """Paged attention over one flat batch of tokens from many sequences.
 
-K/V live in one preallocated pool per layer, shaped [num_blocks, block_size, num_kv_heads, head_dim].
+K/V live in one preallocated pool per layer, shaped [num_kv_heads, num_blocks, block_size, head_dim].
 Each token's K/V is written to its slot (block_id * block_size + offset). Reading gathers a
 sequence's blocks through its block table; there is no per-sequence contiguous cache.
+
+    pool (one KV head):  [blk0: s0..s15][blk1: s16..s31][blk2 ...] ...
+    seq A block table:   [7, 2, 11]  ->  gather blocks 7, 2, 11 -> A's keys, in order
+
+The KV head is the outer dimension so that a gather for a batch of sequences comes out as
+[KV, B, L, D], contiguous: attention for all decodes is then two plain batched matmuls with
+no copy of the gathered keys.
 
 Decode tokens (one query per sequence) are attended together in one padded batch; prefill chunks
 run one sequence at a time with a causal mask offset by the tokens already in the cache.
@@ -29,23 +36,22 @@ class AttentionMetadata:
     """What attention needs for one step; built once by the runner, shared by every layer."""
 
     slot_mapping: torch.Tensor  # [num_tokens] long
-    decode_token_indices: torch.Tensor | None  # [num_decodes] long, positions in the flat batch
+    num_decodes: int  # decode tokens are the first num_decodes tokens of the batch
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] long (padded with 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_mask: torch.Tensor | None  # [1, num_decodes, 1, max_blocks * block_size] bool, True = masked out
     prefills: list[PrefillChunk]
-    decode_contiguous: bool = False  # decode tokens are exactly the first num_decodes tokens
 
 
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
-    cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, values)
+    """values [T, KV, D] into their slots of cache [KV, num_blocks, bs, D]."""
+    cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slot_mapping, values.transpose(0, 1))
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[B, max_blocks] block ids -> [B, num_kv_heads, max_blocks * block_size, head_dim]."""
+    """[B, max_blocks] block ids -> [KV, B, max_blocks * block_size, D], contiguous."""
     num_seqs, max_blocks = block_tables.shape
-    blocks = cache.index_select(0, block_tables.reshape(-1))
-    blocks = blocks.view(num_seqs, max_blocks * cache.shape[1], cache.shape[2], cache.shape[3])
-    return blocks.transpose(1, 2)
+    blocks = cache.index_select(1, block_tables.reshape(-1))
+    return blocks.view(cache.shape[0], num_seqs, max_blocks * cache.shape[2], cache.shape[3])
 
 
 def paged_attention(
@@ -58,30 +64,29 @@ def paged_attention(
 ) -> torch.Tensor:
     write_kv(k_cache, meta.slot_mapping, k)
     write_kv(v_cache, meta.slot_mapping, v)
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
     out = torch.empty_like(q)
-    if meta.decode_token_indices is not None:
-        _decode(q, k_cache, v_cache, meta, out, num_heads // num_kv_heads)
+    group = q.shape[1] // k.shape[1]
+    if meta.num_decodes:
+        out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, group)
     for chunk in meta.prefills:
-        _prefill(q, k, v, k_cache, v_cache, chunk, out, num_heads // num_kv_heads)
+        _prefill(q, k, v, k_cache, v_cache, chunk, out, group)
     return out
 
 
-def _decode(q, k_cache, v_cache, meta: AttentionMetadata, out, group: int) -> None:  # noqa: ANN001
-    idx = meta.decode_token_indices
-    num = idx.shape[0]
-    q_dec = q[:num] if meta.decode_contiguous else q.index_select(0, idx)
-    # Grouped-query trick: the `group` query heads that share one KV head become that head's
-    # query rows, so no K/V is repeated: [B, KV, group, D] against [B, KV, L, D].
-    q_dec = q_dec.view(num, -1, group, q.shape[-1])
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, group: int
+) -> torch.Tensor:
+    num, num_heads, head_dim = q.shape
+    num_kv = num_heads // group
+    # Grouped-query trick: the `group` query heads sharing one KV head become that head's query rows,
+    # so no K/V is repeated: [KV, B, group, D] against [KV, B, L, D].
+    q_grouped = q.view(num, num_kv, group, head_dim).transpose(0, 1)
     keys = gather_kv(k_cache, meta.decode_block_tables)
     values = gather_kv(v_cache, meta.decode_block_tables)
-    attn = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=meta.decode_mask)
-    attn = attn.reshape(num, -1, q.shape[-1])
-    if meta.decode_contiguous:
-        out[:num] = attn
-    else:
-        out.index_copy_(0, idx, attn)
+    scores = torch.matmul(q_grouped, keys.transpose(-1, -2)) * (head_dim**-0.5)
+    probs = scores.float().masked_fill_(meta.decode_mask, float("-inf")).softmax(dim=-1).to(q.dtype)
+    attn = torch.matmul(probs, values)  # [KV, B, group, D]
+    return attn.transpose(0, 1).reshape(num, num_heads, head_dim)
 
 
 def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int) -> None:  # noqa: ANN001
@@ -93,11 +98,13 @@ def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int) ->
         values = v[s : s + n].transpose(0, 1).unsqueeze(0)
         attn = F.scaled_dot_product_attention(q_seq, keys, values, is_causal=True, enable_gqa=group > 1)
     else:
-        keys = gather_kv(k_cache, chunk.block_table.unsqueeze(0))[:, :, : chunk.context_len]
-        values = gather_kv(v_cache, chunk.block_table.unsqueeze(0))[:, :, : chunk.context_len]
+        table = chunk.block_table.unsqueeze(0)
+        keys = gather_kv(k_cache, table)[:, :, : chunk.context_len].transpose(0, 1)  # [1, KV, L, D]
+        values = gather_kv(v_cache, table)[:, :, : chunk.context_len].transpose(0, 1)
         offset = chunk.context_len - n
         rows = torch.arange(n, device=q.device).unsqueeze(1) + offset
         cols = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
-        mask = cols <= rows
-        attn = F.scaled_dot_product_attention(q_seq, keys, values, attn_mask=mask, enable_gqa=group > 1)
+        attn = F.scaled_dot_product_attention(
+            q_seq, keys, values, attn_mask=cols <= rows, enable_gqa=group > 1
+        )
     out[s : s + n] = attn.squeeze(0).transpose(0, 1)

@@ -91,8 +91,12 @@ class BlockManager:
 
     # ---- allocation ----------------------------------------------------------------------
     def can_allocate(self, request: Request, num_new_tokens: int, cached_block_ids: list[int] = ()) -> bool:
-        computed = len(cached_block_ids) * self.block_size if cached_block_ids else request.num_computed_tokens
-        needed = self.blocks_needed(computed + num_new_tokens) - len(request.block_ids) - len(cached_block_ids)
+        computed = request.num_computed_tokens
+        if cached_block_ids:
+            computed = len(cached_block_ids) * self.block_size
+        needed = (
+            self.blocks_needed(computed + num_new_tokens) - len(request.block_ids) - len(cached_block_ids)
+        )
         # Reusing a cached block that is currently free takes it out of the free queue too.
         free_hits = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         return max(needed, 0) + free_hits <= self.num_free_blocks

@@ -164,7 +164,8 @@ class LLMEngine:
                 item.request.first_scheduled_time = scheduled_at
         requests, sampled = self.runner.execute(plan)
         by_request = {
-            r.request_id: (tok, lp) for r, tok, lp in zip(requests, sampled.token_ids, sampled.logprobs)
+            r.request_id: (tok, lp)
+            for r, tok, lp in zip(requests, sampled.token_ids, sampled.logprobs, strict=True)
         }
         new_tokens, finished = self.scheduler.update_from_output(
             plan, {k: v[0] for k, v in by_request.items()}
@@ -232,7 +233,7 @@ class LLMEngine:
         return [
             PositionLogprobs(
                 self._token_logprob(token, chosen),
-                [self._token_logprob(t, v) for t, v in zip(top_ids, top_values)],
+                [self._token_logprob(t, v) for t, v in zip(top_ids, top_values, strict=True)],
             )
         ]
 

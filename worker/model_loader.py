@@ -30,7 +30,8 @@ def load_hf_model(path: str, dtype: str, device: str) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(path)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"model type {config.model_type!r} is not supported; expected one of {sorted(SUPPORTED_MODEL_TYPES)}"
+            f"model type {config.model_type!r} is not supported; "
+            f"expected one of {sorted(SUPPORTED_MODEL_TYPES)}"
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     return model.to(device).eval()

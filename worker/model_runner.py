@@ -37,7 +37,7 @@ class ModelRunner:
         self.device = model.embed.device
         self.dtype = model.embed.dtype
         s = model.shape
-        cache_shape = (num_blocks, block_size, s.num_kv_heads, s.head_dim)
+        cache_shape = (s.num_kv_heads, num_blocks, block_size, s.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
@@ -71,19 +71,17 @@ class ModelRunner:
         context_lens = starts + lens
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),
-            decode_token_indices=None,
+            num_decodes=num_decodes,
             decode_block_tables=None,
             decode_mask=None,
             prefills=[],
-            decode_contiguous=True,
         )
         if num_decodes:
             dec_ctx = context_lens[:num_decodes]
             dec_blocks = int((dec_ctx.max() + bs - 1) // bs)
             span = torch.arange(dec_blocks * bs)
-            meta.decode_token_indices = torch.arange(num_decodes, device=dev)
             meta.decode_block_tables = block_tables[:num_decodes, :dec_blocks].to(dev)
-            meta.decode_mask = (span.unsqueeze(0) < dec_ctx.unsqueeze(1)).view(num_decodes, 1, 1, -1).to(dev)
+            meta.decode_mask = (span.unsqueeze(0) >= dec_ctx.unsqueeze(1)).view(1, num_decodes, 1, -1).to(dev)
         for i in range(num_decodes, len(items)):
             ctx = int(context_lens[i])
             meta.prefills.append(

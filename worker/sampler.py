@@ -49,14 +49,16 @@ def build_batch(
 ) -> SamplingBatch:
     params = [r.params for r in requests]
     greedy = [p.greedy for p in params]
-    temperature = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], device=device)
+    temperature = torch.tensor(
+        [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], device=device
+    )
     any_top_k = any(p.top_k > 0 for p in params)
     any_top_p = any(p.top_p < 1.0 for p in params)
     any_min_p = any(p.min_p > 0.0 for p in params)
     any_penalty = any(p.presence_penalty or p.frequency_penalty for p in params)
     any_repetition = any(p.repetition_penalty != 1.0 for p in params)
     banned = []
-    for row, (request, p) in enumerate(zip(requests, params)):
+    for row, (request, p) in enumerate(zip(requests, params, strict=True)):
         if request.num_output_tokens < p.min_tokens:
             ids = list(p.stop_token_ids)
             if request.eos_token_id is not None and not p.ignore_eos:

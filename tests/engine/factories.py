@@ -89,5 +89,7 @@ def drive(scheduler: Scheduler, runner, max_steps: int = 10_000) -> list[Schedul
         plan = scheduler.schedule()
         plans.append(plan)
         requests, out = runner.execute(plan)
-        scheduler.update_from_output(plan, {r.request_id: t for r, t in zip(requests, out.token_ids, strict=True)})
+        scheduler.update_from_output(
+            plan, {r.request_id: t for r, t in zip(requests, out.token_ids, strict=True)}
+        )
     raise AssertionError("the scheduler did not finish its requests")

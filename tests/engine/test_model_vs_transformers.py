@@ -15,11 +15,17 @@ def hf_model():
     return tiny_llama()
 
 
-def run_collecting_logits(hf_model, requests, *, block_size, num_blocks, budget, prefix_caching=True,
-                          arrivals=None, max_num_seqs=8):  # noqa: ANN001
+def run_collecting_logits(
+    hf_model, requests, *, block_size, num_blocks, budget, prefix_caching=True, arrivals=None, max_num_seqs=8
+):  # noqa: ANN001
     """Greedy-decode the requests through scheduler + runner; return per-request {position: logits}."""
-    scheduler = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,
-                               prefix_caching=prefix_caching, max_num_seqs=max_num_seqs)
+    scheduler = make_scheduler(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        prefix_caching=prefix_caching,
+        max_num_seqs=max_num_seqs,
+    )
     runner = paged_runner(hf_model, num_blocks, block_size)
     arrivals = arrivals or [0] * len(requests)
     logits_by_request = {r.request_id: {} for r in requests}
@@ -61,7 +67,9 @@ def assert_matches_transformers(hf_model, requests, logits_by_request) -> None: 
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_single_and_batched(hf_model, block_size):
     requests = [make_request(num_prompt_tokens=n, max_tokens=6) for n in (1, 7, 23, 40)]
-    logits, plans, _ = run_collecting_logits(hf_model, requests, block_size=block_size, num_blocks=512, budget=512)
+    logits, plans, _ = run_collecting_logits(
+        hf_model, requests, block_size=block_size, num_blocks=512, budget=512
+    )
     assert max(len(p.scheduled) for p in plans) == 4
     assert_matches_transformers(hf_model, requests, logits)
 
@@ -75,8 +83,9 @@ def test_chunked_prefill(hf_model):
 
 def test_mixed_prefill_and_decode_in_one_step(hf_model):
     requests = [make_request(num_prompt_tokens=n, max_tokens=8) for n in (12, 30, 5)]
-    logits, plans, _ = run_collecting_logits(hf_model, requests, block_size=4, num_blocks=128, budget=64,
-                                             arrivals=[0, 3, 5])
+    logits, plans, _ = run_collecting_logits(
+        hf_model, requests, block_size=4, num_blocks=128, budget=64, arrivals=[0, 3, 5]
+    )
     mixed = [p for p in plans if {s.num_new_tokens == 1 for s in p.scheduled} == {True, False}]
     assert mixed, "expected a step with both a prefill and a decode"
     assert_matches_transformers(hf_model, requests, logits)
@@ -92,8 +101,9 @@ def test_after_preemption(hf_model):
 def test_with_prefix_cache_hits(hf_model):
     shared = [(5 * i + 1) % 250 for i in range(40)]
     requests = [make_request(prompt=shared + tail, max_tokens=5) for tail in ([3], [4, 5, 6], [7] * 12)]
-    logits, _, scheduler = run_collecting_logits(hf_model, requests, block_size=16, num_blocks=64, budget=64,
-                                                 arrivals=[0, 4, 6])
+    logits, _, scheduler = run_collecting_logits(
+        hf_model, requests, block_size=16, num_blocks=64, budget=64, arrivals=[0, 4, 6]
+    )
     assert scheduler.block_manager.prefix_hits >= 64
     assert min(logits[requests[1].request_id]) == 32  # its first 32 tokens came from the cache
     assert_matches_transformers(hf_model, requests, logits)
@@ -104,7 +114,14 @@ def test_outputs_identical_with_and_without_prefix_caching(hf_model):
     outs = []
     for caching in (True, False):
         requests = [make_request(prompt=shared + [i], max_tokens=10) for i in range(3)]
-        run_collecting_logits(hf_model, requests, block_size=8, num_blocks=64, budget=64,
-                              prefix_caching=caching, arrivals=[0, 2, 4])
+        run_collecting_logits(
+            hf_model,
+            requests,
+            block_size=8,
+            num_blocks=64,
+            budget=64,
+            prefix_caching=caching,
+            arrivals=[0, 2, 4],
+        )
         outs.append([r.output_token_ids for r in requests])
     assert outs[0] == outs[1]

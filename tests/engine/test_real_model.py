@@ -55,10 +55,11 @@ def reference():
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
     outputs = []
     for question in QUESTIONS:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
         ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
-        generated = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)[0, ids.shape[1]:].tolist()
+        generated = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)[0, ids.shape[1] :].tolist()
         outputs.append(generated)
     return outputs
 
@@ -73,8 +74,13 @@ def test_greedy_equals_transformers_generate_for_concurrent_staggered_chats(loop
     async def scenario():
         params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
         tasks = [
-            _collect(engine, f"chat-{i}", PromptInput(messages=[{"role": "user", "content": q}]), params,
-                     delay=0.15 * (i % 4))
+            _collect(
+                engine,
+                f"chat-{i}",
+                PromptInput(messages=[{"role": "user", "content": q}]),
+                params,
+                delay=0.15 * (i % 4),
+            )
             for i, q in enumerate(QUESTIONS)
         ]
         return await asyncio.gather(*tasks)
@@ -106,13 +112,19 @@ def test_abort_frees_blocks_and_n_choices_share_the_prompt(loop, engine):
 
         hits_before = engine.stats().prefix_cache_hits
         long_prompt = "Summarize: " + "The quick brown fox jumps over the lazy dog. " * 8
-        outputs = await _collect(engine, "multi", PromptInput(text=long_prompt),
-                                 SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8))
+        outputs = await _collect(
+            engine,
+            "multi",
+            PromptInput(text=long_prompt),
+            SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8),
+        )
         finals = [o for o in outputs if o.finished]
         assert sorted(o.index for o in finals) == [0, 1, 2]
         assert engine.stats().prefix_cache_hits - hits_before >= 2 * 64  # choices 1 and 2 reuse the prompt
 
         with pytest.raises(InvalidRequestError, match="maximum context length is 1024"):
-            await _collect(engine, "too-long", PromptInput(text="word " * 1100), SamplingParams(max_tokens=10))
+            await _collect(
+                engine, "too-long", PromptInput(text="word " * 1100), SamplingParams(max_tokens=10)
+            )
 
     loop.run_until_complete(scenario())

@@ -90,7 +90,9 @@ def _run_seeded(hf_model, requests) -> dict:  # noqa: ANN001
     while scheduler.num_unfinished:
         plan = scheduler.schedule()
         reqs, out = runner.execute(plan)
-        scheduler.update_from_output(plan, {r.request_id: t for r, t in zip(reqs, out.token_ids, strict=True)})
+        scheduler.update_from_output(
+            plan, {r.request_id: t for r, t in zip(reqs, out.token_ids, strict=True)}
+        )
     return {r.request_id: r.output_token_ids for r in requests}
 
 

@@ -17,7 +17,9 @@ def _assert_no_blocks_held(scheduler) -> None:  # noqa: ANN001
 def test_budgets_are_never_exceeded_on_a_random_workload():
     rng = random.Random(1)
     scheduler = make_scheduler(num_blocks=40, block_size=4, max_num_seqs=5, max_num_batched_tokens=24)
-    requests = [make_request(num_prompt_tokens=rng.randint(1, 60), max_tokens=rng.randint(1, 20)) for _ in range(30)]
+    requests = [
+        make_request(num_prompt_tokens=rng.randint(1, 60), max_tokens=rng.randint(1, 20)) for _ in range(30)
+    ]
     for r in requests:
         scheduler.add_request(r)
     plans = drive(scheduler, ScriptedRunner())
@@ -35,9 +37,11 @@ def test_long_prompt_is_chunked_and_decodes_of_others_keep_running():
     short = make_request(num_prompt_tokens=4, max_tokens=20)
     scheduler.add_request(short)
     drive_steps = [scheduler.schedule()]
-    ScriptedRunner_ = ScriptedRunner()
-    reqs, out = ScriptedRunner_.execute(drive_steps[0])
-    scheduler.update_from_output(drive_steps[0], {r.request_id: t for r, t in zip(reqs, out.token_ids)})
+    runner = ScriptedRunner()
+    reqs, out = runner.execute(drive_steps[0])
+    scheduler.update_from_output(
+        drive_steps[0], dict(zip([r.request_id for r in reqs], out.token_ids, strict=True))
+    )
     long = make_request(num_prompt_tokens=50, max_tokens=2)
     scheduler.add_request(long)
     chunks = []
@@ -46,8 +50,10 @@ def test_long_prompt_is_chunked_and_decodes_of_others_keep_running():
         ids = {s.request.request_id: s for s in plan.scheduled}
         assert short.request_id in ids and ids[short.request_id].num_new_tokens == 1  # decode never stalls
         chunks.append(ids[long.request_id].num_new_tokens)
-        reqs, out = ScriptedRunner_.execute(plan)
-        scheduler.update_from_output(plan, {r.request_id: t for r, t in zip(reqs, out.token_ids)})
+        reqs, out = runner.execute(plan)
+        scheduler.update_from_output(
+            plan, dict(zip([r.request_id for r in reqs], out.token_ids, strict=True))
+        )
     assert sum(chunks) == 50 and len(chunks) == 4 and max(chunks) == 15
 
 

@@ -1,0 +1,28 @@
+"""docs/BENCHMARKS.md is shared by several benchmark scripts: each owns one marker-delimited section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+
+
+def write_section(name: str, body: str, path: Path = DOCS) -> None:
+    """Replace the text between <!-- name:start --> and <!-- name:end --> (appending it if missing)."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        _, after = rest.split(end, 1)
+        text = before + block + after
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
