@@ -24,7 +24,28 @@ from cache_service.sync import IndexSync
 from services.gen import cache_pb2, cache_pb2_grpc
 
 log = logging.getLogger("cache_service")
+HEALTH_PERIOD_S = 1.0
 SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["SemanticCache"].full_name
+
+
+async def watch_redis(store: RedisStore, health_servicer: health.aio.HealthServicer, period_s: float) -> None:
+    """Report NOT_SERVING while Redis is unreachable (lookups fail then), SERVING again once it answers."""
+    serving: bool | None = None
+    while True:
+        try:
+            ok = await asyncio.wait_for(store.ping(), timeout=period_s)
+        except Exception:  # noqa: BLE001 - any failure means not serving
+            ok = False
+        if ok != serving:
+            status = (
+                health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, status)
+            if serving is not None:
+                log.warning("redis %s", "reachable again" if ok else "unreachable: reporting NOT_SERVING")
+            serving = ok
+        await asyncio.sleep(period_s)
 
 
 def limit_blas_threads() -> None:
@@ -73,8 +94,7 @@ async def serve(settings: CacheSettings) -> None:
     await server.start()
     if settings.metrics_port:
         metrics.serve(settings.host, settings.metrics_port)
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    watcher = asyncio.create_task(watch_redis(store, health_servicer, HEALTH_PERIOD_S))
     log.info(
         "cache service on %s (%d entries, threshold %.2f)", address, len(index), settings.similarity_threshold
     )
@@ -85,6 +105,8 @@ async def serve(settings: CacheSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
     await sync.close()

@@ -59,16 +59,27 @@ class IndexRecord:
 
 
 class RedisStore:
-    def __init__(self, url: str) -> None:
-        self._redis = aioredis.Redis.from_url(url, decode_responses=False)
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        # Commands time out (a hung Redis becomes UNAVAILABLE, not a pile of stuck lookups); the subscriber
+        # blocks on reads by design, so it has its own client without a read timeout.
+        self._redis = aioredis.Redis.from_url(
+            url, decode_responses=False, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._subscriber = aioredis.Redis.from_url(
+            url, decode_responses=False, socket_connect_timeout=timeout_s, health_check_interval=15
+        )
         self._fetch_hit = self._redis.register_script(_FETCH_HIT)
 
     @property
     def client(self) -> aioredis.Redis:
         return self._redis
 
+    def pubsub(self) -> aioredis.client.PubSub:
+        return self._subscriber.pubsub()
+
     async def close(self) -> None:
         await self._redis.aclose()
+        await self._subscriber.aclose()
 
     async def ping(self) -> bool:
         return bool(await self._redis.ping())

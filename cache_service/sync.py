@@ -70,7 +70,7 @@ class IndexSync:
     async def _listen(self) -> None:
         backoff = 0.1
         while True:
-            pubsub = self._store.client.pubsub()
+            pubsub = self._store.pubsub()
             try:
                 await pubsub.subscribe(EVENTS_CHANNEL)
                 if self._subscribed.is_set():

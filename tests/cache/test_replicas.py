@@ -70,3 +70,20 @@ def test_entries_survive_a_restart(log_dir: Path, redis_url: str) -> None:
             assert hit.response == "Leonardo da Vinci."
     finally:
         second.proc.stop()
+
+
+def test_resync_drops_expired_entries(log_dir: Path, redis_url: str) -> None:
+    service = start_cache_service(log_dir, redis_url, name="resync", CACHE_RESYNC_SECONDS="1")
+    try:
+        ch, stub = _stub(service)
+        with ch:
+            before = stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5).entries
+            store(stub, chat_key("How many legs does a spider have?", "resync"), "Eight.", ttl=1)
+            assert stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5).entries == before + 1
+            wait_for(
+                lambda: stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5).entries == before,
+                timeout_s=10,
+                what="the expired entry to leave the index",
+            )
+    finally:
+        service.proc.stop()
