@@ -15,7 +15,7 @@ $(VENV)/.installed: requirements.txt
 venv: $(VENV)/.installed
 
 # Generated stubs: never edited by hand.
-$(GEN): protos/worker.proto protos/cache.proto $(VENV)/.installed
+$(GEN) &: protos/worker.proto protos/cache.proto $(VENV)/.installed
 	$(PY) -m grpc_tools.protoc -Iservices/gen=protos --python_out=. --grpc_python_out=. --pyi_out=. protos/worker.proto protos/cache.proto
 
 protos: $(GEN)
@@ -28,11 +28,21 @@ model: $(MODEL_DIR)/config.json
 run: venv protos model
 	$(PY) -m scripts.run_stack
 
-test: venv protos model
+# promtool and prometheus (for the monitoring checks) are not on PyPI: unpack Debian's package
+# into the venv, without installing it system-wide or starting a service.
+$(VENV)/bin/prometheus: | $(VENV)/.installed
+	tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; } && \
+	  dpkg-deb -x prometheus_*.deb x && \
+	  cp x/usr/bin/promtool $(CURDIR)/$(VENV)/bin/promtool && \
+	  cp x/usr/bin/prometheus $(CURDIR)/$(VENV)/bin/prometheus && \
+	  rm -rf $$tmp
+
+test: venv protos model $(VENV)/bin/prometheus
 	$(PY) -m pytest -q tests
 
 bench: venv protos model
-	$(PY) -m bench.engine_bench
+	$(PY) -m bench.engine_bench --write-docs
 
 lint: venv
 	$(PY) -m ruff check .

@@ -132,6 +132,7 @@ class AsyncEngine:
             while not self._stopping:
                 self._apply_commands()
                 if not self.engine.has_unfinished():
+                    self._publish(self.engine.step())  # reports aborts that emptied the engine
                     self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
                     continue

@@ -156,8 +156,10 @@ class LLMEngine:
         start = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            # Nothing to run, but aborts since the last step still have to reach the metrics.
             finished_stats, self._aborted_stats = self._aborted_stats, []
-            return StepResult([], None, finished_stats)
+            stats = self._step_stats(plan, start, 0, [], []) if finished_stats else None
+            return StepResult([], stats, finished_stats)
         scheduled_at = time.monotonic()
         for item in plan.scheduled:
             if item.request.first_scheduled_time is None:
