@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -12,7 +14,7 @@ class WorkerSettings(BaseSettings):
 
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str = "SmolLM2-135M-Instruct"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     num_threads: int | None = None
     host: str = "127.0.0.1"
@@ -27,6 +29,11 @@ class WorkerSettings(BaseSettings):
     max_model_len: int = 2048
     max_waiting: int = 1024
     price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
+
+    @classmethod
+    def from_cli(cls, argv: list[str]) -> WorkerSettings:
+        """Flags (`--model PATH --dtype bfloat16 ...`) override the WORKER_* environment."""
+        return cls(_cli_parse_args=argv, _cli_prog_name="python -m worker")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
