@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
@@ -12,7 +13,7 @@ from gateway.settings import GatewaySettings
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = GatewaySettings()
+    settings = GatewaySettings.from_cli(sys.argv[1:])
     app = create_app(settings)
     logging.getLogger(__name__).info(
         "gateway on http://%s:%d -> workers %s",

@@ -20,6 +20,11 @@ class GatewaySettings(BaseSettings):
     cache_enabled: bool = True
     cache_timeout_ms: float = Field(default=50.0, gt=0)
 
+    @classmethod
+    def from_cli(cls, argv: list[str]) -> GatewaySettings:
+        """Flags (`--gateway_port 8001 --worker_addr host:port ...`) override the environment."""
+        return cls(_cli_parse_args=argv, _cli_prog_name="python -m gateway")
+
     @property
     def worker_addrs(self) -> list[str]:
         return [addr.strip() for addr in self.worker_addr.split(",") if addr.strip()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -89,7 +90,7 @@ async def serve(settings: WorkerSettings) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(WorkerSettings()))
+    asyncio.run(serve(WorkerSettings.from_cli(sys.argv[1:])))
 
 
 if __name__ == "__main__":
