@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,19 +137,19 @@ class RedisStore:
             np.frombuffer(emb, dtype=np.float32),
         )
 
-    async def load_all(self, batch: int = 1000) -> list[IndexRecord]:
-        """Every live entry, scanned in batches (used at start and by the periodic resync)."""
-        records: list[IndexRecord] = []
-        ids: list[str] = []
-        async for key in self._redis.scan_iter(match=f"{PREFIX}e:*", count=batch):
-            ids.append(key.decode()[len(PREFIX) + 2 :])
-            if len(ids) >= batch:
-                records.extend(await self._load_many(ids))
-                ids = []
-        records.extend(await self._load_many(ids))
-        return records
+    async def scan_ids(self, batch: int = 1000) -> AsyncIterator[list[str]]:
+        """Ids of every live entry, in batches (SCAN: never blocks Redis, returns every key that exists
+        for the whole scan)."""
+        cursor: int = 0
+        start = len(PREFIX) + 2
+        while True:
+            cursor, keys = await self._redis.scan(cursor=cursor, match=f"{PREFIX}e:*", count=batch)
+            if keys:
+                yield [k.decode()[start:] for k in keys]
+            if cursor == 0:
+                return
 
-    async def _load_many(self, ids: list[str]) -> list[IndexRecord]:
+    async def load_many(self, ids: list[str]) -> list[IndexRecord]:
         if not ids:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -167,25 +168,22 @@ class RedisStore:
             if part is not None and emb is not None
         ]
 
-    async def prune_scope_sets(self) -> None:
+    async def prune_scope_sets(self, batch: int = 1000) -> None:
         """Drop ids of expired entries from the per-scope sets (they would otherwise only grow)."""
         async for key in self._redis.scan_iter(match=f"{PREFIX}s:*", count=500):
-            members = list(await self._redis.smembers(key))
-            if not members:
-                continue
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for m in members:
-                    pipe.exists(entry_key(m.decode()))
-                alive = await pipe.execute()
-            dead = [m for m, a in zip(members, alive, strict=True) if not a]
-            if dead:
-                await self._redis.srem(key, *dead)
+            cursor: int = 0
+            while True:
+                cursor, members = await self._redis.sscan(key, cursor=cursor, count=batch)
+                if members:
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for m in members:
+                            pipe.exists(entry_key(m.decode()))
+                        alive = await pipe.execute()
+                    dead = [m for m, a in zip(members, alive, strict=True) if not a]
+                    if dead:
+                        await self._redis.srem(key, *dead)
+                if cursor == 0:
+                    break
 
     async def publish(self, event: dict[str, object]) -> None:
         await self._redis.publish(EVENTS_CHANNEL, json.dumps(event))
-
-    async def count(self) -> int:
-        n = 0
-        async for _ in self._redis.scan_iter(match=f"{PREFIX}e:*", count=1000):
-            n += 1
-        return n

@@ -12,6 +12,7 @@ from cache_service.index import VectorIndex
 from cache_service.store import EVENTS_CHANNEL, IndexRecord, RedisStore
 
 log = logging.getLogger(__name__)
+PRUNE_EVERY = 10  # resync rounds between prunings of the per-scope id sets
 
 
 class IndexSync:
@@ -44,12 +45,22 @@ class IndexSync:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def resync(self) -> None:
-        records = await self._store.load_all()
-        live = {r.entry_id for r in records}
-        for entry_id in self._index.entry_ids() - live:
+        """Diff against Redis: load entries the index lacks, drop those Redis no longer has.
+
+        Only ids are scanned for entries already indexed, and the loop is yielded between batches, so a
+        resync of a large index doesn't stall lookups. An entry stored during the scan is not in the
+        snapshot, so it can't be mistaken for a removed one."""
+        snapshot = self._index.entry_ids()
+        live: set[str] = set()
+        async for ids in self._store.scan_ids():
+            live.update(ids)
+            missing = [i for i in ids if i not in self._index]
+            if missing:
+                for rec in await self._store.load_many(missing):
+                    self._add(rec)
+            await asyncio.sleep(0)
+        for entry_id in snapshot - live:
             self._index.remove(entry_id)
-        for rec in records:
-            self._add(rec)
         self._on_change()
 
     def _add(self, rec: IndexRecord) -> None:
@@ -59,11 +70,14 @@ class IndexSync:
         self._index.add(rec.entry_id, rec.partition, rec.scope, rec.vector, rec.query)
 
     async def _periodic(self) -> None:
+        rounds = 0
         while True:
             await asyncio.sleep(self._interval_s)
+            rounds += 1
             try:
                 await self.resync()
-                await self._store.prune_scope_sets()
+                if rounds % PRUNE_EVERY == 0:
+                    await self._store.prune_scope_sets()
             except Exception:  # noqa: BLE001 - Redis may be briefly away; the next round retries
                 log.exception("index resync failed")
 
