@@ -22,7 +22,13 @@ def main() -> None:
         settings.worker_addr,
     )
     uvicorn.run(
-        app, host=settings.gateway_host, port=settings.gateway_port, access_log=False, log_level="info"
+        app,
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        access_log=False,
+        log_level="info",
+        loop="uvloop",
+        http="httptools",
     )
 
 
