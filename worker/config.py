@@ -26,7 +26,7 @@ class EngineConfig:
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str | None = None
     dtype: str = "float32"  # float32 | bfloat16
-    device: str = "cpu"  # cpu | cuda
+    device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     scheduler: SchedulerConfig | None = None
     cache: CacheConfig | None = None

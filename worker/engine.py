@@ -303,9 +303,12 @@ def build_engine(config: EngineConfig) -> LLMEngine:
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.cache
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model, config.dtype, config.device, sched.max_model_len)
+    model = load_model(config.model, config.dtype, device, sched.max_model_len)
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30
@@ -321,7 +324,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         block_size=cache.block_size,
         num_kv_blocks=num_blocks,
         dtype=config.dtype,
-        device=config.device,
+        device=device,
         max_num_seqs=sched.max_num_seqs,
         vocab_size=model.shape.vocab_size,
     )

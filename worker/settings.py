@@ -15,7 +15,7 @@ class WorkerSettings(BaseSettings):
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str = "SmolLM2-135M-Instruct"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    device: str = "auto"  # cuda when there is one, else cpu
     num_threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 50051
