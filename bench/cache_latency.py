@@ -7,7 +7,7 @@ lookups' partition: the worst case for the matmul); a handful of real entries ar
 paraphrase lookups are real similarity hits. The service is started after the bulk load, so it also measures
 how long a replica takes to load its index from Redis.
 
-    .venv/bin/python -m bench.cache_latency [--write-docs] [--sizes 1000,10000,100000] [--no-gateway]
+    .venv/bin/python -m bench.cache_latency [--write-docs] [--sizes 1000,100000x100] [--no-gateway]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import httpx
 import numpy as np
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cache_quality import write_section
 from cache_service.keys import parse_key
@@ -100,16 +101,22 @@ def grpc_serving(addr: str) -> bool:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def chat_key(question: str) -> cache_pb2.CacheKey:
-    key = build_cache_key(MODEL, SCOPE, messages=[{"role": "user", "content": question}], params=GREEDY)
+def chat_key(question: str, scope: str = SCOPE) -> cache_pb2.CacheKey:
+    key = build_cache_key(MODEL, scope, messages=[{"role": "user", "content": question}], params=GREEDY)
     assert key is not None
     return key
 
 
-def bulk_load(r: redis.Redis, n: int, seed: int = 0) -> None:
-    """n entries in the lookups' partition with random unit embeddings (the service's Redis layout)."""
+def scope_partition(scope: str) -> str:
+    return parse_key(chat_key("x", scope)).partition
+
+
+def bulk_load(r: redis.Redis, n: int, tenants: int = 1, seed: int = 0) -> None:
+    """n entries with random unit embeddings (the service's Redis layout), spread over `tenants` scopes; the
+    first scope is the lookups' own, so with tenants=1 every entry is in the partition a lookup scans."""
     rng = np.random.default_rng(seed)
-    part = parse_key(chat_key("x")).partition
+    scopes = [SCOPE] + [f"other-tenant-{i}" for i in range(1, tenants)]
+    parts = [scope_partition(s) for s in scopes]
     batch = 5000
     for start in range(0, n, batch):
         vecs = rng.normal(size=(min(batch, n - start), 384)).astype(np.float32)
@@ -117,6 +124,7 @@ def bulk_load(r: redis.Redis, n: int, seed: int = 0) -> None:
         pipe = r.pipeline(transaction=False)
         for j, v in enumerate(vecs):
             entry_id = f"bulk{start + j:08d}"
+            t = (start + j) % tenants
             pipe.hset(
                 entry_key(entry_id),
                 mapping={
@@ -127,15 +135,27 @@ def bulk_load(r: redis.Redis, n: int, seed: int = 0) -> None:
                     "pt": 1,
                     "ct": 1,
                     "model": MODEL,
-                    "scope": SCOPE,
-                    "part": part,
+                    "scope": scopes[t],
+                    "part": parts[t],
                     "created": "0",
                     "hits": 0,
                 },
             )
             pipe.expire(entry_key(entry_id), 3600)
-            pipe.sadd(scope_key(SCOPE), entry_id)
+            pipe.sadd(scope_key(scopes[t]), entry_id)
         pipe.execute()
+
+
+def service_sums(metrics_url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the service's own lookup and embedding histograms."""
+    out = {"lookup": (0.0, 0.0), "embedding": (0.0, 0.0)}
+    names = {"llmserve_cache_lookup_seconds": "lookup", "llmserve_cache_embedding_seconds": "embedding"}
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=5).text):
+        if family.name in names:
+            total = next(x.value for x in family.samples if x.name.endswith("_sum"))
+            count = next(x.value for x in family.samples if x.name.endswith("_count"))
+            out[names[family.name]] = (total, count)
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -170,15 +190,16 @@ async def cold_client_lookups(addr: str, n: int) -> list[float]:
     return out
 
 
-def measure_size(n: int, redis_url: str, tmp: Path, rows: list[str]) -> str:
+def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str]) -> str:
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
-    bulk_load(r, n)
-    port = free_port()
+    bulk_load(r, n, tenants)
+    port, mport = free_port(), free_port()
     addr = f"127.0.0.1:{port}"
+    metrics_url = f"http://127.0.0.1:{mport}/metrics"
     proc = spawn(
         [sys.executable, "-m", "cache_service"],
-        {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": "0", "REDIS_URL": redis_url},
+        {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": str(mport), "REDIS_URL": redis_url},
         tmp / "cache.log",
     )
     try:
@@ -191,17 +212,21 @@ def measure_size(n: int, redis_url: str, tmp: Path, rows: list[str]) -> str:
                     timeout=30,
                 )
             timed_lookups(stub, [p for _, p in REAL], 1, True)  # warm-up
+            before = service_sums(metrics_url)
             semantic = timed_lookups(stub, [p for _, p in REAL], 25, True)
+            after = service_sums(metrics_url)
             exact = timed_lookups(stub, [s for s, _ in REAL], 25, True)
             miss = timed_lookups(stub, MISSES, 5, False)
             entries = stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5).entries
         cold = asyncio.run(cold_client_lookups(addr, 20))
     finally:
         stop(proc)
+    where = f"{entries:,} in {tenants} tenant{'s' if tenants > 1 else ''}"
+    inside = {k: (after[k][0] - before[k][0]) / max(after[k][1] - before[k][1], 1) * 1000 for k in after}
     rows.append(
-        f"| {entries:,} | {pct(semantic, 50):.2f} / {pct(semantic, 99):.2f} | {pct(miss, 50):.2f} / "
+        f"| {where} | {pct(semantic, 50):.2f} / {pct(semantic, 99):.2f} | {pct(miss, 50):.2f} / "
         f"{pct(miss, 99):.2f} | {pct(exact, 50):.2f} / {pct(exact, 99):.2f} | {pct(cold, 50):.2f} / "
-        f"{max(cold) * 1000:.2f} | {startup:.1f} |"
+        f"{max(cold) * 1000:.2f} | {inside['lookup']:.2f} / {inside['embedding']:.2f} | {startup:.1f} |"
     )
     print(rows[-1], flush=True)
     return addr
@@ -330,10 +355,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument(
+        "--sizes", default="1000,10000,100000,100000x100", help="N or NxTENANTS (entries spread over tenants)"
+    )
     parser.add_argument("--no-gateway", action="store_true")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [(int(n), int(t or 1)) for n, _, t in (s.partition("x") for s in args.sizes.split(","))]
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -359,16 +386,17 @@ def main() -> None:
         try:
             wait(lambda: redis.Redis.from_url(redis_url).ping(), rproc, "redis")
             rows = [
-                "| entries in the partition | semantic hit p50 / p99 ms | miss (embed + scan) p50 / p99 ms "
-                "| exact hit p50 / p99 ms | first lookup of a new client p50 / max ms | service start s |",
-                "| --- | --- | --- | --- | --- | --- |",
+                "| entries | semantic hit p50 / p99 ms | miss (embed + scan) p50 / p99 ms "
+                "| exact hit p50 / p99 ms | first lookup of a new client p50 / max ms "
+                "| semantic hit inside the service: lookup / embedding mean ms | service start s |",
+                "| --- | --- | --- | --- | --- | --- | --- |",
             ]
-            for n in sizes:
-                measure_size(n, redis_url, tmp, rows)
+            for n, tenants in sizes:
+                measure_size(n, tenants, redis_url, tmp, rows)
             e2e = [] if args.no_gateway else gateway_e2e(redis_url, tmp)
         finally:
             stop(rproc)
-    scan = matmul_only(sizes)
+    scan = matmul_only(sorted({n // t for n, t in sizes}))
     embed = embed_only()
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_latency', *sys.argv[1:]])}` "
