@@ -197,4 +197,12 @@ class Serving:
         if meta.include_usage:
             events.append(sse(meta.usage_chunk(usage)))
         events.append(SSE_DONE)
-        return StreamingResponse(iter(events), media_type="text/event-stream", headers=headers | SSE_HEADERS)
+        return StreamingResponse(
+            _replay(events), media_type="text/event-stream", headers=headers | SSE_HEADERS
+        )
+
+
+async def _replay(events: list[str]) -> AsyncIterator[str]:
+    """An async body (a plain iterator would be pumped through a worker thread)."""
+    for event in events:
+        yield event
