@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+
+from redis.exceptions import RedisError
 
 from cache_service.server import serve
 from cache_service.settings import CacheSettings
@@ -11,7 +14,12 @@ from cache_service.settings import CacheSettings
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(CacheSettings()))
+    settings = CacheSettings()
+    try:
+        asyncio.run(serve(settings))
+    except RedisError as exc:
+        logging.getLogger("cache_service").error("cannot start: Redis at %s: %s", settings.redis_url, exc)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
