@@ -152,6 +152,8 @@ class Results:
     rates: dict[int, dict[str, list[float]]] = field(default_factory=dict)
     gateway_cpu_s: float = 0.0
     gateway_tokens: int = 0
+    gateway_cpu_per_request_s: float = 0.0
+    load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 async def run(args: argparse.Namespace, worker: Service, gateway: Service) -> Results:
@@ -164,9 +166,11 @@ async def run(args: argparse.Namespace, worker: Service, gateway: Service) -> Re
         await stream("warm up", 4)
 
     res = Results({name: [] for name in paths}, {name: [] for name in paths})
+    before = cpu_seconds(gateway.proc.pid)  # only the gateway path wakes the gateway process
     for i in range(args.requests):  # one-token requests first, then streams, so neither disturbs the other
         for name, latency in (await one_token_round(paths, i)).items():
             res.one_token[name].append(latency)
+    res.gateway_cpu_per_request_s = (cpu_seconds(gateway.proc.pid) - before) / args.requests
     for i in range(args.requests // 2):
         for name, stream_gaps in (await gap_round(paths, i, 16)).items():
             res.gaps[name].extend(stream_gaps)
@@ -183,6 +187,7 @@ async def run(args: argparse.Namespace, worker: Service, gateway: Service) -> Re
                     res.gateway_tokens += max(4, concurrency) * args.tokens
                 res.rates[concurrency][name].append(rate)
                 print(f"concurrency {concurrency:>2} round {r} {name:<10} {rate:8.1f} tok/s", flush=True)
+    res.load_average = os.getloadavg()
     await p.close()
     await engine.shutdown()
     return res
@@ -233,8 +238,10 @@ def report(args: argparse.Namespace, res: Results) -> str:
         )
     lines += [
         "",
-        f"Gateway process CPU while streaming: {cpu_per_1k:.0f} ms per 1000 streamed tokens",
-        "(gRPC receive, JSON, SSE, HTTP), a cost figure that does not depend on the noise above.",
+        "Gateway process CPU (a cost that does not depend on scheduling noise): "
+        f"{res.gateway_cpu_per_request_s * ms:.2f} ms per one-token request,",
+        f"{cpu_per_1k:.0f} ms per 1000 streamed tokens (gRPC receive, JSON, SSE, HTTP).",
+        f"Machine load average at the end (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in res.load_average)}.",
     ]
     return "\n".join(lines)
 
