@@ -219,6 +219,9 @@ def report(args: argparse.Namespace, res: Results) -> str:
             f"| {(median(gap) - base_gap) * ms:+.2f} |"
         )
     cpu_per_1k = res.gateway_cpu_s / max(res.gateway_tokens, 1) * 1000 * ms
+    added_p50_ms = (median(res.one_token["gateway"]) - base_req) * ms
+    rates_32 = {name: median(values) for name, values in res.rates[max(CONCURRENCY)].items()}
+    loss_32 = 1.0 - rates_32["gateway"] / rates_32["in-process"]
     lines += [
         "",
         f"Request: a one-token completion, {args.requests} per path. Token gap: time between streamed tokens",
@@ -242,6 +245,10 @@ def report(args: argparse.Namespace, res: Results) -> str:
         f"{res.gateway_cpu_per_request_s * ms:.2f} ms per one-token request,",
         f"{cpu_per_1k:.0f} ms per 1000 streamed tokens (gRPC receive, JSON, SSE, HTTP).",
         f"Machine load average at the end (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in res.load_average)}.",
+        "",
+        f"Targets: gateway path adds < 2 ms p50 per request: {added_p50_ms:+.2f} ms "
+        f"({'met' if added_p50_ms < 2.0 else 'not met'}); costs < 5% throughput at concurrency 32: "
+        f"{loss_32 * 100:.1f}% ({'met' if loss_32 < 0.05 else 'not met'}).",
     ]
     return "\n".join(lines)
 
