@@ -11,6 +11,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     max_waiting: int = 1024  # queue full beyond this: the request is refused as overloaded
+    num_speculative_tokens: int = 0  # n-gram draft tokens per greedy decode; 0: off
+    speculative_max_batch: int = 4  # speculate only while at most this many sequences run
 
 
 @dataclass

@@ -176,36 +176,49 @@ class LLMEngine:
         ttfts, itls = [], []
         outputs: list[RequestOutput] = []
         finished_ids = {r.request_id for r in finished}
-        for request, token in new_tokens:
+        per_request: dict[str, tuple[Request, list[int]]] = {}
+        for request, token in new_tokens:  # several tokens per request when drafts were accepted
+            per_request.setdefault(request.request_id, (request, []))[1].append(token)
+        for request_id, (request, tokens) in per_request.items():
             if request.first_token_time is None:
                 request.first_token_time = now
                 ttfts.append(now - request.arrival_time)
             else:
-                itls.append(now - request.last_token_time)
+                itls.extend([(now - request.last_token_time) / len(tokens)] * len(tokens))
             request.last_token_time = now
-            state = self.choices[request.request_id]
-            check_stop = request.num_output_tokens >= request.params.min_tokens
-            if state.detokenizer.add_token(token) and check_stop and request.request_id not in finished_ids:
-                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-                finished.append(request)
-                finished_ids.add(request.request_id)
-            logprobs = self._logprobs(token, by_request[request.request_id][1])
-            if request.request_id in finished_ids:
-                outputs.append(self._final_output(request, [token], logprobs))
+            tokens = self._apply_stop_strings(request, tokens, finished, finished_ids)
+            logprobs = self._logprobs(tokens[0], by_request[request_id][1])
+            if request_id in finished_ids:
+                outputs.append(self._final_output(request, tokens, logprobs))
             else:
-                outputs.append(
-                    RequestOutput(
-                        request.group_id,
-                        request.index,
-                        state.detokenizer.take_delta(False),
-                        [token],
-                        logprobs,
-                    )
-                )
+                delta = self.choices[request_id].detokenizer.take_delta(False)
+                outputs.append(RequestOutput(request.group_id, request.index, delta, tokens, logprobs))
         stats = self._step_stats(plan, start, len(new_tokens), ttfts, itls)
         finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
         self._aborted_stats = []
         return StepResult(outputs, stats, finished_stats)
+
+    def _apply_stop_strings(
+        self, request: Request, tokens: list[int], finished: list[Request], finished_ids: set[str]
+    ) -> list[int]:
+        """Feed this step's tokens to the detokenizer; on a stop string, finish the request there
+        and drop any later tokens of the step."""
+        detokenizer = self.choices[request.request_id].detokenizer
+        before = request.num_output_tokens - len(tokens)
+        for j, token in enumerate(tokens):
+            if detokenizer.add_token(token) and before + j + 1 >= request.params.min_tokens:
+                extra = len(tokens) - j - 1
+                if extra:
+                    del request.output_token_ids[-extra:]
+                    del request.all_token_ids[-extra:]
+                if request.request_id in finished_ids:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+                    finished.append(request)
+                    finished_ids.add(request.request_id)
+                return tokens[: j + 1]
+        return tokens
 
     # ---- outputs -------------------------------------------------------------------------
     def _final_output(self, request: Request, tokens: list[int], logprobs=None) -> RequestOutput:  # noqa: ANN001

@@ -27,6 +27,7 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampling_requests: list[Request]
+    rows_per_request: list[int]  # logits rows of each sampling request: 1, or 1 + its draft tokens
 
 
 class ModelRunner:
@@ -56,7 +57,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids: list[int] = []
         for s in items:
-            input_ids.extend(s.request.all_token_ids[s.start : s.start + s.num_new_tokens])
+            input_ids.extend(s.token_ids())
         lens = torch.tensor([s.num_new_tokens for s in items], dtype=torch.long)
         starts = torch.tensor([s.start for s in items], dtype=torch.long)
         offsets = torch.cumsum(lens, 0) - lens
@@ -90,13 +91,20 @@ class ModelRunner:
                 )
             )
         sampling = [i for i, s in enumerate(items) if s.samples]
-        logits_indices = (offsets + lens - 1)[sampling]
+        ends = (offsets + lens).tolist()
+        rows_per_request = [1 + len(items[i].draft_token_ids) for i in sampling]
+        logits_rows = [
+            row
+            for i, n in zip(sampling, rows_per_request, strict=True)
+            for row in range(ends[i] - n, ends[i])
+        ]
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
             positions=positions.to(dev),
             meta=meta,
-            logits_indices=logits_indices.to(dev),
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
             sampling_requests=[items[i].request for i in sampling],
+            rows_per_request=rows_per_request,
         )
 
     # ---- execution -----------------------------------------------------------------------
@@ -112,7 +120,18 @@ class ModelRunner:
         for request in requests:
             self._ensure_generator(request)
         batch = build_batch(requests, self.generators, self.model.shape.vocab_size, self.device)
-        return requests, sample(logits.float(), batch)
+        logits = logits.float()
+        if len(logits) == len(requests):
+            return requests, sample(logits, batch)
+        # Some requests ran draft tokens: sample every request at its last row; a drafting request
+        # (always greedy) also gets the argmax at each draft position, for verification.
+        ends = torch.tensor(inputs.rows_per_request).cumsum(0)
+        out = sample(logits.index_select(0, (ends - 1).to(logits.device)), batch)
+        greedy = logits.argmax(dim=-1).tolist()
+        for i, (end, rows) in enumerate(zip(ends.tolist(), inputs.rows_per_request, strict=True)):
+            if rows > 1:
+                out.token_ids[i] = greedy[end - rows : end]
+        return requests, out
 
     def all_logits(self, plan: SchedulerOutput) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Logits of every token in the step, in the runner's order (for tests against transformers)."""

@@ -16,18 +16,24 @@ from dataclasses import dataclass, field
 from worker.block_manager import BlockManager
 from worker.config import SchedulerConfig
 from worker.request import Request, RequestStatus
+from worker.speculative import can_speculate, num_accepted, propose_ngram_drafts
 
 
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # tokens run this step, draft tokens included
     start: int  # position of the first token run this step (== computed tokens before it)
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after the known ones
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the known tokens, and so produces the next one."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
+        return self.start + self.num_new_tokens - len(self.draft_token_ids) == self.request.num_tokens
+
+    def token_ids(self) -> list[int]:
+        known = self.request.all_token_ids[self.start : self.start + self.num_new_tokens]
+        return known + self.draft_token_ids
 
 
 @dataclass
@@ -107,13 +113,20 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.block_manager.allocate(request, num_new):
+            drafts = self._drafts(request, budget) if num_new == 1 else []
+            while not self.block_manager.allocate(request, num_new + len(drafts)):
+                if drafts:
+                    drafts = []  # speculation is optional: never preempt anyone for it
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     return budget
-            out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+            out.scheduled.append(
+                ScheduledRequest(request, num_new + len(drafts), request.num_computed_tokens, drafts)
+            )
+            num_new += len(drafts)
             budget -= num_new
             i += 1
         return budget
@@ -139,6 +152,19 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
             budget -= num_new
 
+    def _drafts(self, request: Request, budget: int) -> list[int]:
+        """Draft tokens for a decode, when the batch is small enough for them to be nearly free."""
+        k = self.config.num_speculative_tokens
+        if not k or len(self.running) > self.config.speculative_max_batch or not can_speculate(request):
+            return []
+        room = min(
+            k,
+            budget - 1,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.config.max_model_len - request.num_tokens - 1,
+        )
+        return propose_ngram_drafts(request.all_token_ids, room) if room > 0 else []
+
     def _sibling_prefilling(self, request: Request) -> bool:
         if not self.block_manager.enable_prefix_caching or request.group_id == request.request_id:
             return False
@@ -158,11 +184,13 @@ class Scheduler:
 
     # ---- results -------------------------------------------------------------------------
     def update_from_output(
-        self, plan: SchedulerOutput, sampled: dict[str, int]
+        self, plan: SchedulerOutput, sampled: dict[str, int | list[int]]
     ) -> tuple[list[tuple[Request, int]], list[Request]]:
         """Advance computed tokens, append sampled tokens, finish what hit a stop condition.
 
-        Returns (request, new token) pairs and the requests that finished this step.
+        `sampled` holds one token per sampling request, or, for a request that ran draft tokens,
+        the model's greedy choice at each of its last 1 + len(drafts) positions. Returns
+        (request, new token) pairs, in order, and the requests that finished this step.
         """
         new_tokens: list[tuple[Request, int]] = []
         finished: list[Request] = []
@@ -170,14 +198,20 @@ class Scheduler:
             request = item.request
             if request.is_finished or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.num_computed_tokens = item.start + item.num_new_tokens
-            self.block_manager.cache_full_blocks(request)
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue
-            request.append_output_token(token)
-            new_tokens.append((request, token))
-            status = self._stop_status(request, token)
+            result = sampled.get(request.request_id)
+            tokens = result if isinstance(result, list) else [] if result is None else [result]
+            accepted = num_accepted(item.draft_token_ids, tokens)
+            # K/V is valid up to the last accepted draft; rejected drafts' slots get rewritten later.
+            computed = item.start + item.num_new_tokens - len(item.draft_token_ids) + accepted
+            status = None
+            for token in tokens[: accepted + 1]:
+                request.append_output_token(token)
+                new_tokens.append((request, token))
+                status = self._stop_status(request, token)
+                if status is not None:
+                    break
+            request.num_computed_tokens = min(computed, request.num_tokens)
+            self.block_manager.cache_full_blocks(request)  # finished blocks stay reusable too
             if status is not None:
                 self.finish_request(request.request_id, status)
                 finished.append(request)

@@ -28,6 +28,7 @@ class WorkerSettings(BaseSettings):
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     max_waiting: int = 1024
+    num_speculative_tokens: int = 0  # n-gram draft tokens per greedy decode of a small batch; 0: off
     price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
 
     @classmethod
@@ -47,6 +48,7 @@ class WorkerSettings(BaseSettings):
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=self.max_model_len,
                 max_waiting=self.max_waiting,
+                num_speculative_tokens=self.num_speculative_tokens,
             ),
             cache=CacheConfig(
                 block_size=self.block_size,

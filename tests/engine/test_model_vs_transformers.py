@@ -131,7 +131,9 @@ def test_preempted_and_resumed_gives_the_same_greedy_output(hf_model):
     outs, preemptions = [], []
     for num_blocks in (256, 16):
         requests = [make_request(num_prompt_tokens=n, max_tokens=30) for n in (10, 14, 9)]
-        _, _, scheduler = run_collecting_logits(hf_model, requests, block_size=4, num_blocks=num_blocks, budget=64)
+        _, _, scheduler = run_collecting_logits(
+            hf_model, requests, block_size=4, num_blocks=num_blocks, budget=64
+        )
         outs.append([r.output_token_ids for r in requests])
         preemptions.append(scheduler.num_preemptions)
     assert preemptions[0] == 0 and preemptions[1] > 0

@@ -128,3 +128,30 @@ def test_abort_frees_blocks_and_n_choices_share_the_prompt(loop, engine):
             )
 
     loop.run_until_complete(scenario())
+
+
+def test_speculative_decoding_keeps_greedy_output_identical(loop, reference):
+    config = EngineConfig(
+        model=MODEL_DIR,
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, max_model_len=1024, num_speculative_tokens=4),
+        cache=CacheConfig(block_size=16, num_blocks=200),
+    )
+    engine = AsyncEngine.from_config(config)
+
+    async def scenario():
+        await engine.start()
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+        results = []
+        for i, question in enumerate(QUESTIONS[:5]):  # one at a time: a single stream speculates
+            outputs = await _collect(
+                engine, f"spec-{i}", PromptInput(messages=[{"role": "user", "content": question}]), params
+            )
+            results.append(outputs)
+        await engine.shutdown()
+        return results
+
+    results = loop.run_until_complete(scenario())
+    for expected, outputs in zip(reference, results, strict=False):
+        assert [t for o in outputs for t in o.token_ids] == expected
+    assert any(len(o.token_ids) > 1 for outputs in results for o in outputs), "no draft was ever accepted"
+    assert engine.stats().num_kv_blocks_used == 0
