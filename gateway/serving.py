@@ -139,13 +139,16 @@ class Serving:
     async def _sse(
         self, meta: ResponseMeta, stream: WorkerStream, decision: CacheDecision, n: int, prompt_param: str
     ) -> AsyncIterator[str]:
-        """Role chunks first (chat), then one chunk per worker chunk, the usage chunk, then [DONE]."""
+        """Role chunks first (chat), then one chunk per worker chunk, the usage chunk, then [DONE].
+
+        Events are coalesced into one write where no client could tell the difference: the role chunks
+        go out with the first token (which the pool already waited for), the last token with [DONE].
+        """
         observability.OPEN_STREAMS.inc()
         completed = False
         try:
-            if meta.chat:
-                for index in range(n):
-                    yield sse(meta.role_chunk(index))
+            pending = [sse(meta.role_chunk(index)) for index in range(n)] if meta.chat else []
+            open_choices = n
             offsets = [0] * n
             text_parts: list[str] = []
             usage = UsageTotals()
@@ -158,12 +161,19 @@ class Serving:
                 offsets[chunk.index] += sum(len(p.chosen.token) for p in chunk.logprobs)
                 if finish is not None:
                     usage.add(chunk.usage)
+                    open_choices -= 1
                 if n == 1 and chunk.text:
                     text_parts.append(chunk.text)
-                yield sse(meta.chunk([meta.delta_choice(chunk.index, chunk.text, finish, logprobs)]))
+                pending.append(
+                    sse(meta.chunk([meta.delta_choice(chunk.index, chunk.text, finish, logprobs)]))
+                )
+                if open_choices > 0:
+                    yield "".join(pending)
+                    pending.clear()
             if meta.include_usage:
-                yield sse(meta.usage_chunk(usage.as_dict()))
-            yield SSE_DONE
+                pending.append(sse(meta.usage_chunk(usage.as_dict())))
+            pending.append(SSE_DONE)
+            yield "".join(pending)
             completed = True
             if n == 1:
                 self.cache.store(decision, "".join(text_parts), finish, usage)
