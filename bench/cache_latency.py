@@ -31,7 +31,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cache_quality import write_section
+from bench.report import write_section
 from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import write_section
 from cache_service.core import TOP_K, acceptable
 from cache_service.embedder import Embedder
 from cache_service.index import VectorIndex
@@ -31,27 +32,11 @@ from cache_service.settings import CacheSettings
 from services.gen import cache_pb2
 
 DATA = Path(__file__).parent / "data" / "cache_eval.jsonl"
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
 SPLITS = ("tune", "holdout", "fresh", "all")
 THRESHOLDS = [round(0.60 + 0.025 * i, 3) for i in range(15)]
 TARGET_FALSE_HIT = 0.01
 TARGET_PARAPHRASE = 0.60
 RECALL_SLACK = 0.02
-
-
-def write_section(name: str, body: str, path: Path = DOCS) -> None:
-    """Replace the text between <!-- name:start --> and <!-- name:end --> (append the section if missing)."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    if start in text and end in text:
-        before, rest = text.split(start, 1)
-        _, after = rest.split(end, 1)
-        text = before + block + after
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def make_key(question: str, history: list[dict] | None, scope: str) -> ParsedKey:
