@@ -6,7 +6,6 @@ Every process logs to a file; when one fails to come up, its log tail is in the 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,23 +16,16 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gen import worker_pb2, worker_pb2_grpc
+from tests.support.net import ROOT, free_port, grpc_serving
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "SmolLM2-135M-Instruct"
 START_TIMEOUT_S = 240.0
 OUR_ENV_PREFIXES = ("WORKER_", "GATEWAY_", "CACHE_", "API_KEY", "REDIS_URL")
 
 # Modest settings keep the suite fast on two cores.
 WORKER_ENV = {"WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_NUM_SEQS": "16"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -82,18 +74,12 @@ def wait_until(service: Service, ready: Callable[[], bool], timeout_s: float = S
     raise RuntimeError(f"{service.name} not ready after {timeout_s}s:\n{service.log_tail()}")
 
 
-def grpc_serving(addr: str) -> bool:
-    with grpc.insecure_channel(addr) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
 def http_ok(url: str) -> bool:
     return httpx.get(url, timeout=1.0).status_code == 200
 
 
 def start_worker(name: str, log_dir: Path, **env: str) -> Service:
-    port = free_port()
+    port = int(env.get("WORKER_PORT") or free_port())
     worker_env = WORKER_ENV | {"WORKER_PORT": str(port), "WORKER_METRICS_PORT": str(free_port())} | env
     service = start_service(name, "worker", worker_env, f"127.0.0.1:{port}", log_dir)
     wait_until(service, lambda: grpc_serving(service.addr))

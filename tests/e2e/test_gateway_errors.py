@@ -251,3 +251,29 @@ def test_health_ready_metrics(http: httpx.Client) -> None:
     ):
         assert name in metrics
     assert 'route="/v1/chat/completions",status="400"' in metrics
+
+
+def test_gateway_recovers_when_the_worker_comes_back(log_dir: Path) -> None:
+    """503 while the only worker is away; answers again once a worker listens on that address."""
+    first = start_worker("worker-restart-1", log_dir)
+    front = start_gateway("gateway-restart", log_dir, first.addr)
+    port = first.addr.rsplit(":", 1)[1]
+    try:
+        url = f"{front.addr}/v1/chat/completions"
+        assert httpx.post(url, json=CHAT, timeout=60).status_code == 200
+        first.stop()
+        down = httpx.post(url, json=CHAT, timeout=60)
+        assert_openai_error(down, 503)
+        assert httpx.get(f"{front.addr}/ready", timeout=30).status_code == 503
+        second = start_worker("worker-restart-2", log_dir, WORKER_PORT=port)
+        try:
+            deadline = time.monotonic() + 30  # the gateway's reconnect backoff is capped at 2 s
+            while httpx.get(f"{front.addr}/ready", timeout=30).status_code != 200:
+                assert time.monotonic() < deadline, "the gateway never reconnected"
+                time.sleep(0.2)
+            assert httpx.post(url, json=CHAT, timeout=60).status_code == 200
+        finally:
+            second.stop()
+    finally:
+        front.stop()
+        first.stop()
