@@ -41,8 +41,12 @@ $(VENV)/bin/prometheus: | $(VENV)/.installed
 test: venv protos model $(VENV)/bin/prometheus
 	$(PY) -m pytest -q tests
 
+# Every benchmark writes its own section of docs/BENCHMARKS.md (each takes minutes on two cores).
 bench: venv protos model
 	$(PY) -m bench.engine_bench --write-docs
+	$(PY) -m bench.serving_bench
+	$(PY) -m bench.cache_quality --write-docs
+	$(PY) -m bench.cache_latency --write-docs
 
 lint: venv
 	$(PY) -m ruff check .

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,34 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tests.support.net import OWN_ENV_PREFIXES, REDIS_SERVER, ROOT, free_port, grpc_serving
 
-ROOT = Path(__file__).resolve().parents[2]
-REDIS_SERVER = Path(sys.executable).parent / "redis-server"
 START_TIMEOUT_S = 180.0
-OWN_PREFIXES = ("WORKER_", "CACHE_", "GATEWAY_", "REDIS_URL", "API_KEY")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-def grpc_serving(addr: str) -> bool:
-    with grpc.insecure_channel(addr) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 @dataclass
@@ -51,7 +25,7 @@ class Proc:
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> Proc:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIXES)}
         env.update(self.env, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from gateway.cache_client import SemanticCacheClient, build_cache_key, params_fingerprint
-from tests.cache.procs import CacheService, free_port
+from tests.cache.procs import CacheService
+from tests.support.net import free_port
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

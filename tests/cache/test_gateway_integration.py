@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cache.procs import CacheService, Proc, free_port, grpc_serving, start_cache_service
+from tests.cache.procs import CacheService, Proc, start_cache_service
+from tests.support.net import free_port, grpc_serving
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -9,7 +9,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.cache_client import SemanticCacheClient, build_cache_key
 from tests.cache.keyutil import chat_key, lookup, store
-from tests.cache.procs import CacheService, Proc, wait_for
+from tests.cache.procs import CacheService, Proc
+from tests.support.net import wait_for
 
 
 def _health(addr: str) -> int:

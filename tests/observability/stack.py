@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,27 +16,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.healthcheck import check_grpc, check_http
+from tests.support.net import OWN_ENV_PREFIXES, REDIS_SERVER, ROOT, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-REDIS_SERVER = Path(sys.executable).parent / "redis-server"
 START_TIMEOUT_S = 180.0
-OWN_PREFIXES = ("WORKER_", "CACHE_", "GATEWAY_", "REDIS_URL", "API_KEY")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:
-    """Poll: metrics are updated on the engine thread just after the client sees its last chunk."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 @dataclass
@@ -52,7 +33,7 @@ class Service:
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> Service:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIXES)}
         env.update(self.env)
         env.setdefault("HF_HUB_OFFLINE", "1")
         log = self.log_path.open("wb")

@@ -22,7 +22,8 @@ import yaml
 
 from services.gen import worker_pb2, worker_pb2_grpc
 from tests.deploy.files import DASHBOARD, PROMETHEUS, prometheus_tool
-from tests.observability.stack import Cache, Gateway, Service, Worker, free_port, wait_for
+from tests.observability.stack import Cache, Gateway, Service, Worker
+from tests.support.net import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,8 @@ import pytest
 from services.gen import worker_pb2, worker_pb2_grpc
 from tests.deploy.files import DASHBOARD
 from tests.observability.conftest import PRICE_PER_HOUR_USD
-from tests.observability.stack import ROOT, Cache, Gateway, Scrape, Worker, scrape, wait_for
+from tests.observability.stack import Cache, Gateway, Scrape, Worker, scrape
+from tests.support.net import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import pytest
 
 from gateway.worker_pool import WorkerPool
 from services.gen import worker_pb2
-from tests.observability.stack import Gateway, Worker, gateway_service, scrape, wait_for, worker_service
+from tests.observability.stack import Gateway, Worker, gateway_service, scrape, worker_service
+from tests.support.net import wait_for
 
 pytestmark = pytest.mark.slow
 
