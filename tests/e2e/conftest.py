@@ -18,11 +18,10 @@ import httpx
 import pytest
 
 from services.gen import worker_pb2, worker_pb2_grpc
-from tests.support.net import ROOT, free_port, grpc_serving
+from tests.support.net import OWN_ENV_PREFIXES, ROOT, free_port, grpc_serving
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 START_TIMEOUT_S = 240.0
-OUR_ENV_PREFIXES = ("WORKER_", "GATEWAY_", "CACHE_", "API_KEY", "REDIS_URL")
 
 # Modest settings keep the suite fast on two cores.
 WORKER_ENV = {"WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_NUM_SEQS": "16"}
@@ -49,7 +48,7 @@ class Service:
 
 
 def start_service(name: str, module: str, env: dict[str, str], addr: str, log_dir: Path) -> Service:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(OUR_ENV_PREFIXES)}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIXES)}
     clean.update(env, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
