@@ -216,11 +216,13 @@ def run_engine(dtype: str, concurrency: int = NUM_REQUESTS, speculative_tokens: 
 
     engine = _engine(dtype, speculative_tokens=speculative_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
-    tokenizer = engine.engine.tokenizer
-    all_prompts = [single_stream_prompt(tokenizer)] if concurrency == 1 else prompts(tokenizer, concurrency)
 
     async def main() -> dict:
         await engine.start()
+        tokenizer = engine.engine.tokenizer
+        all_prompts = (
+            [single_stream_prompt(tokenizer)] if concurrency == 1 else prompts(tokenizer, concurrency)
+        )
         await _stream(
             engine,
             "warm-up",
@@ -264,15 +266,15 @@ def run_prefix(dtype: str, prefix_caching: bool) -> dict:
     from worker.sampling_params import SamplingParams
 
     engine = _engine(dtype, prefix_caching)
-    tokenizer = engine.engine.tokenizer
-    document = tokenizer.encode(TEXT * 40)[:1024]
-    questions = [
-        tokenizer.encode(f" Question {i}: what does paragraph {i} say about memory?") for i in range(17)
-    ]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
     async def main() -> dict:
         await engine.start()
+        tokenizer = engine.engine.tokenizer
+        document = tokenizer.encode(TEXT * 40)[:1024]
+        questions = [
+            tokenizer.encode(f" Question {i}: what does paragraph {i} say about memory?") for i in range(17)
+        ]
         ttfts = []
         for i, question in enumerate(questions):
             start = time.perf_counter()

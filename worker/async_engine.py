@@ -4,6 +4,10 @@ The server's event loop never runs a model step: it hands commands (add, abort) 
 thread through a queue, and the engine thread hands each step's outputs back in one batch with
 `call_soon_threadsafe`. Closing a stream early (client gone, task cancelled) aborts its request, so
 its KV blocks are freed at the next step.
+
+The engine thread also loads the model: torch work on a thread other than the one that allocated
+the weights ran about 1.6x slower per step on the CPU (measured: 28 vs 17 ms per bfloat16 decode
+step), so every tensor the steps touch is created by the thread that runs them.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ FinishedListener = Callable[[FinishedRequestStats], None]
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.max_waiting = engine.scheduler.config.max_waiting
+    def __init__(self, engine_factory: Callable[[], LLMEngine]) -> None:
+        self._engine_factory = engine_factory
+        self.engine: LLMEngine | None = None  # built on the engine thread by start()
+        self.max_waiting = 0
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}
@@ -46,15 +51,31 @@ class AsyncEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(build_engine(config))
+        return cls(lambda: build_engine(config))
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        """Load the model on the engine thread and start its loop; returns once it serves."""
         if self._thread is not None:
             raise RuntimeError("the engine is already started")
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        ready: asyncio.Future[None] = self._loop.create_future()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name="engine-loop", daemon=True
+        )
         self._thread.start()
+        await ready
+
+    def _thread_main(self, ready: asyncio.Future) -> None:
+        try:
+            self.engine = self._engine_factory()
+            self.max_waiting = self.engine.scheduler.config.max_waiting
+        except BaseException as exc:
+            self._dead = exc
+            self._post(_settle, ready, exc)
+            return
+        self._post(_settle, ready, None)
+        self._run()
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -102,7 +123,7 @@ class AsyncEngine:
                 self._submit("abort", request_id)
 
     async def abort(self, request_id: str) -> bool:
-        found = request_id in self.engine.groups or request_id in self._streams
+        found = self.engine is not None and (request_id in self.engine.groups or request_id in self._streams)
         if found:
             self._submit("abort", request_id)
         return found
@@ -199,3 +220,11 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for stream in list(self._streams.values()):
             stream.put_nowait(exc)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
