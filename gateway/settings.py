@@ -18,7 +18,7 @@ class GatewaySettings(BaseSettings):
     gateway_max_body_bytes: int = Field(default=1 << 20, ge=1024)
     cache_addr: str = "127.0.0.1:50052"
     cache_enabled: bool = True
-    cache_timeout_ms: float = Field(default=100.0, gt=0)  # semantic hits take 10-20 ms, p99 near 100 under load
+    cache_timeout_ms: float = Field(default=100.0, gt=0)  # a semantic hit: 10-20 ms, p99 ~100 loaded
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:
