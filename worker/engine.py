@@ -188,6 +188,8 @@ class LLMEngine:
             request.last_token_time = now
             tokens = self._apply_stop_strings(request, tokens, finished, finished_ids)
             logprobs = self._logprobs(tokens[0], by_request[request_id][1])
+            if logprobs and request_id in finished_ids and self._ended_on_stop_token(request, tokens[-1]):
+                logprobs = []  # like OpenAI: logprobs cover the returned text, not the stop token
             if request_id in finished_ids:
                 outputs.append(self._final_output(request, tokens, logprobs))
             else:
@@ -197,6 +199,13 @@ class LLMEngine:
         finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
         self._aborted_stats = []
         return StepResult(outputs, stats, finished_stats)
+
+    @staticmethod
+    def _ended_on_stop_token(request: Request, token: int) -> bool:
+        params = request.params
+        if request.status != RequestStatus.FINISHED_STOPPED:
+            return False
+        return (token == request.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids
 
     def _apply_stop_strings(
         self, request: Request, tokens: list[int], finished: list[Request], finished_ids: set[str]

@@ -89,7 +89,9 @@ def test_logprobs_and_n(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
         mine = [c for c in chunks if c.index == index]
         assert mine[-1].finish_reason
         for chunk in mine:
-            assert len(chunk.logprobs) == len(chunk.token_ids)
+            # every token has its logprobs, except a stop token that ends the choice (as in OpenAI)
+            stop_token = 1 if chunk.finish_reason == "stop" and not chunk.text else 0
+            assert len(chunk.logprobs) == len(chunk.token_ids) - stop_token
             for position in chunk.logprobs:
                 assert len(position.top) == 3
                 assert position.chosen.logprob <= 0.0

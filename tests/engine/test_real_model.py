@@ -155,3 +155,14 @@ def test_speculative_decoding_keeps_greedy_output_identical(loop, reference):
         assert [t for o in outputs for t in o.token_ids] == expected
     assert any(len(o.token_ids) > 1 for outputs in results for o in outputs), "no draft was ever accepted"
     assert engine.stats().num_kv_blocks_used == 0
+
+
+def test_logprobs_cover_the_text_not_the_final_eos(loop, engine):
+    params = SamplingParams(temperature=0.0, max_tokens=60, logprobs=2)
+    prompt = PromptInput(messages=[{"role": "user", "content": "Hi!"}])
+    outputs = loop.run_until_complete(_collect(engine, "eos-logprobs", prompt, params))
+    final = outputs[-1]
+    assert final.finish_reason == "stop" and final.token_ids == [engine.engine.eos_token_id]
+    assert final.logprobs == []
+    assert all(len(o.logprobs) == len(o.token_ids) for o in outputs[:-1])
+    assert "".join(p.chosen.token for o in outputs for p in o.logprobs) == "".join(o.text for o in outputs)
