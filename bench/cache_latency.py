@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,6 @@ import grpc
 import httpx
 import numpy as np
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import write_section
@@ -37,9 +35,9 @@ from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key
 from gateway.cache_client import SemanticCacheClient, build_cache_key
 from services.gen import cache_pb2, cache_pb2_grpc
+from tests.support.net import OWN_ENV_PREFIXES, ROOT, free_port, grpc_serving
+from tests.support.processes import redis_argv
 
-ROOT = Path(__file__).resolve().parent.parent
-REDIS_SERVER = Path(sys.executable).parent / "redis-server"
 MODEL = "SmolLM2-135M-Instruct"
 SCOPE = "bench-tenant"
 GREEDY = {"temperature": 0.0, "max_tokens": 32}
@@ -54,12 +52,6 @@ REAL = [
     ("What is the largest ocean?", "Which ocean is the largest?"),
 ]
 MISSES = [f"Tell me something interesting about topic number {i} in astronomy" for i in range(40)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait(
@@ -79,8 +71,8 @@ def wait(
 
 
 def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    own = ("WORKER_", "CACHE_", "GATEWAY_", "REDIS_URL", "API_KEY")
-    full = {k: v for k, v in os.environ.items() if not k.startswith(own)} | env | {"HF_HUB_OFFLINE": "1"}
+    full = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIXES)}
+    full |= env | {"HF_HUB_OFFLINE": "1"}
     with log.open("ab") as fh:
         return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=fh, stderr=subprocess.STDOUT)
 
@@ -93,12 +85,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def grpc_serving(addr: str) -> bool:
-    with grpc.insecure_channel(addr) as ch:
-        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def chat_key(question: str, scope: str = SCOPE) -> cache_pb2.CacheKey:
@@ -366,23 +352,7 @@ def main() -> None:
         tmp = Path(tmpdir)
         rport = free_port()
         redis_url = f"redis://127.0.0.1:{rport}/0"
-        rproc = spawn(
-            [
-                str(REDIS_SERVER),
-                "--port",
-                str(rport),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp),
-            ],
-            {},
-            tmp / "redis.log",
-        )
+        rproc = spawn(redis_argv(rport, tmp), {}, tmp / "redis.log")
         try:
             wait(lambda: redis.Redis.from_url(redis_url).ping(), rproc, "redis")
             rows = [

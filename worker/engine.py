@@ -26,11 +26,6 @@ from worker.scheduler import Scheduler
 
 
 @dataclass
-class _ChoiceState:
-    detokenizer: IncrementalDetokenizer
-
-
-@dataclass
 class StepResult:
     outputs: list[RequestOutput]
     stats: StepStats | None
@@ -62,7 +57,7 @@ class LLMEngine:
         self.eos_token_id = eos_token_id
         self.extra_stop_token_ids = extra_stop_token_ids
         self.token_texts = TokenTexts(tokenizer)
-        self.choices: dict[str, _ChoiceState] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}  # per live choice
         self.groups: dict[str, list[str]] = {}  # group id -> choice request ids still live
         self.num_finished = 0
         self._aborted_stats: list[FinishedRequestStats] = []
@@ -131,10 +126,8 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {group!r} is already in use")
         for request in requests:
             self.scheduler.add_request(request)
-            self.choices[request.request_id] = _ChoiceState(
-                IncrementalDetokenizer(
-                    self.tokenizer, request.params.stop, request.params.skip_special_tokens
-                )
+            self.detokenizers[request.request_id] = IncrementalDetokenizer(
+                self.tokenizer, request.params.stop, request.params.skip_special_tokens
             )
         self.groups[group] = [r.request_id for r in requests]
 
@@ -193,7 +186,7 @@ class LLMEngine:
             if request_id in finished_ids:
                 outputs.append(self._final_output(request, tokens, logprobs))
             else:
-                delta = self.choices[request_id].detokenizer.take_delta(False)
+                delta = self.detokenizers[request_id].take_delta(False)
                 outputs.append(RequestOutput(request.group_id, request.index, delta, tokens, logprobs))
         stats = self._step_stats(plan, start, len(new_tokens), ttfts, itls)
         finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
@@ -212,7 +205,7 @@ class LLMEngine:
     ) -> list[int]:
         """Feed this step's tokens to the detokenizer; on a stop string, finish the request there
         and drop any later tokens of the step."""
-        detokenizer = self.choices[request.request_id].detokenizer
+        detokenizer = self.detokenizers[request.request_id]
         before = request.num_output_tokens - len(tokens)
         for j, token in enumerate(tokens):
             if detokenizer.add_token(token) and before + j + 1 >= request.params.min_tokens:
@@ -231,7 +224,7 @@ class LLMEngine:
 
     # ---- outputs -------------------------------------------------------------------------
     def _final_output(self, request: Request, tokens: list[int], logprobs=None) -> RequestOutput:  # noqa: ANN001
-        state = self.choices.pop(request.request_id)
+        detokenizer = self.detokenizers.pop(request.request_id)
         self.runner.release(request.request_id)
         live = self.groups.get(request.group_id, [])
         if request.request_id in live:
@@ -243,7 +236,7 @@ class LLMEngine:
         return RequestOutput(
             request.group_id,
             request.index,
-            state.detokenizer.take_delta(True),
+            detokenizer.take_delta(True),
             tokens,
             logprobs,
             request.status.finish_reason,

@@ -28,6 +28,7 @@ class StepInputs:
     logits_indices: torch.Tensor
     sampling_requests: list[Request]
     rows_per_request: list[int]  # logits rows of each sampling request: 1, or 1 + its draft tokens
+    items: list[ScheduledRequest]  # the plan in batch order: decodes first
 
 
 class ModelRunner:
@@ -105,6 +106,7 @@ class ModelRunner:
             logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
             sampling_requests=[items[i].request for i in sampling],
             rows_per_request=rows_per_request,
+            items=items,
         )
 
     # ---- execution -----------------------------------------------------------------------
@@ -136,9 +138,8 @@ class ModelRunner:
     def all_logits(self, plan: SchedulerOutput) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Logits of every token in the step, in the runner's order (for tests against transformers)."""
         inputs = self.prepare(plan)
-        items = sorted(plan.scheduled, key=lambda s: s.num_new_tokens != 1)
         logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, None)
-        return items, logits.float()
+        return inputs.items, logits.float()
 
     def _ensure_generator(self, request: Request) -> None:
         seed = request.params.seed

@@ -6,8 +6,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.net import REDIS_SERVER, free_port, grpc_serving
+from tests.support.net import free_port, grpc_serving
 from tests.support.processes import Service as Proc
+from tests.support.processes import redis_argv
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, str]:
@@ -15,22 +16,9 @@ def start_redis(log_dir: Path) -> tuple[Proc, str]:
 
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    argv = [
-        str(REDIS_SERVER),
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        str(log_dir),
-    ]
     proc = Proc(
         f"redis-{port}",
-        argv,
+        redis_argv(port, log_dir),
         {},
         log_dir / f"redis-{port}.log",
         lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping()),

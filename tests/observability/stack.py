@@ -11,17 +11,15 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.healthcheck import check_grpc, check_http
-from tests.support.net import REDIS_SERVER, free_port
-from tests.support.processes import Service
+from tests.support.net import free_port
+from tests.support.processes import Service, redis_argv
 
 
 def redis_service(log_dir: Path) -> tuple[Service, str]:
     port = free_port()
-    argv = [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     url = f"redis://127.0.0.1:{port}/0"
-    service = Service(
-        "redis", argv, {}, log_dir / "redis.log", lambda: bool(redis.Redis.from_url(url).ping())
-    )
+    ready = lambda: bool(redis.Redis.from_url(url).ping())  # noqa: E731
+    service = Service("redis", redis_argv(port, log_dir), {}, log_dir / "redis.log", ready)
     return service, url
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.net import OWN_ENV_PREFIXES, ROOT
+from tests.support.net import OWN_ENV_PREFIXES, REDIS_SERVER, ROOT
 
 START_TIMEOUT_S = 180.0
 
@@ -69,3 +69,9 @@ class Service:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=30)
+
+
+def redis_argv(port: int, data_dir: Path) -> list[str]:
+    """A throwaway redis-server on loopback: no snapshots, no append-only file."""
+    return [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(data_dir)]
