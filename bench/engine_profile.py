@@ -2,13 +2,16 @@
 
     .venv/bin/python -m bench.engine_profile [--dtype float32]
 
-Prints GEMM throughput for the model's shapes at 1, 32 and 512 rows, then the median decode step of
-32 and of 1 sequences (128-token prompts) and the top operators of a profiled 32-sequence step.
+Prints GEMM throughput for the model's shapes at 1, 32 and 512 rows, the bandwidth of one-row
+products over all the model's weights in both layouts against a plain read, the median decode step of
+1 and 32 sequences (128-token prompts), the top operators of a profiled 32-sequence step, and a
+single-sequence step run on a thread other than the one that built the engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 
 import torch
@@ -35,8 +38,34 @@ def gemm_throughput(dtype: torch.dtype) -> None:
         print(f"GEMM {dtype} rows={rows:4d}: {2 * rows * 576 * 3072 / t / 1e9:7.1f} GFLOP/s")
 
 
-def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0) -> None:
-    engine = build_engine(EngineConfig(dtype=dtype, cache=CacheConfig(kv_cache_memory_gb=0.5)))
+def _timed(fn, repeats: int = 7) -> float:  # noqa: ANN001
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+def weight_bandwidth(dtype: torch.dtype) -> None:
+    """One-row products over weights of the model's size: [out, in] (F.linear) vs [in, out] layout."""
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
+    weights = [torch.randn(shape, dtype=dtype) for shape in shapes]
+    transposed = [w.t().contiguous() for w in weights]
+    inputs = {n: torch.randn(1, n, dtype=dtype) for n in (576, 1536)}
+    size = sum(w.numel() * w.element_size() for w in weights)
+    flat = torch.cat([w.flatten() for w in weights])
+    for name, fn in [
+        ("F.linear, [out, in]", lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]),
+        ("x @ W, [in, out]", lambda: [inputs[w.shape[0]] @ w for w in transposed]),
+        ("plain read (sum)", lambda: flat.sum()),
+    ]:
+        fn()
+        print(f"{dtype} {size / 2**20:.0f} MiB of weights, {name}: {size / _timed(fn) / 1e9:5.1f} GB/s")
+
+
+def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0, engine=None) -> None:  # noqa: ANN001
+    engine = engine or build_engine(EngineConfig(dtype=dtype, cache=CacheConfig(kv_cache_memory_gb=0.5)))
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     for i in range(num_seqs):
         prompt = PromptInput(token_ids=[(i * 7 + j) % 40000 + 100 for j in range(128)])
@@ -49,7 +78,11 @@ def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0) -> None:
         engine.step()
         times.append(time.perf_counter() - start)
     t = median(times)
-    print(f"decode step, {num_seqs} sequences, {dtype}: {t * 1000:.1f} ms ({num_seqs / t:.0f} tokens/s)")
+    where = threading.current_thread().name
+    print(
+        f"decode step, {num_seqs} sequences, {dtype}, {where}: "
+        f"{t * 1000:.1f} ms ({num_seqs / t:.0f} tokens/s)"
+    )
     if profile_top:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(5):
@@ -64,8 +97,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     gemm_throughput(getattr(torch, args.dtype))
+    weight_bandwidth(getattr(torch, args.dtype))
     decode_steps(args.dtype, 1)
     decode_steps(args.dtype, 32, profile_top=8)
+    built_here = build_engine(EngineConfig(dtype=args.dtype, cache=CacheConfig(kv_cache_memory_gb=0.5)))
+    other = threading.Thread(target=decode_steps, args=(args.dtype, 1, 0, built_here), name="other-thread")
+    other.start()
+    other.join()
 
 
 if __name__ == "__main__":
