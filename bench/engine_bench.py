@@ -183,13 +183,16 @@ class _BatchClock(_FirstTokenClock):
 
 
 # ---- this engine ---------------------------------------------------------------------------
-def _engine(dtype: str, prefix_caching: bool = True, speculative_tokens: int = 0):  # noqa: ANN202
+def _engine(  # noqa: ANN202
+    dtype: str, prefix_caching: bool = True, speculative_tokens: int = 0, linear_backend: str = "auto"
+):
     from worker.async_engine import AsyncEngine
     from worker.config import CacheConfig, EngineConfig, SchedulerConfig
 
     config = EngineConfig(
         model=MODEL_DIR,
         dtype=dtype,
+        linear_backend=linear_backend,
         scheduler=SchedulerConfig(
             max_num_seqs=64,
             max_num_batched_tokens=512,
@@ -210,11 +213,13 @@ async def _stream(engine, request_id: str, prompt, params, start: float) -> dict
     return {"ttft": first - start, "tokens": count, "end": time.perf_counter()}
 
 
-def run_engine(dtype: str, concurrency: int = NUM_REQUESTS, speculative_tokens: int = 0) -> dict:
+def run_engine(
+    dtype: str, concurrency: int = NUM_REQUESTS, speculative_tokens: int = 0, linear_backend: str = "auto"
+) -> dict:
     from worker.outputs import PromptInput
     from worker.sampling_params import SamplingParams
 
-    engine = _engine(dtype, speculative_tokens=speculative_tokens)
+    engine = _engine(dtype, speculative_tokens=speculative_tokens, linear_backend=linear_backend)
     params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
 
     async def main() -> dict:
@@ -297,7 +302,9 @@ METHODS = {
     "m1": run_m1,
     "m1_single": run_m1_single,
     "m2": run_m2,
+    "engine_plain_linear": lambda dtype: run_engine(dtype, linear_backend="torch"),
     "engine": run_engine,
+    "engine_single_plain_linear": lambda dtype: run_engine(dtype, concurrency=1, linear_backend="torch"),
     "engine_single": run_engine_single,
     "engine_single_spec": run_engine_single_spec,
     "prefix_off": lambda dtype: run_prefix(dtype, False),
@@ -335,12 +342,16 @@ def render(results: dict[str, dict[str, dict]], command: str) -> str:
             "m0": "M0 no KV cache, one at a time",
             "m1": "M1 transformers generate, one at a time",
             "m2": "M2 transformers generate, static batches of 8",
-            "engine": "this engine, 32 concurrent",
+            "engine_plain_linear": "this engine, 32 concurrent, plain F.linear (MKL) weights",
+            "engine": "this engine, 32 concurrent (weights prepacked for oneDNN)",
             "m1_single": "M1 single stream",
-            "engine_single": "this engine, single stream",
+            "engine_single_plain_linear": "this engine, single stream, plain F.linear (MKL) weights",
+            "engine_single": "this engine, single stream (prepacked)",
             "engine_single_spec": "this engine, single stream, n-gram speculation (4 drafts)",
         }
         for key, name in names.items():
+            if key not in r:
+                continue
             x = r[key]
             lines.append(
                 f"| {name} | {x['requests']} | {x['tokens_per_s']:.1f} | {x['tokens_per_s'] / m1:.2f} | "
@@ -350,13 +361,17 @@ def render(results: dict[str, dict[str, dict]], command: str) -> str:
         single_ratio = r["engine_single"]["decode_tokens_per_s"] / m1_decode
         spec_ratio = r["engine_single_spec"]["decode_tokens_per_s"] / m1_decode
         off, on = r["prefix_off"]["ttft_s"], r["prefix_on"]["ttft_s"]
+        plain = r.get("engine_plain_linear", {}).get("tokens_per_s")
+        plain_single = r.get("engine_single_plain_linear", {}).get("decode_tokens_per_s")
         lines += [
             "",
-            f"- 32 concurrent vs M1: **{r['engine']['tokens_per_s'] / m1:.1f}×** (target ≥ 10×).",
+            f"- 32 concurrent vs M1: **{r['engine']['tokens_per_s'] / m1:.1f}×** (target ≥ 10×)"
+            + (f"; {plain / m1:.1f}× with plain F.linear weights." if plain else "."),
             f"- Single-stream decode: engine {r['engine_single']['decode_tokens_per_s']:.1f} tokens/s vs M1 "
             f"{m1_decode:.1f}: **{single_ratio:.2f}×**; with n-gram speculation "
             f"{r['engine_single_spec']['decode_tokens_per_s']:.1f} tokens/s: **{spec_ratio:.2f}×** "
-            "(target ≥ 1.5×). Same greedy tokens either way.",
+            "(target ≥ 1.5×). Same greedy tokens either way."
+            + (f" Plain F.linear weights: {plain_single / m1_decode:.2f}×." if plain_single else ""),
             f"- Shared-prefix workload (1024-token document + a question, 16 requests one after another): "
             f"median TTFT {off * 1000:.0f} ms without prefix caching, {on * 1000:.0f} ms with it: "
             f"**{on / off:.2f}** of it "

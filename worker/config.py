@@ -30,6 +30,7 @@ class EngineConfig:
     dtype: str = "float32"  # float32 | bfloat16
     device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    linear_backend: str = "auto"  # auto | onednn (weights prepacked, CPU) | torch (plain F.linear)
     scheduler: SchedulerConfig | None = None
     cache: CacheConfig | None = None
 
@@ -38,3 +39,5 @@ class EngineConfig:
         self.cache = self.cache or CacheConfig()
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.linear_backend not in ("auto", "onednn", "torch"):
+            raise ValueError(f"unsupported linear backend {self.linear_backend!r}")

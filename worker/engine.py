@@ -323,7 +323,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.cache
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model, config.dtype, device, sched.max_model_len)
+    model = load_model(config.model, config.dtype, device, sched.max_model_len, config.linear_backend)
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30

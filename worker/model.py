@@ -13,17 +13,17 @@ import torch
 import torch.nn.functional as F
 
 from worker.attention import AttentionMetadata, paged_attention
+from worker.linear import Linear
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(H + 2 KV) * D, hidden]
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
+    qkv: Linear  # hidden -> (H + 2 KV) * D
+    o_proj: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ModelShape:
 
 
 class LlamaForPagedAttention:
-    def __init__(self, hf_model: torch.nn.Module, max_positions: int) -> None:
+    def __init__(self, hf_model: torch.nn.Module, max_positions: int, linear_backend: str = "auto") -> None:
         config = hf_model.config
         self.shape = ModelShape(
             num_layers=config.num_hidden_layers,
@@ -52,24 +52,25 @@ class LlamaForPagedAttention:
         inner = hf_model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
-        self.lm_head = hf_model.lm_head.weight.detach()
-        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.lm_head = Linear(hf_model.lm_head.weight, backend=linear_backend)
+        self.linear_backend = self.lm_head.backend
+        self.layers = [self._layer(layer, linear_backend) for layer in inner.layers]
         self.cos, self.sin = self._rope_tables(inner, max_positions)
 
     @staticmethod
-    def _layer(layer: torch.nn.Module) -> LayerWeights:
+    def _layer(layer: torch.nn.Module, backend: str) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
         return LayerWeights(
             input_norm=layer.input_layernorm.weight.detach(),
-            qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-            qkv_bias=bias,
-            o_proj=attn.o_proj.weight.detach(),
+            qkv=Linear(qkv, bias, backend),
+            o_proj=Linear(attn.o_proj.weight, backend=backend),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-            down=mlp.down_proj.weight.detach(),
+            gate_up=Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(), backend=backend),
+            down=Linear(mlp.down_proj.weight, backend=backend),
         )
 
     def _rope_tables(self, inner: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,18 +112,18 @@ class LlamaForPagedAttention:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             residual = hidden
             x = self._rms_norm(hidden, layer.input_norm)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = self._rotate(q.view(num_tokens, s.num_heads, s.head_dim), cos, sin)
             k = self._rotate(k.view(num_tokens, s.num_kv_heads, s.head_dim), cos, sin)
             v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta)
-            hidden = residual + F.linear(attn.view(num_tokens, q_size), layer.o_proj)
+            hidden = residual + layer.o_proj(attn.view(num_tokens, q_size))
             residual = hidden
             x = self._rms_norm(hidden, layer.post_norm)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = residual + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = residual + layer.down(F.silu(gate) * up)
         if logits_indices is not None:
             hidden = hidden.index_select(0, logits_indices)
         hidden = self._rms_norm(hidden, self.final_norm)
-        return F.linear(hidden, self.lm_head)
+        return self.lm_head(hidden)

@@ -37,7 +37,10 @@ def load_hf_model(path: str, dtype: str, device: str) -> torch.nn.Module:
     return model.to(device).eval()
 
 
-def load_model(path: str, dtype: str, device: str, max_positions: int) -> LlamaForPagedAttention:
+def load_model(
+    path: str, dtype: str, device: str, max_positions: int, linear_backend: str = "auto"
+) -> LlamaForPagedAttention:
     hf_model = load_hf_model(path, dtype, device)
-    log.info("loaded %s (%s, %s)", path, dtype, device)
-    return LlamaForPagedAttention(hf_model, max_positions)
+    model = LlamaForPagedAttention(hf_model, max_positions, linear_backend)
+    log.info("loaded %s (%s, %s, %s linear layers)", path, dtype, device, model.linear_backend)
+    return model

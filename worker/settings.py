@@ -17,6 +17,7 @@ class WorkerSettings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"  # cuda when there is one, else cpu
     num_threads: int | None = None
+    linear_backend: Literal["auto", "onednn", "torch"] = "auto"  # onednn: weights prepacked on CPU
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9101
@@ -43,6 +44,7 @@ class WorkerSettings(BaseSettings):
             dtype=self.dtype,
             device=self.device,
             num_threads=self.num_threads,
+            linear_backend=self.linear_backend,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,

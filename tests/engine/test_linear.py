@@ -1,0 +1,44 @@
+"""Prepacked (oneDNN) linear layers compute what F.linear computes, at every batch size the engine uses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from worker.linear import Linear, onednn_available
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_matches_f_linear_in_float32(rows, with_bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(rows, 64, generator=gen)
+    layer = Linear(weight, bias, backend="onednn")
+    assert layer.backend == "onednn"
+    torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn_available(torch.zeros(1, 1, dtype=torch.bfloat16)), reason="no native bf16")
+def test_onednn_matches_f_linear_in_bfloat16():
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(128, 64, generator=gen).bfloat16()
+    x = torch.randn(7, 64, generator=gen).bfloat16()
+    got = Linear(weight, backend="onednn")(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.linear(x, weight).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_non_contiguous_input_is_accepted():
+    weight = torch.randn(16, 8)
+    x = torch.randn(8, 6).t()  # [6, 8], a transposed view
+    torch.testing.assert_close(Linear(weight, backend="onednn")(x), F.linear(x, weight))
+
+
+def test_auto_picks_torch_where_onednn_cannot_run_and_unknown_backends_are_refused():
+    half = torch.randn(4, 4, dtype=torch.float16)
+    assert Linear(half, backend="auto").backend == "torch"
+    with pytest.raises(ValueError, match="onednn"):
+        Linear(half, backend="onednn")
+    with pytest.raises(ValueError, match="unknown linear backend"):
+        Linear(torch.randn(4, 4), backend="fast")
