@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 
 from cache_service.core import SemanticCache
 from cache_service.embedder import Embedder, MicroBatcher
-from cache_service.index import VectorIndex
+from cache_service.index import VectorIndex, default_scan_threads
 from cache_service.metrics import CacheMetrics
 from cache_service.service import SemanticCacheServicer
 from cache_service.settings import CacheSettings
@@ -49,8 +49,9 @@ async def watch_redis(store: RedisStore, health_servicer: health.aio.HealthServi
 
 
 def limit_blas_threads() -> None:
-    """One BLAS thread: the index scan is a matrix-vector product, memory-bound, and a multi-threaded BLAS
-    spinning for a core the embedder or the gRPC loop holds is 10-50x slower (measured on 2 busy cores)."""
+    """One BLAS thread for numpy (the index's exact re-scoring of a few rows): a multi-threaded BLAS
+    spinning for a core the embedder or the gRPC loop holds is 10-50x slower (measured on 2 busy cores).
+    The scan itself is torch's (cache_service/index.py), split over blocking threads of its own."""
     threadpool_limits(limits=1, user_api="blas")
 
 
@@ -59,10 +60,12 @@ async def serve(settings: CacheSettings) -> None:
     metrics = CacheMetrics()
     store = RedisStore(settings.redis_url)
     await store.ping()
-    embedder = await asyncio.to_thread(Embedder)
+    embedder = await asyncio.to_thread(
+        Embedder, num_threads=settings.embedding_threads, dtype=settings.embedding_dtype
+    )
     batcher = MicroBatcher(embedder, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
     batcher.start()
-    index = VectorIndex(embedder.dim)
+    index = VectorIndex(embedder.dim, scan_threads=default_scan_threads())
     replica_id = uuid.uuid4().hex
     sync = IndexSync(
         store, index, replica_id, settings.resync_seconds, on_change=lambda: metrics.entries.set(len(index))
@@ -96,7 +99,13 @@ async def serve(settings: CacheSettings) -> None:
         metrics.serve(settings.host, settings.metrics_port)
     watcher = asyncio.create_task(watch_redis(store, health_servicer, HEALTH_PERIOD_S))
     log.info(
-        "cache service on %s (%d entries, threshold %.2f)", address, len(index), settings.similarity_threshold
+        "cache service on %s (%d entries, threshold %.2f, embedder %s, %d torch thread(s), %d scan threads)",
+        address,
+        len(index),
+        settings.similarity_threshold,
+        embedder.dtype,
+        embedder.num_threads,
+        index.scan_threads,
     )
 
     stop = asyncio.Event()
@@ -111,4 +120,5 @@ async def serve(settings: CacheSettings) -> None:
     await server.stop(grace=2.0)
     await sync.close()
     await batcher.close()
+    index.close()
     await store.close()

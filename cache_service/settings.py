@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -24,3 +26,7 @@ class CacheSettings(BaseSettings):
     verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
+    # auto: bfloat16 weights where the CPU computes bf16 natively, else float32 (cache_service/embedder.py)
+    embedding_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
+    embedding_threads: int = Field(default=1, ge=1)
