@@ -383,7 +383,9 @@ def main() -> None:
         "",
         *rows,
         "",
-        "Index search alone (float16 scan + top-4 re-scored in float32, in process, service thread settings): " + "; ".join(scan) + ".",
+        "Index search alone (float16 scan, top-4 re-scored in float32, in process, service threads): "
+        + "; ".join(scan)
+        + ".",
         f"Embedding one query alone (in process, the service's embedder): {embed}.",
     ]
     if e2e:

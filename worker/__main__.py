@@ -50,7 +50,7 @@ async def serve(settings: WorkerSettings) -> None:
 
     # so_reuseport off: a second worker on the same port must fail, not silently share it.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, settings.stream_interval), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE_NAME):

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from worker.config import EngineConfig
 from worker.engine import LLMEngine, StepResult, build_engine
 from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from worker.output_stream import OutputStream
 from worker.outputs import EngineStats, FinishedRequestStats, ModelInfo, PromptInput, RequestOutput, StepStats
 from worker.request import Request
 from worker.sampling_params import SamplingParams
@@ -40,7 +41,7 @@ class AsyncEngine:
         self.max_waiting = 0
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, OutputStream] = {}
         self._step_listeners: list[StepListener] = []
         self._finished_listeners: list[FinishedListener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,19 +105,19 @@ class AsyncEngine:
         requests = await asyncio.to_thread(self.engine.make_requests, request_id, prompt, params)
         if len(self.engine.scheduler.waiting) + self._num_pending_adds >= self.max_waiting:
             raise EngineOverloadedError(f"the worker's queue is full ({self.max_waiting} requests waiting)")
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = OutputStream()
         self._streams[request_id] = stream
         self._submit("add", requests)
         remaining = params.n
         try:
             while remaining:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    remaining = 0
-                    raise item
-                if item.finished:
-                    remaining -= 1
-                yield item
+                for item in await stream.drain():
+                    if isinstance(item, BaseException):
+                        remaining = 0
+                        raise item
+                    if item.finished:
+                        remaining -= 1
+                    yield item
         finally:
             self._streams.pop(request_id, None)
             if remaining:
@@ -210,16 +211,16 @@ class AsyncEngine:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
-                stream.put_nowait(output)
+                stream.put(output)
 
     def _deliver_error(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            stream.put_nowait(exc)
+            stream.put(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for stream in list(self._streams.values()):
-            stream.put_nowait(exc)
+            stream.put(exc)
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

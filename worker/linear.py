@@ -46,8 +46,10 @@ class Linear:
         if backend == "auto":
             backend = "onednn" if onednn_available(weight) else "torch"
         elif backend == "onednn" and not onednn_available(weight):
-            raise ValueError(f"the onednn linear backend needs a CPU float32/bfloat16 weight, got {weight.dtype} "
-                             f"on {weight.device}")
+            raise ValueError(
+                f"the onednn linear backend needs a CPU float32/bfloat16 weight, got {weight.dtype} "
+                f"on {weight.device}"
+            )
         self.backend = backend
         self.out_features, self.in_features = weight.shape
         self.bias = bias

@@ -15,6 +15,7 @@ import grpc
 from services.gen import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from worker.output_stream import TokenBatcher
 from worker.outputs import PromptInput, RequestOutput, TokenLogprob
 from worker.sampling_params import SamplingParams
 
@@ -95,8 +96,9 @@ def status_of(exc: Exception) -> grpc.StatusCode:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, stream_interval: int = 1) -> None:
         self.engine = engine
+        self.stream_interval = stream_interval
 
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -113,9 +115,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except (InvalidRequestError, ValueError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         stream = self.engine.generate(request_id, prompt, params)
+        batcher = TokenBatcher(self.stream_interval)
         try:
             async for output in stream:
-                yield output_to_proto(output)
+                ready = batcher.push(output)
+                if ready is not None:
+                    yield output_to_proto(ready)
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -29,6 +30,7 @@ class WorkerSettings(BaseSettings):
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
     max_waiting: int = 1024
+    stream_interval: int = Field(4, ge=1)  # tokens per gRPC message after the first (vLLM's stream interval)
     num_speculative_tokens: int = 0  # n-gram draft tokens per greedy decode of a small batch; 0: off
     price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
 

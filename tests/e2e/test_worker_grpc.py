@@ -62,6 +62,22 @@ def test_generate_text_streams_deltas_then_usage(worker_stub: worker_pb2_grpc.Wo
     assert "Paris" in text_of(chunks)
 
 
+def test_tokens_come_first_alone_then_in_messages_of_the_stream_interval(
+    worker_stub: worker_pb2_grpc.WorkerStub,
+) -> None:
+    """Default WORKER_STREAM_INTERVAL is 4: one message for the first token, then >= 4 tokens a message
+    (more only when the consumer fell behind), the remainder with the final one."""
+    params = pb.SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True)
+    chunks = list(
+        worker_stub.Generate(pb.GenerateRequest(text="Count to twenty:", params=params), timeout=60)
+    )
+    sizes = [len(c.token_ids) for c in chunks]
+    assert sum(sizes) == 13 and chunks[-1].usage.completion_tokens == 13
+    assert all(size >= 4 for size in sizes[1:-1]), sizes
+    assert 2 <= len(chunks) <= 4, sizes
+    assert chunks[-1].finish_reason == "length"
+
+
 def test_chat_and_token_id_prompts(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     chat = pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="What is the capital of France?")])
     chat_chunks = generate(worker_stub, chat=chat)
