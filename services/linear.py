@@ -62,3 +62,30 @@ class Linear:
         if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+class PackedLinearModule(torch.nn.Module):
+    """An nn.Linear replacement over a `Linear` (any leading dimensions), for models run by torch modules."""
+
+    def __init__(self, linear: torch.nn.Linear, backend: str = "auto") -> None:
+        super().__init__()
+        bias = linear.bias.detach() if linear.bias is not None else None
+        self.linear = Linear(linear.weight.detach(), bias, backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.linear(x.reshape(-1, x.shape[-1]))
+        return rows.reshape(*x.shape[:-1], rows.shape[-1])
+
+
+def pack_linear_layers(module: torch.nn.Module, backend: str = "auto") -> int:
+    """Replace every nn.Linear inside `module` (in place, for inference); returns how many were packed."""
+    packed = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            replacement = PackedLinearModule(child, backend)
+            if replacement.linear.backend == "onednn":
+                setattr(module, name, replacement)
+                packed += 1
+        else:
+            packed += pack_linear_layers(child, backend)
+    return packed
