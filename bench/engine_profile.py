@@ -2,10 +2,11 @@
 
     .venv/bin/python -m bench.engine_profile [--dtype float32]
 
-Prints GEMM throughput for the model's shapes at 1, 32 and 512 rows, the bandwidth of one-row
-products over all the model's weights in both layouts against a plain read, the median decode step of
-1 and 32 sequences (128-token prompts), the top operators of a profiled 32-sequence step, and a
-single-sequence step run on a thread other than the one that built the engine.
+Prints GEMM throughput at 1, 32 and 512 rows (F.linear and weights prepacked for oneDNN), the bandwidth
+of one-row products over all the model's weights (plain, transposed, prepacked) against a plain read, the
+median decode step of 1 and 32 sequences (128-token prompts) with either linear backend, the top
+operators of a profiled 32-sequence step, and a single-sequence step run on a thread other than the one
+that built the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from bench.report import median
+from services.linear import Linear
 from worker.config import CacheConfig, EngineConfig
 from worker.engine import build_engine
 from worker.outputs import PromptInput
@@ -27,15 +29,18 @@ from worker.sampling_params import SamplingParams
 
 def gemm_throughput(dtype: torch.dtype) -> None:
     weight = torch.randn(3072, 576, dtype=dtype)
+    packed = Linear(weight, backend="onednn")
     for rows in (1, 32, 512):
         x = torch.randn(rows, 576, dtype=dtype)
-        times = []
-        for _ in range(30):
-            start = time.perf_counter()
-            F.linear(x, weight)
-            times.append(time.perf_counter() - start)
-        t = median(times)
-        print(f"GEMM {dtype} rows={rows:4d}: {2 * rows * 576 * 3072 / t / 1e9:7.1f} GFLOP/s")
+        for name, fn in (("F.linear", lambda x=x: F.linear(x, weight)), ("prepacked", lambda x=x: packed(x))):
+            fn()
+            times = []
+            for _ in range(30):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            t = median(times)
+            print(f"GEMM {dtype} rows={rows:4d} {name:9s}: {2 * rows * 576 * 3072 / t / 1e9:7.1f} GFLOP/s")
 
 
 def _timed(fn, repeats: int = 7) -> float:  # noqa: ANN001
@@ -52,20 +57,31 @@ def weight_bandwidth(dtype: torch.dtype) -> None:
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
     weights = [torch.randn(shape, dtype=dtype) for shape in shapes]
     transposed = [w.t().contiguous() for w in weights]
+    packed = [Linear(w, backend="onednn") for w in weights]
     inputs = {n: torch.randn(1, n, dtype=dtype) for n in (576, 1536)}
     size = sum(w.numel() * w.element_size() for w in weights)
     flat = torch.cat([w.flatten() for w in weights])
     for name, fn in [
         ("F.linear, [out, in]", lambda: [F.linear(inputs[w.shape[1]], w) for w in weights]),
         ("x @ W, [in, out]", lambda: [inputs[w.shape[0]] @ w for w in transposed]),
+        ("prepacked for oneDNN", lambda: [p(inputs[p.in_features]) for p in packed]),
         ("plain read (sum)", lambda: flat.sum()),
     ]:
         fn()
         print(f"{dtype} {size / 2**20:.0f} MiB of weights, {name}: {size / _timed(fn) / 1e9:5.1f} GB/s")
 
 
-def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0, engine=None) -> None:  # noqa: ANN001
-    engine = engine or build_engine(EngineConfig(dtype=dtype, cache=CacheConfig(kv_cache_memory_gb=0.5)))
+def _build(dtype: str, linear_backend: str = "auto"):  # noqa: ANN202
+    config = EngineConfig(
+        dtype=dtype, linear_backend=linear_backend, cache=CacheConfig(kv_cache_memory_gb=0.5)
+    )
+    return build_engine(config)
+
+
+def decode_steps(  # noqa: ANN201
+    dtype: str, num_seqs: int, profile_top: int = 0, engine=None, linear_backend: str = "auto"
+):
+    engine = engine or _build(dtype, linear_backend)
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     for i in range(num_seqs):
         prompt = PromptInput(token_ids=[(i * 7 + j) % 40000 + 100 for j in range(128)])
@@ -80,7 +96,7 @@ def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0, engine=None) -
     t = median(times)
     where = threading.current_thread().name
     print(
-        f"decode step, {num_seqs} sequences, {dtype}, {where}: "
+        f"decode step, {num_seqs} sequences, {dtype}, {engine.runner.model.linear_backend} linear, {where}: "
         f"{t * 1000:.1f} ms ({num_seqs / t:.0f} tokens/s)"
     )
     if profile_top:
@@ -98,9 +114,10 @@ def main() -> None:
     args = parser.parse_args()
     gemm_throughput(getattr(torch, args.dtype))
     weight_bandwidth(getattr(torch, args.dtype))
-    decode_steps(args.dtype, 1)
-    decode_steps(args.dtype, 32, profile_top=8)
-    built_here = build_engine(EngineConfig(dtype=args.dtype, cache=CacheConfig(kv_cache_memory_gb=0.5)))
+    for backend in ("torch", "onednn"):
+        decode_steps(args.dtype, 1, linear_backend=backend)
+        decode_steps(args.dtype, 32, profile_top=8, linear_backend=backend)
+    built_here = _build(args.dtype)
     other = threading.Thread(target=decode_steps, args=(args.dtype, 1, 0, built_here), name="other-thread")
     other.start()
     other.join()
