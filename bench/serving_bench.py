@@ -360,7 +360,9 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     worker = start_worker("bench-worker", log_dir, **BENCH_ENV)
     gateway = start_gateway("bench-gateway", log_dir, worker.addr)
-    worker_1 = start_worker("bench-worker-interval-1", log_dir, **(BENCH_ENV | {"WORKER_STREAM_INTERVAL": "1"}))
+    worker_1 = start_worker(
+        "bench-worker-interval-1", log_dir, **(BENCH_ENV | {"WORKER_STREAM_INTERVAL": "1"})
+    )
     gateway_1 = start_gateway("bench-gateway-interval-1", log_dir, worker_1.addr)
     try:
         body = report(args, asyncio.run(run(args, worker, gateway, worker_1, gateway_1)))
