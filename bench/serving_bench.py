@@ -358,16 +358,21 @@ def main() -> None:
     args = parser.parse_args()
     log_dir = Path(".run/bench")
     log_dir.mkdir(parents=True, exist_ok=True)
-    worker = start_worker("bench-worker", log_dir, **BENCH_ENV)
-    gateway = start_gateway("bench-gateway", log_dir, worker.addr)
-    worker_1 = start_worker(
-        "bench-worker-interval-1", log_dir, **(BENCH_ENV | {"WORKER_STREAM_INTERVAL": "1"})
-    )
-    gateway_1 = start_gateway("bench-gateway-interval-1", log_dir, worker_1.addr)
+    started: list[Service] = []  # stopped however the run ends, a failed start included
     try:
+        worker = start_worker("bench-worker", log_dir, **BENCH_ENV)
+        started.append(worker)
+        gateway = start_gateway("bench-gateway", log_dir, worker.addr)
+        started.append(gateway)
+        worker_1 = start_worker(
+            "bench-worker-interval-1", log_dir, **(BENCH_ENV | {"WORKER_STREAM_INTERVAL": "1"})
+        )
+        started.append(worker_1)
+        gateway_1 = start_gateway("bench-gateway-interval-1", log_dir, worker_1.addr)
+        started.append(gateway_1)
         body = report(args, asyncio.run(run(args, worker, gateway, worker_1, gateway_1)))
     finally:
-        for service in (gateway_1, worker_1, gateway, worker):
+        for service in reversed(started):
             service.stop()
     print(body)
     write_section("serving", body)
