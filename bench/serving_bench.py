@@ -299,7 +299,7 @@ def report(args: argparse.Namespace, res: Results) -> str:
     lines += [
         "",
         f"Request: a one-token completion, {args.requests} per path, the paths back to back for each one;",
-        "added p50 is the median of each request's latency minus in-process's for the same prompt. Per token:",
+        "added p50: the median of each request's latency minus in-process's for the same prompt. Per token:",
         f"{args.requests // 2}",
         "16-token completions per path, each giving its time per output token after the first (last arrival",
         "minus first, over 15: what a reader sees on average whatever the message size); message gap: time",
