@@ -66,6 +66,12 @@ class Fixture:
         self.builder.close()
         self.scanner.close()
 
+    def __enter__(self) -> Fixture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
@@ -81,8 +87,7 @@ def one_torch_thread() -> Iterator[None]:
 def test_sketch_finds_the_float32_top_candidates(data: str, threads: int, one_torch_thread: None) -> None:
     rng = np.random.default_rng(11)
     matrix = units(rng, N) if data == "random" else clustered(rng, N)
-    f = Fixture(threads)
-    try:
+    with Fixture(threads) as f:
         for i, v in enumerate(matrix):
             f.add(f"e{i}", v)
         assert f.part.settle(timeout=60, rebuild=True)
@@ -100,15 +105,12 @@ def test_sketch_finds_the_float32_top_candidates(data: str, threads: int, one_to
             top = set(torch.topk(scores, SKETCH_CANDIDATES).indices.tolist())
             assert set(np.argsort(-(exact @ q))[:4].tolist()) <= top
             assert np.abs(scores.double().numpy() - exact @ q).max() < 0.01
-    finally:
-        f.close()
 
 
 @needs_int8
 def test_writes_after_the_snapshot_are_honoured_at_once(one_torch_thread: None) -> None:
     rng = np.random.default_rng(12)
-    f = Fixture()
-    try:
+    with Fixture() as f:
         for i, v in enumerate(clustered(rng, N)):
             f.add(f"e{i}", v)
         assert f.part.settle(timeout=60, rebuild=True)
@@ -141,15 +143,12 @@ def test_writes_after_the_snapshot_are_honoured_at_once(one_torch_thread: None) 
             assert best.entry_id == entry_id
         for q in units(rng, 5):
             f.check(q, k=10)
-    finally:
-        f.close()
 
 
 @needs_int8
 def test_background_rebuild_swaps_in_and_results_stay_correct(one_torch_thread: None) -> None:
     rng = np.random.default_rng(13)
-    f = Fixture()
-    try:
+    with Fixture() as f:
         for i, v in enumerate(units(rng, N)):
             f.add(f"e{i}", v)
         assert f.part.settle(timeout=60, rebuild=True)
@@ -170,8 +169,6 @@ def test_background_rebuild_swaps_in_and_results_stay_correct(one_torch_thread: 
         assert f.part.sketch.n > first.n
         for q in [near(rng, extra[c], 0.05) for c in range(0, 2000, 250)] + list(units(rng, 5)):
             f.check(q)
-    finally:
-        f.close()
 
 
 class GatedBuilder(SketchBuilder):
@@ -244,15 +241,12 @@ class FailingBuilder(SketchBuilder):
 @needs_int8
 def test_a_failed_build_leaves_the_float16_scan() -> None:
     rng = np.random.default_rng(16)
-    f = Fixture(builder=FailingBuilder(groups=2, gap=0.0))
-    try:
+    with Fixture(builder=FailingBuilder(groups=2, gap=0.0)) as f:
         for i, v in enumerate(units(rng, SKETCH_MIN_ROWS + 10)):
             f.add(f"e{i}", v)
         assert not f.part.settle(timeout=60)
         assert f.part._builder is None  # no retry loop
         f.check(near(rng, f.live["e42"], 0.1))
-    finally:
-        f.close()
 
 
 @needs_int8
