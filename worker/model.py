@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.attention import AttentionMetadata, paged_attention
 from services.linear import Linear
+from worker.attention import AttentionMetadata, paged_attention
 
 
 @dataclass
