@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer, TokenTexts
-from worker.errors import InvalidRequestError
+from worker.errors import ContextLengthError, InvalidRequestError
 from worker.outputs import (
     EngineStats,
     FinishedRequestStats,
@@ -103,7 +103,7 @@ class LLMEngine:
         try:
             self.scheduler.check_fits(len(prompt_ids), max_tokens)
         except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from exc
+            raise ContextLengthError(str(exc)) from exc
         if self.extra_stop_token_ids and not params.ignore_eos:
             params.stop_token_ids = list(params.stop_token_ids) + list(self.extra_stop_token_ids)
         request_id = request_id or uuid.uuid4().hex
