@@ -1,4 +1,10 @@
-"""`python -m worker`: load the model, start the engine, serve gRPC (health, reflection) and metrics."""
+"""`python -m worker`: load the model, start the engine, serve gRPC (health, reflection) and metrics.
+
+Health is SERVING only while the engine loop is alive, not stalled (no progress for
+WORKER_STALL_TIMEOUT_S while requests wait) and not draining. SIGTERM drains: health turns
+NOT_SERVING, new requests are refused as UNAVAILABLE (the gateway tries another replica), requests
+in flight finish for up to WORKER_DRAIN_TIMEOUT_S, then the process exits 0.
+"""
 
 from __future__ import annotations
 
@@ -21,30 +27,48 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("worker")
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-HEALTH_POLL_S = 1.0
-SHUTDOWN_GRACE_S = 5.0
+HEALTH_POLL_S = 0.25
+DRAIN_POLL_S = 0.1
+SHUTDOWN_GRACE_S = 1.0  # after the drain: calls still open are cut after this
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def engine_serving(engine: AsyncEngine) -> bool:
+    return engine.is_running and not engine.is_stalled
 
 
 async def _watch_engine(engine: AsyncEngine, health: HealthServicer) -> None:
-    """Report NOT_SERVING as soon as the engine loop dies, so health checks and run_stack see it."""
+    """Follow the engine's state in grpc.health: NOT_SERVING when its loop dies or stalls, SERVING
+    again when a stalled loop moves, so health checks, run_stack and the gateway's /ready see it."""
     serving = True
     while True:
-        alive = engine.is_running
-        if alive != serving:
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if alive
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
+        ok = engine_serving(engine)
+        if ok != serving:
+            status = SERVING if ok else NOT_SERVING
             for name in ("", SERVICE_NAME):
                 await health.set(name, status)
-            serving = alive
+            if engine.is_running:
+                log.warning("engine %s", "moving again: SERVING" if ok else "stalled: NOT_SERVING")
+            serving = ok
         await asyncio.sleep(HEALTH_POLL_S)
+
+
+async def drain(engine: AsyncEngine, timeout_s: float) -> int:
+    """Refuse new requests and wait for those in flight; returns how many were still open at the end."""
+    engine.stop_admitting()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while engine.num_in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    return engine.num_in_flight
 
 
 async def serve(settings: WorkerSettings) -> None:
     log.info("loading %s (dtype %s, device %s)", settings.model, settings.dtype, settings.device)
-    engine = AsyncEngine.from_config(settings.engine_config())
+    engine = AsyncEngine.from_config(
+        settings.engine_config(),
+        stall_timeout_s=settings.stall_timeout_s,
+        debug_stall_file=settings.debug_stall_file,
+    )
     await engine.start()
     metrics = start_metrics_server(engine, settings)
 
@@ -80,11 +104,13 @@ async def serve(settings: WorkerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
-    log.info("shutting down")
     watcher.cancel()
     await health.enter_graceful_shutdown()
+    log.info("draining %d request(s) for up to %.0f s", engine.num_in_flight, settings.drain_timeout_s)
+    left = await drain(engine, settings.drain_timeout_s)
+    log.info("shutting down (%d request(s) cut off)", left)
+    await engine.shutdown()  # fails what is left, so their calls end with UNAVAILABLE
     await server.stop(SHUTDOWN_GRACE_S)
-    await engine.shutdown()
     metrics.close()
 
 

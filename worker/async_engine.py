@@ -1,9 +1,13 @@
 """AsyncEngine: the engine loop on its own thread, one asyncio stream per request for the server.
 
-The server's event loop never runs a model step: it hands commands (add, abort) to the engine
-thread through a queue, and the engine thread hands each step's outputs back in one batch with
-`call_soon_threadsafe`. Closing a stream early (client gone, task cancelled) aborts its request, so
-its KV blocks are freed at the next step.
+The engine thread is the only owner of engine state (scheduler, block manager, live groups). The
+event loop talks to it in one direction with commands (add, abort) on a queue, and hears back in
+the other with each step's outputs (`call_soon_threadsafe`) and an immutable snapshot of the
+engine's counters, republished after every round of the loop. Admission (queue full, duplicate
+ids) is decided on the engine thread too, so no counter is ever changed from two threads.
+
+Closing a stream early (client gone, task cancelled, deadline passed) aborts its request, so its
+KV blocks are freed at the next round of the loop.
 
 The engine thread also loads the model: torch work on a thread other than the one that allocated
 the weights ran about 1.6x slower per step on the CPU (26.6 vs 16.5 ms per bfloat16 decode
@@ -15,14 +19,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from worker.config import EngineConfig
 from worker.engine import LLMEngine, StepResult, build_engine
-from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from worker.errors import (
+    EngineDeadError,
+    EngineDrainingError,
+    EngineOverloadedError,
+    EngineStalledError,
+    InvalidRequestError,
+)
 from worker.output_stream import OutputStream
 from worker.outputs import EngineStats, FinishedRequestStats, ModelInfo, PromptInput, RequestOutput, StepStats
 from worker.request import Request
@@ -32,27 +45,46 @@ log = logging.getLogger(__name__)
 
 StepListener = Callable[[StepStats], None]
 FinishedListener = Callable[[FinishedRequestStats], None]
+IDLE_WAIT_S = 0.5  # an idle loop still goes round this often, so its heartbeat stays fresh
+DEBUG_STALL_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the event loop may know of the engine, published by the engine thread."""
+
+    stats: EngineStats
+    num_unfinished: int
+    heartbeat: float  # time.monotonic() when the engine loop last went round
 
 
 class AsyncEngine:
-    def __init__(self, engine_factory: Callable[[], LLMEngine]) -> None:
+    def __init__(
+        self,
+        engine_factory: Callable[[], LLMEngine],
+        stall_timeout_s: float = 30.0,
+        debug_stall_file: str | None = None,
+    ) -> None:
         self._engine_factory = engine_factory
-        self.engine: LLMEngine | None = None  # built on the engine thread by start()
-        self.max_waiting = 0
+        self.engine: LLMEngine | None = None  # built on, and owned by, the engine thread
+        self.stall_timeout_s = stall_timeout_s
+        self._debug_stall_file = debug_stall_file  # test hook: steps wait while this file exists
+        self._model_info: ModelInfo | None = None
+        self._snapshot: EngineSnapshot | None = None
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._streams: dict[str, OutputStream] = {}
-        self._step_listeners: list[StepListener] = []
-        self._finished_listeners: list[FinishedListener] = []
+        self._stopping = threading.Event()
+        self._streams: dict[str, OutputStream] = {}  # event loop only
+        self._admitting = True  # event loop only
+        self._step_listeners: tuple[StepListener, ...] = ()
+        self._finished_listeners: tuple[FinishedListener, ...] = ()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = False
         self._dead: BaseException | None = None
-        self._num_pending_adds = 0
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(lambda: build_engine(config))
+    def from_config(cls, config: EngineConfig, **options: object) -> AsyncEngine:
+        return cls(lambda: build_engine(config), **options)  # type: ignore[arg-type]
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -70,7 +102,8 @@ class AsyncEngine:
     def _thread_main(self, ready: asyncio.Future) -> None:
         try:
             self.engine = self._engine_factory()
-            self.max_waiting = self.engine.scheduler.config.max_waiting
+            self._model_info = self.engine.model_info
+            self._publish_snapshot()
         except BaseException as exc:
             self._dead = exc
             self._post(_settle, ready, exc)
@@ -78,8 +111,13 @@ class AsyncEngine:
         self._post(_settle, ready, None)
         self._run()
 
+    def stop_admitting(self) -> None:
+        """Drain: requests in flight go on, new ones are refused (EngineDrainingError)."""
+        self._admitting = False
+
     async def shutdown(self) -> None:
-        self._stopping = True
+        self._admitting = False
+        self._stopping.set()
         self._wakeup.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
@@ -89,22 +127,39 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests whose streams are open (event loop only)."""
+        return len(self._streams)
+
+    def stalled_for(self) -> float:
+        """Seconds the engine loop has made no progress while requests wait on it; 0 when idle."""
+        snapshot = self._snapshot
+        if snapshot is None or not self._streams:
+            return 0.0
+        return max(0.0, time.monotonic() - snapshot.heartbeat)
+
+    @property
+    def is_stalled(self) -> bool:
+        return self.stalled_for() > self.stall_timeout_s
+
     # ---- API -----------------------------------------------------------------------------
     async def generate(
         self, request_id: str, prompt: PromptInput, params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; errors are raised before the first output."""
-        if not self.is_running:
-            raise EngineDeadError("the engine is not running")
+        self._check_admitting()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         params = dataclasses.replace(
             params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids)
         )
+        # Tokenizing reads only what never changes after start-up (tokenizer, limits).
         requests = await asyncio.to_thread(self.engine.make_requests, request_id, prompt, params)
-        if len(self.engine.scheduler.waiting) + self._num_pending_adds >= self.max_waiting:
-            raise EngineOverloadedError(f"the worker's queue is full ({self.max_waiting} requests waiting)")
+        self._check_admitting()
+        if request_id in self._streams:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         stream = OutputStream()
         self._streams[request_id] = stream
         self._submit("add", requests)
@@ -123,47 +178,72 @@ class AsyncEngine:
             if remaining:
                 self._submit("abort", request_id)
 
+    def _check_admitting(self) -> None:
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running")
+        if not self._admitting:
+            raise EngineDrainingError("the worker is shutting down")
+        if self.is_stalled:
+            raise EngineStalledError(f"the engine has made no progress for {self.stalled_for():.0f} s")
+
     async def abort(self, request_id: str) -> bool:
-        found = self.engine is not None and (request_id in self.engine.groups or request_id in self._streams)
+        """Abort a request by id; False when no stream of that id is open here."""
+        found = request_id in self._streams
         if found:
             self._submit("abort", request_id)
         return found
 
+    def snapshot(self) -> EngineSnapshot:
+        if self._snapshot is None:
+            raise EngineDeadError("the engine is not started")
+        return self._snapshot
+
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        """The counters as of the engine loop's last round (never read from engine state directly)."""
+        return self.snapshot().stats
 
     @property
     def model_info(self) -> ModelInfo:
-        return self.engine.model_info
+        if self._model_info is None:
+            raise EngineDeadError("the engine is not started")
+        return self._model_info
 
     def add_step_listener(self, listener: StepListener) -> None:
-        self._step_listeners.append(listener)
+        """Called on the engine thread after each step with work (or aborts) to report."""
+        self._step_listeners = (*self._step_listeners, listener)
 
     def add_finished_listener(self, listener: FinishedListener) -> None:
-        self._finished_listeners.append(listener)
+        self._finished_listeners = (*self._finished_listeners, listener)
 
     # ---- engine thread -------------------------------------------------------------------
     def _submit(self, kind: str, payload: object) -> None:
-        if kind == "add":
-            self._num_pending_adds += 1
         self._commands.put((kind, payload))
         self._wakeup.set()
 
     def _run(self) -> None:
         try:
-            while not self._stopping:
+            while not self._stopping.is_set():
                 self._apply_commands()
                 if not self.engine.has_unfinished():
                     self._publish(self.engine.step())  # reports aborts that emptied the engine
-                    self._wakeup.wait(timeout=0.5)
+                    self._publish_snapshot()
+                    self._wakeup.wait(timeout=IDLE_WAIT_S)
                     self._wakeup.clear()
                     continue
-                result = self.engine.step()
-                self._publish(result)
+                self._hold_while_debug_stall()
+                self._publish(self.engine.step())
+                self._publish_snapshot()
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop crashed")
             self._dead = exc
             self._post(self._fail_all, EngineDeadError(f"the engine loop crashed: {exc}"))
+
+    def _hold_while_debug_stall(self) -> None:
+        """Test hook (WORKER_DEBUG_STALL_FILE, off by default): play a hung step while the file exists."""
+        if self._debug_stall_file is None:
+            return
+        while os.path.exists(self._debug_stall_file) and not self._stopping.is_set():
+            time.sleep(DEBUG_STALL_POLL_S)
 
     def _apply_commands(self) -> None:
         while True:
@@ -172,24 +252,32 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if kind == "add":
-                self._num_pending_adds -= 1
-                self._add(payload)
+                self._add(payload)  # type: ignore[arg-type]
             else:
-                outputs = self.engine.abort(payload)
+                outputs = self.engine.abort(payload)  # type: ignore[arg-type]
                 if outputs:
                     self._post(self._deliver, outputs)
 
     def _add(self, requests: list[Request]) -> None:
+        """Admit a request, or fail its stream alone (queue full, id in use)."""
         try:
+            max_waiting = self.engine.scheduler.config.max_waiting
+            if len(self.engine.scheduler.waiting) >= max_waiting:
+                raise EngineOverloadedError(f"the worker's queue is full ({max_waiting} requests waiting)")
             self.engine.add(requests)
-        except Exception as exc:  # a request that cannot be added fails alone
+        except Exception as exc:
             self._post(self._deliver_error, requests[0].group_id, exc)
+
+    def _publish_snapshot(self) -> None:
+        self._snapshot = EngineSnapshot(
+            self.engine.stats(), self.engine.scheduler.num_unfinished, time.monotonic()
+        )
 
     def _publish(self, result: StepResult) -> None:
         if result.outputs:
             self._post(self._deliver, result.outputs)
-        for listener in self._step_listeners:
-            if result.stats is not None:
+        if result.stats is not None:
+            for listener in self._step_listeners:
                 self._call_listener(listener, result.stats)
         for finished in result.finished:
             for listener in self._finished_listeners:
@@ -204,7 +292,10 @@ class AsyncEngine:
 
     def _post(self, fn: Callable, *args: object) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(fn, *args)
+            try:
+                self._loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
 
     # ---- event loop side -----------------------------------------------------------------
     def _deliver(self, outputs: list[RequestOutput]) -> None:

@@ -6,6 +6,7 @@ gRPC; the engine stream is then closed, which aborts the request and frees its K
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +15,8 @@ import grpc
 
 from services.gen import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
-from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from worker.errors import InvalidRequestError
+from worker.grpc_errors import abort_for, abort_with, status_of
 from worker.output_stream import TokenBatcher
 from worker.outputs import PromptInput, RequestOutput, TokenLogprob
 from worker.sampling_params import SamplingParams
@@ -84,15 +86,12 @@ def _token_logprob(t: TokenLogprob) -> worker_pb2.TokenLogprob:
     )
 
 
-def status_of(exc: Exception) -> grpc.StatusCode:
-    """The one place engine errors become gRPC codes (the gateway maps these on to HTTP)."""
-    if isinstance(exc, InvalidRequestError | ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, EngineOverloadedError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, EngineDeadError):
-        return grpc.StatusCode.UNAVAILABLE
-    return grpc.StatusCode.INTERNAL
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's gRPC deadline on the event loop's clock; None when the client set none."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return asyncio.get_running_loop().time() + remaining
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -105,29 +104,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         served = self.engine.model_info.model_name
         if request.model and request.model != served:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here ({served!r} is)"
-            )
+            message = f"model {request.model!r} is not served here ({served!r} is)"
+            await abort_with(context, "MODEL_NOT_FOUND", message, "model")
         request_id = request.request_id or uuid.uuid4().hex
         try:
             prompt = prompt_from_proto(request)
             params = params_from_proto(request.params)
         except (InvalidRequestError, ValueError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort_for(context, exc)
         stream = self.engine.generate(request_id, prompt, params)
         batcher = TokenBatcher(self.stream_interval)
+        deadline = _deadline(context)
         try:
-            async for output in stream:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):  # the client's deadline, not across the yield
+                        output = await anext(stream)
+                except StopAsyncIteration:
+                    break
                 ready = batcher.push(output)
                 if ready is not None:
                     yield output_to_proto(ready)
+        except TimeoutError:  # the stream was closed by the timeout, which aborted the request
+            await abort_with(context, "DEADLINE_EXCEEDED", "the request's deadline passed; it was aborted")
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
-            code = status_of(exc)
-            if code == grpc.StatusCode.INTERNAL:
+            if status_of(exc) == grpc.StatusCode.INTERNAL:
                 log.exception("request %s failed", request_id)
-            await context.abort(code, str(exc) or type(exc).__name__)
+            await abort_for(context, exc)
         finally:
             await stream.aclose()  # a no-op when finished; otherwise aborts the request in the engine
 

@@ -33,6 +33,9 @@ class WorkerSettings(BaseSettings):
     stream_interval: int = Field(4, ge=1)  # tokens per gRPC message after the first (vLLM's stream interval)
     num_speculative_tokens: int = 0  # n-gram draft tokens per greedy decode of a small batch; 0: off
     price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
+    drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM: how long requests in flight may finish
+    stall_timeout_s: float = Field(30.0, gt=0)  # no engine progress this long with work waiting: not ready
+    debug_stall_file: str | None = None  # tests only: engine steps wait while this file exists
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> WorkerSettings:
