@@ -5,11 +5,15 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 GEN := services/gen/worker_pb2.py services/gen/cache_pb2.py
 
-.PHONY: run test venv protos model bench lint clean
+.PHONY: run test venv protos model bench lint clean images compose-up compose-down compose-test soak
 
-$(VENV)/.installed: requirements.txt
+# Runtime packages in requirements.txt, tests and lint in requirements-dev.txt; the images install the
+# first alone (`make venv REQUIREMENTS=requirements.txt`).
+REQUIREMENTS ?= requirements.txt requirements-dev.txt
+
+$(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet $(addprefix -r ,$(REQUIREMENTS))
 	touch $@
 
 venv: $(VENV)/.installed
@@ -47,6 +51,24 @@ bench: venv protos model
 	$(PY) -m bench.serving_bench
 	$(PY) -m bench.cache_quality --write-docs
 	$(PY) -m bench.cache_latency --write-docs
+
+# Containers (docs/OPERATIONS.md): images built from Debian's packages with nothing pulled from Docker Hub,
+# the stack brought up on them with the local model mounted, and the opt-in test that does it all (minutes).
+images:
+	deploy/build_images.sh
+
+compose-up: images model
+	BASE_IMAGE=$${BASE_IMAGE:-llmserve-base:bookworm} LLMSERVE_MODELS=./models deploy/compose.sh up -d
+
+compose-down:
+	deploy/compose.sh down --remove-orphans
+
+compose-test: venv protos model images
+	LLMSERVE_COMPOSE_TEST=1 $(PY) -m pytest -q tests/deploy/test_compose_stack.py
+
+# Minutes of mixed load on `make run`'s processes; writes the `soak` section of docs/BENCHMARKS.md.
+soak: venv protos model
+	$(PY) -m bench.soak --write-docs
 
 lint: venv
 	$(PY) -m ruff check .

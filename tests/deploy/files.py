@@ -17,7 +17,9 @@ from pydantic_settings import BaseSettings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-DOCKERIGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
+DOCKERIGNORE = ROOT / ".dockerignore"  # the build context is the repository root
+SIDE_DOCKERFILES = (ROOT / "deploy" / "redis" / "Dockerfile", ROOT / "deploy" / "prometheus" / "Dockerfile")
+APP_IMAGE = "llmserve:latest"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "llmserve.json"
@@ -38,6 +40,16 @@ def interpolate(value: str) -> str:
 
 def load_compose() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())
+
+
+def app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run the stack's own image (deploy/Dockerfile)."""
+    return {name: s for name, s in compose["services"].items() if s.get("image") == APP_IMAGE}
+
+
+def volume_parts(volume: str) -> list[str]:
+    """source, target[, mode] of a short-syntax volume, its ${VAR:-default} resolved to the default."""
+    return interpolate(volume).split(":")
 
 
 def service_env_names(service: dict[str, Any]) -> list[str]:

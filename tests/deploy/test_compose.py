@@ -18,15 +18,18 @@ from cache_service.settings import CacheSettings
 from gateway.settings import GatewaySettings
 from services import healthcheck
 from tests.deploy.files import (
+    APP_IMAGE,
     COMPOSE,
     PROMETHEUS,
     ROOT,
+    app_services,
     interpolate,
     load_compose,
     parse_as_field,
     service_env,
     service_env_names,
     settings_env_fields,
+    volume_parts,
 )
 from worker.settings import WorkerSettings
 
@@ -177,12 +180,10 @@ def test_prometheus_scrapes_each_service_where_it_serves_metrics(services: dict[
     assert jobs["gateway"].get("metrics_path", "/metrics") == "/metrics"
 
 
-def test_commands_name_modules_and_make_targets_that_exist(services: dict[str, dict[str, Any]]) -> None:
+def test_commands_name_modules_and_make_targets_that_exist(compose: dict[str, Any]) -> None:
     makefile = (ROOT / "Makefile").read_text()
-    for name, service in services.items():
-        command = service.get("command")
-        if "build" not in service or command is None:
-            continue
+    for name, service in app_services(compose).items():
+        command = service["command"]
         if command[:2] == ["python", "-m"]:
             module = command[2]
             assert importlib.util.find_spec(f"{module}.__main__") is not None, f"{name}: {module}"
@@ -197,16 +198,13 @@ def test_model_init_writes_where_the_worker_reads(services: dict[str, dict[str, 
     init, worker = services["model-init"], services["worker"]
     (model_dir,) = [arg.split("=", 1)[1] for arg in init["command"] if arg.startswith("MODEL_DIR=")]
     assert service_env(worker)["WORKER_MODEL"] == model_dir
-    volume_of = {
-        s: {v.split(":")[0]: v.split(":")[1] for v in services[s]["volumes"]}
-        for s in (
-            "model-init",
-            "worker",
-        )
-    }
-    assert volume_of["model-init"]["models"] == volume_of["worker"]["models"] == "/app/models"
+    (init_volume,) = init["volumes"]
+    (worker_volume,) = worker["volumes"]
+    assert volume_parts(init_volume) == ["models", "/app/models"]
+    assert volume_parts(worker_volume) == ["models", "/app/models", "ro"]
+    # One variable picks the source for both: the named volume, or a host folder that holds the model.
+    assert init_volume.split(":/app/")[0] == worker_volume.split(":/app/")[0] == "${LLMSERVE_MODELS:-models}"
     assert model_dir.startswith("models/"), "relative to the image's WORKDIR /app"
-    assert worker["volumes"] == ["models:/app/models:ro"]
     assert worker["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
 
 
@@ -241,11 +239,30 @@ def test_bind_mounts_and_volumes_exist(compose: dict[str, Any], services: dict[s
     declared = set(compose.get("volumes") or {})
     for name, service in services.items():
         for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
+            source = volume_parts(volume)[0]
             if source.startswith("."):
                 assert (ROOT / source).exists(), f"{name}: {source}"
             else:
                 assert source in declared, f"{name}: undeclared volume {source}"
         build = service.get("build")
         if build:
-            assert (ROOT / build["context"] / build["dockerfile"]).is_file()
+            assert (ROOT / build["context"] / build.get("dockerfile", "Dockerfile")).is_file()
+
+
+def test_only_the_base_image_is_pulled_outside_a_profile(services: dict[str, dict[str, Any]]) -> None:
+    """Every image the default profile runs is built here from BASE_IMAGE (Redis and Prometheus from Debian's
+    packages); an upstream image (Grafana) only behind a profile, so `up` works with no Docker Hub."""
+    for name, service in services.items():
+        if "profiles" in service:
+            continue
+        build = service.get("build")
+        assert build, f"{name}: the image {service.get('image')} would be pulled"
+        assert build["args"]["BASE_IMAGE"] == "${BASE_IMAGE:-python:3.11-slim}", name
+        assert service["image"].startswith("llmserve"), name
+    assert {name for name, s in services.items() if s.get("image") == APP_IMAGE} == {
+        "model-init",
+        "worker",
+        "cache_service",
+        "gateway",
+    }
+    assert services["grafana"]["profiles"] == ["dashboard"]

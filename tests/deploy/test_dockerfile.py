@@ -20,7 +20,18 @@ import pytest
 from cache_service.settings import CacheSettings
 from gateway.settings import GatewaySettings
 from tests.deploy.dockerfile_parser import Instruction, parse
-from tests.deploy.files import DOCKERFILE, ROOT, dockerignore_patterns, excluded, hadolint, load_compose, run
+from tests.deploy.files import (
+    DOCKERFILE,
+    ROOT,
+    SIDE_DOCKERFILES,
+    app_services,
+    dockerignore_patterns,
+    excluded,
+    hadolint,
+    load_compose,
+    run,
+    volume_parts,
+)
 from worker.settings import WorkerSettings
 
 PACKAGES = ("worker", "gateway", "cache_service", "services", "scripts")
@@ -35,18 +46,36 @@ def of(instructions: tuple[Instruction, ...], cmd: str) -> list[Instruction]:
     return [i for i in instructions if i.cmd == cmd.upper()]
 
 
-def test_hadolint_is_clean() -> None:
-    result = run([hadolint(), "--no-color", str(DOCKERFILE)])
+ALL_DOCKERFILES = pytest.mark.parametrize(
+    "path", [DOCKERFILE, *SIDE_DOCKERFILES], ids=lambda p: p.relative_to(ROOT).as_posix()
+)
+
+
+@ALL_DOCKERFILES
+def test_hadolint_is_clean(path: Path) -> None:
+    result = run([hadolint(), "--no-color", "--failure-threshold", "info", str(path)])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_base_image_is_a_build_argument_defaulting_to_python_slim(
-    instructions: tuple[Instruction, ...],
-) -> None:
+@ALL_DOCKERFILES
+def test_every_stage_starts_from_the_base_image_argument(path: Path) -> None:
+    """One base for every image: python:3.11-slim, or the one deploy/base/ builds from Debian's packages."""
+    instructions = parse(path.read_text())
     first_arg = instructions[0]
     assert first_arg.cmd == "ARG" and first_arg.value == ("BASE_IMAGE=python:3.11-slim",)
-    (base,) = of(instructions, "from")
-    assert base.value == ("${BASE_IMAGE}",)
+    stages = of(instructions, "from")
+    assert stages and all(stage.value[0] == "${BASE_IMAGE}" for stage in stages)
+    assert len(stages[-1].value) == 1, "the last stage is the image"
+
+
+def test_build_time_wheels_stay_out_of_the_final_image(instructions: tuple[Instruction, ...]) -> None:
+    """deploy/wheels/ (the CPU torch wheel) reaches the dependency stage only; the image gets its venv."""
+    final = max(i for i, ins in enumerate(instructions) if ins.cmd == "FROM")
+    copies = [(i, ins) for i, ins in enumerate(instructions) if ins.cmd == "COPY"]
+    wheel_copies = [i for i, ins in copies if "deploy/wheels/" in ins.value]
+    assert wheel_copies and all(i < final for i in wheel_copies)
+    (venv_copy,) = [ins for ins in instructions[final:] if ins.cmd == "COPY" and ins.flags]
+    assert venv_copy.flags == ("--from=deps",) and venv_copy.value == ("/app/.venv/", ".venv/")
 
 
 def test_exposed_ports_are_the_settings_defaults(instructions: tuple[Instruction, ...]) -> None:
@@ -55,32 +84,42 @@ def test_exposed_ports_are_the_settings_defaults(instructions: tuple[Instruction
     assert exposed == {worker.port, worker.metrics_port, cache.port, cache.metrics_port, gateway.gateway_port}
 
 
-def test_runs_as_an_unprivileged_numeric_user(instructions: tuple[Instruction, ...]) -> None:
-    (user,) = of(instructions, "user")
+@ALL_DOCKERFILES
+def test_runs_as_an_unprivileged_numeric_user(path: Path) -> None:
+    """Numeric, so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd."""
+    (user,) = of(parse(path.read_text()), "user")
     assert re.fullmatch(r"[1-9]\d*(:\d+)?", user.value[0])
 
 
 def test_workdir_and_venv_path_match_compose(instructions: tuple[Instruction, ...]) -> None:
-    (workdir,) = of(instructions, "workdir")
-    assert workdir.value == ("/app",)
+    workdirs = {w.value for w in of(instructions, "workdir")}
+    assert workdirs == {("/app",)}, "the venv is built and used at the same path"
     env = dict(zip(*[iter(v for e in of(instructions, "env") for v in e.value)] * 2, strict=True))
     assert env["PATH"].startswith("/app/.venv/bin:"), "the Makefile's venv is .venv under WORKDIR"
-    models_mount = load_compose()["services"]["worker"]["volumes"][0].split(":")[1]
-    assert models_mount == workdir.value[0] + "/models"
+    models_mount = volume_parts(load_compose()["services"]["worker"]["volumes"][0])[1]
+    assert models_mount == "/app/models"
 
 
 def replay_copies(instructions: tuple[Instruction, ...], app: Path) -> list[str]:
-    """Copy what each COPY brings from the context into `app`; return the `make` steps in order."""
+    """Copy what each COPY brings from the context into `app`; return the `make` steps in order.
+
+    Copies from another stage (the venv) are left to the real build; copies outside WORKDIR (the wheels)
+    are checked for their source only.
+    """
     patterns = dockerignore_patterns()
     make_steps: list[str] = []
     for ins in instructions:
         if ins.cmd == "COPY":
-            assert not ins.flags, f"unexpected COPY flags {ins.flags}"
+            if ins.flags:
+                assert ins.flags == ("--from=deps",), f"unexpected COPY flags {ins.flags}"
+                continue
             *sources, dest = ins.value
             for source in sources:
                 src = ROOT / source
                 assert src.exists(), f"COPY {source}: not in the repository"
                 assert not excluded(source.rstrip("/"), patterns), f"COPY {source}: excluded by .dockerignore"
+                if dest.startswith("/"):
+                    continue
                 files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file()]
                 for path in files:
                     rel = path.relative_to(ROOT).as_posix()
@@ -92,6 +131,13 @@ def replay_copies(instructions: tuple[Instruction, ...], app: Path) -> list[str]
         elif ins.cmd == "RUN" and ins.value[0].startswith("make "):
             make_steps.append(ins.value[0])
     return make_steps
+
+
+def final_stage_env(instructions: tuple[Instruction, ...]) -> dict[str, str]:
+    """The ENV values the image's last stage sets (without ${...} expansion: none is used here)."""
+    final = max(i for i, ins in enumerate(instructions) if ins.cmd == "FROM")
+    pairs = [v for ins in instructions[final:] if ins.cmd == "ENV" for v in ins.value]
+    return {k: v for k, v in zip(pairs[::2], pairs[1::2], strict=True) if "$" not in v}
 
 
 def fake_venv(where: Path) -> Path:
@@ -110,18 +156,23 @@ def test_build_steps_work_from_the_copied_files_alone(
     app = tmp_path / "app"
     app.mkdir()
     make_steps = replay_copies(instructions, app)
-    assert make_steps == ["make venv", "make protos"]
+    assert make_steps == ["make venv REQUIREMENTS=requirements.txt", "make protos"]
     assert not list((app / "services" / "gen").glob("*_pb2*.py")), "generated stubs must be built, not copied"
+    assert not (app / "requirements-dev.txt").exists(), "tests and lint stay out of the image"
+    fresh = run([*shlex.split(make_steps[0]), "-n", f"VENV={tmp_path / 'new-venv'}"], cwd=app)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "-r requirements.txt" in fresh.stdout and "requirements-dev" not in fresh.stdout
     os.utime(app / "requirements.txt", (0, 0))  # older than the stamp: the venv counts as installed
     venv = fake_venv(tmp_path / "venv")
-    dry = run(["make", "-n", "venv", f"VENV={venv}"], cwd=app)
+    dry = run([*shlex.split(make_steps[0]), "-n", f"VENV={venv}"], cwd=app)
     assert dry.returncode == 0, dry.stderr
-    protos = run(["make", "protos", f"VENV={venv}"], cwd=app)
+    image_env = os.environ | final_stage_env(instructions)  # make protos and make model read REQUIREMENTS
+    protos = run(["make", "protos", f"VENV={venv}"], cwd=app, env=image_env)
     assert protos.returncode == 0, protos.stdout + protos.stderr
     assert (app / "services" / "gen" / "worker_pb2_grpc.py").is_file()
-    for name, service in load_compose()["services"].items():
-        if "build" in service and service["command"][0] == "make":  # e.g. model-init's `make model`
-            dry = run([*service["command"], f"VENV={venv}", "-n"], cwd=app)
+    for name, service in app_services(load_compose()).items():
+        if service["command"][0] == "make":  # e.g. model-init's `make model`
+            dry = run([*service["command"], f"VENV={venv}", "-n"], cwd=app, env=image_env)
             assert dry.returncode == 0, f"{name}: {dry.stdout}{dry.stderr}"
 
     modules = sorted(
@@ -169,6 +220,6 @@ def test_copied_sources_include_the_services_but_not_local_state() -> None:
 def test_compose_commands_run_in_the_image(instructions: tuple[Instruction, ...]) -> None:
     (cmd,) = of(instructions, "cmd")
     assert cmd.json and list(cmd.value) == ["python", "-m", "gateway"]
-    for name, service in load_compose()["services"].items():
-        if "build" in service and service["command"][0] == "make":
+    for name, service in app_services(load_compose()).items():
+        if service["command"][0] == "make":
             assert "make" in shlex.split(" ".join(r.value[0] for r in of(instructions, "run"))), name
