@@ -119,8 +119,10 @@ async def serve(settings: CacheSettings) -> None:
     log.info("shutting down")
     watcher.cancel()
     await asyncio.gather(watcher, return_exceptions=True)
+    # Drain: health NOT_SERVING, new calls refused (UNAVAILABLE: the gateway serves without the cache),
+    # calls in flight finish for up to CACHE_DRAIN_TIMEOUT_S; stop() returns as soon as none is left.
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=2.0)
+    await server.stop(grace=settings.drain_timeout_s)
     await sync.close()
     await batcher.close()
     index.close()

@@ -30,3 +30,4 @@ class CacheSettings(BaseSettings):
     embedding_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)  # on SIGTERM: lookups in flight may finish

@@ -8,6 +8,7 @@ import sys
 import uvicorn
 
 from gateway.app import create_app
+from gateway.drain import DrainingServer
 from gateway.settings import GatewaySettings
 
 
@@ -21,7 +22,7 @@ def main() -> None:
         settings.gateway_port,
         settings.worker_addr,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.gateway_host,
         port=settings.gateway_port,
@@ -29,7 +30,9 @@ def main() -> None:
         log_level="info",
         loop="uvloop",
         http="httptools",
+        timeout_graceful_shutdown=5,  # after the drain (gateway/drain.py), for connections still open
     )
+    DrainingServer(config, app.state.drain, settings.gateway_drain_timeout_s).run()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.errors import APIError, invalid_request, model_not_found
+from gateway.drain import DrainGate, DrainMiddleware
+from gateway.errors import APIError, invalid_request, model_not_found, unavailable
 from gateway.http_io import ClientDisconnected, check_api_key
 from gateway.observability import MetricsMiddleware
 from gateway.semantic import SemanticCacheGate
@@ -32,7 +33,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = WorkerPool(settings.worker_addrs)
+        pool = WorkerPool(settings.worker_addrs, settings.gateway_request_timeout_s)
         cache = SemanticCacheGate(settings)
         app.state.pool = pool
         app.state.serving = Serving(settings, pool, cache)
@@ -49,6 +50,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(
         title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
+    app.state.drain = DrainGate()  # gateway/__main__.py starts the drain on SIGTERM
+    app.add_middleware(DrainMiddleware, gate=app.state.drain)
     app.add_middleware(MetricsMiddleware)
     _add_error_handlers(app)
 
@@ -80,8 +83,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/ready")
     async def ready(request: Request) -> dict:
-        """200 only when a worker answers and has its model loaded."""
-        info = await request.app.state.pool.model_info(timeout_s=1.0)
+        """200 only when a worker is SERVING (model loaded, engine moving) and this gateway not draining."""
+        if request.app.state.drain.draining:
+            raise unavailable("The gateway is shutting down")
+        info = await request.app.state.pool.ready(timeout_s=1.0)
         return {"status": "ready", "model": info.model_name}
 
     @app.get("/metrics")

@@ -7,7 +7,10 @@ from typing import Any
 import grpc
 from fastapi.responses import JSONResponse
 
+from services.gen import worker_pb2
+
 RETRY_AFTER_S = "1"
+ERROR_TRAILER = "llmserve-error-bin"  # the worker's ErrorDetail (worker/grpc_errors.py)
 
 
 class APIError(Exception):
@@ -52,18 +55,42 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, "service_unavailable", None, "service_unavailable", headers)
 
 
+def timed_out(message: str) -> APIError:
+    """504: the request ran past its deadline (GATEWAY_REQUEST_TIMEOUT_S) and was aborted."""
+    return APIError(504, message, "timeout_error", None, "request_timeout")
+
+
+def error_detail(error: grpc.aio.AioRpcError) -> worker_pb2.ErrorDetail | None:
+    """The worker's machine-readable reason, when the status came from the worker (not from gRPC)."""
+    for key, value in error.trailing_metadata() or ():
+        if key == ERROR_TRAILER and isinstance(value, bytes):
+            detail = worker_pb2.ErrorDetail()
+            try:
+                detail.ParseFromString(value)
+            except Exception:  # noqa: BLE001 - a garbled trailer is treated as absent
+                return None
+            return detail
+    return None
+
+
 def from_grpc(error: grpc.aio.AioRpcError, prompt_param: str) -> APIError:
-    """Map a worker status to an HTTP error; the worker's message is already written for users."""
+    """Map a worker status to an HTTP error by its reason (the code alone when there is none, as when
+    the worker could not be reached); the worker's message is already written for users."""
     code = error.code()
     message = error.details() or code.name
+    detail = error_detail(error)
+    reason = worker_pb2.ErrorReason.Name(detail.reason).removeprefix("ERROR_REASON_") if detail else ""
+    param = (prompt_param if detail.param == "prompt" else detail.param or None) if detail else None
+    if reason == "CONTEXT_LENGTH_EXCEEDED":
+        return invalid_request(message, prompt_param, "context_length_exceeded")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        if "context length" in message:
-            return invalid_request(message, prompt_param, "context_length_exceeded")
-        return invalid_request(message)
+        return invalid_request(message, param)
     if code == grpc.StatusCode.NOT_FOUND:
         return APIError(404, message, "invalid_request_error", "model", "model_not_found")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return unavailable(f"The worker is overloaded: {message}")
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return timed_out(f"The request timed out and was aborted: {message}")
+    if code == grpc.StatusCode.UNAVAILABLE:
         return unavailable(f"No worker is available: {message}")
     return APIError(500, f"The worker failed: {message}", "server_error", None, "worker_error")

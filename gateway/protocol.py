@@ -7,6 +7,7 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.errors import APIError, invalid_request
+from gateway.limits import RequestLimits, check_limits
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -25,10 +26,19 @@ class TextPart(_Strict):
     text: str
 
 
+ROLES_NEEDING_CONTENT = ("system", "developer", "user", "tool")  # only an assistant's may be null
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _check_content(self) -> ChatMessage:
+        if self.content is None and self.role in ROLES_NEEDING_CONTENT:
+            raise ValueError(f"content is required for a {self.role!r} message")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -140,12 +150,16 @@ class CompletionRequest(_SamplingRequest):
 RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
 
 
-def parse_request(model: type[RequestT], body: bytes) -> RequestT:
-    """Validate a JSON body; every failure becomes a 400 naming the offending parameter."""
+def parse_request(
+    model: type[RequestT], body: bytes, limits: RequestLimits | None = None, max_model_len: int | None = None
+) -> RequestT:
+    """Validate a JSON body, then its size limits; every failure becomes a 400 naming the parameter."""
     try:
-        return model.model_validate_json(body, strict=True)
+        req = model.model_validate_json(body, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    check_limits(req, limits or RequestLimits(), max_model_len)
+    return req
 
 
 UNION_EXPECTED = {

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from gateway import observability
 from gateway.errors import from_grpc, model_not_found
 from gateway.http_io import check_api_key, read_body, until_disconnect
+from gateway.limits import RequestLimits
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.responses import SSE_DONE, ChoiceState, ResponseMeta, UsageTotals, sse, usage_dict
 from gateway.semantic import CacheDecision, SemanticCacheGate
@@ -52,7 +53,9 @@ class Serving:
 
     async def _parse(self, raw: Request, model_type: type[Any]) -> Any:
         check_api_key(raw, self.settings.api_key)
-        req = parse_request(model_type, await read_body(raw, self.settings.gateway_max_body_bytes))
+        body = await read_body(raw, self.settings.gateway_max_body_bytes)
+        limits = RequestLimits.from_settings(self.settings)
+        req = parse_request(model_type, body, limits, self.pool.max_model_len)
         served = await self.pool.served_model_name()
         if req.model != served:
             raise model_not_found(req.model, served)

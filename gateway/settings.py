@@ -19,6 +19,15 @@ class GatewaySettings(BaseSettings):
     cache_addr: str = "127.0.0.1:50052"
     cache_enabled: bool = True
     cache_timeout_ms: float = Field(default=100.0, gt=0)  # a semantic hit: 10-20 ms, p99 ~100 loaded
+    # Time and shutdown (docs/OPERATIONS.md): the whole request, first byte to last, as a gRPC deadline.
+    gateway_request_timeout_s: float = Field(default=600.0, gt=0)
+    gateway_drain_timeout_s: float = Field(default=30.0, ge=0)  # on SIGTERM, for requests in flight
+    # Input limits (gateway/limits.py); each refusal is a 400 naming the parameter.
+    gateway_max_stop: int = Field(default=4, ge=0)  # stop strings per request (OpenAI allows 4)
+    gateway_max_stop_chars: int = Field(default=256, ge=1)  # characters per stop string
+    gateway_max_messages: int = Field(default=2048, ge=1)
+    gateway_max_prompt_chars: int = Field(default=1_000_000, ge=1)  # all messages' text, or the prompt
+    gateway_max_total_tokens: int = Field(default=65536, ge=1)  # n x max_tokens
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:

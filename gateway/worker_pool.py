@@ -1,4 +1,9 @@
-"""Worker replicas behind one gRPC client: round-robin, skipping a replica that just refused a call."""
+"""Worker replicas behind one gRPC client: round-robin, skipping a replica that just refused a call.
+
+Every Generate call carries the request's deadline (GATEWAY_REQUEST_TIMEOUT_S from its arrival, over
+all retries), so a request that runs too long is aborted by the worker and its KV blocks freed.
+Readiness asks each replica's grpc.health, which turns off while its engine is stalled or draining.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway import observability
 from gateway.errors import APIError, from_grpc, unavailable
@@ -37,6 +43,7 @@ class WorkerReplica:
         self.addr = addr
         self.channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
         self.down_until = 0.0
 
     def mark_down(self) -> None:
@@ -69,9 +76,10 @@ class WorkerStream:
 
 
 class WorkerPool:
-    def __init__(self, addrs: list[str]) -> None:
+    def __init__(self, addrs: list[str], request_timeout_s: float | None = None) -> None:
         if not addrs:
             raise ValueError("WORKER_ADDR names no worker")
+        self.request_timeout_s = request_timeout_s
         self.replicas = [WorkerReplica(addr) for addr in addrs]
         self._turn = itertools.count()
         self.model_name: str | None = None
@@ -86,8 +94,10 @@ class WorkerPool:
     async def generate(self, request: worker_pb2.GenerateRequest, prompt_param: str) -> WorkerStream:
         """Start a call on the first replica that answers; raise APIError when none can take it."""
         last_error: grpc.aio.AioRpcError | None = None
+        deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
         for replica in self._order():
-            call = replica.stub.Generate(request)
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            call = replica.stub.Generate(request, timeout=timeout)
             try:
                 first = await call.read()
             except grpc.aio.AioRpcError as exc:
@@ -122,6 +132,24 @@ class WorkerPool:
             return info
         detail = last_error.details() if last_error else "no replica"
         raise unavailable(f"No worker is available: {detail}")
+
+    async def ready(self, timeout_s: float = 1.0) -> worker_pb2.ModelInfo:
+        """The served model, from the first replica whose grpc.health says SERVING; 503 when none does."""
+        problems = []
+        for replica in self._order():
+            try:
+                reply = await replica.health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+                    problems.append(f"{replica.addr}: {status}")
+                    continue
+                info = await replica.stub.GetModelInfo(worker_pb2.ModelInfoRequest(), timeout=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                problems.append(f"{replica.addr}: {exc.code().name}")
+                continue
+            self.model_name, self.max_model_len = info.model_name, info.max_model_len
+            return info
+        raise unavailable(f"No worker is ready: {'; '.join(problems)}")
 
     async def served_model_name(self) -> str:
         if self.model_name is None:

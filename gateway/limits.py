@@ -1,0 +1,77 @@
+"""Bounds on what one request may ask for, so no single request costs the stack unbounded work.
+
+Each stop string is searched for on every generated token, every message is rendered and tokenized,
+and n x max_tokens is the worst-case generation a request buys; each bound comes from a
+GATEWAY_MAX_* setting and each refusal is a 400 in the OpenAI shape naming the parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.errors import invalid_request
+
+if TYPE_CHECKING:
+    from gateway.protocol import ChatCompletionRequest, CompletionRequest
+    from gateway.settings import GatewaySettings
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_stop: int = 4
+    max_stop_chars: int = 256
+    max_messages: int = 2048
+    max_prompt_chars: int = 1_000_000
+    max_total_tokens: int = 65536
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> RequestLimits:
+        return cls(
+            max_stop=settings.gateway_max_stop,
+            max_stop_chars=settings.gateway_max_stop_chars,
+            max_messages=settings.gateway_max_messages,
+            max_prompt_chars=settings.gateway_max_prompt_chars,
+            max_total_tokens=settings.gateway_max_total_tokens,
+        )
+
+
+def check_limits(
+    req: ChatCompletionRequest | CompletionRequest, limits: RequestLimits, max_model_len: int | None = None
+) -> None:
+    """Raise a 400 APIError for the first bound the request exceeds.
+
+    max_tokens counts as at most max_model_len when that is known (an unset one as exactly that), since
+    a choice never outgrows the context.
+    """
+    stop = req.stop_list
+    if len(stop) > limits.max_stop:
+        raise invalid_request(
+            f"stop: at most {limits.max_stop} stop strings are allowed, got {len(stop)}", "stop"
+        )
+    longest = max((len(s) for s in stop), default=0)
+    if longest > limits.max_stop_chars:
+        message = f"stop: each stop string may have at most {limits.max_stop_chars} characters, got {longest}"
+        raise invalid_request(message, "stop")
+    messages = getattr(req, "messages", None)
+    if messages is not None:
+        if len(messages) > limits.max_messages:
+            message = f"messages: at most {limits.max_messages} messages are allowed, got {len(messages)}"
+            raise invalid_request(message, "messages")
+        chars, param = sum(len(m.text()) for m in messages), "messages"
+    else:
+        chars, param = len(req.single_prompt()), "prompt"
+    if chars > limits.max_prompt_chars:
+        message = f"{param}: the prompt may have at most {limits.max_prompt_chars} characters, got {chars}"
+        raise invalid_request(message, param)
+    if req.num_choices == 1:
+        return  # one choice is bounded by the model's context already
+    asked = req.completion_limit()
+    per_choice = asked if max_model_len is None else min(asked or max_model_len, max_model_len)
+    if per_choice is not None and req.num_choices * per_choice > limits.max_total_tokens:
+        param = "n" if asked is None else "max_tokens"
+        message = (
+            f"{param}: n x max_tokens = {req.num_choices} x {per_choice} exceeds the limit of "
+            f"{limits.max_total_tokens} generated tokens per request"
+        )
+        raise invalid_request(message, param)
