@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator
 
@@ -61,6 +62,30 @@ def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
     return params
 
 
+_FLOAT_PARAMS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def check_params_for_model(params: SamplingParams, vocab_size: int) -> None:
+    """Refuse what SamplingParams.validate lets through but a step cannot run: non-finite numbers, and
+    token ids outside the served vocabulary (they index the logits, so they broke the engine loop)."""
+    for name in _FLOAT_PARAMS:
+        if not math.isfinite(getattr(params, name)):
+            raise InvalidRequestError(f"{name} must be a finite number", param=name)
+    token_ids = [("stop_token_ids", t) for t in params.stop_token_ids]
+    token_ids += [("logit_bias", t) for t in getattr(params, "logit_bias", None) or ()]
+    for name, token_id in token_ids:
+        if not 0 <= token_id < vocab_size:
+            message = f"{name}: token id {token_id} is out of range [0, {vocab_size})"
+            raise InvalidRequestError(message, param=name)
+
+
 def output_to_proto(output: RequestOutput) -> worker_pb2.GenerateResponse:
     response = worker_pb2.GenerateResponse(
         request_id=output.request_id,
@@ -110,6 +135,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             prompt = prompt_from_proto(request)
             params = params_from_proto(request.params)
+            check_params_for_model(params, self.engine.model_info.vocab_size)
         except (InvalidRequestError, ValueError) as exc:
             await abort_for(context, exc)
         stream = self.engine.generate(request_id, prompt, params)

@@ -1,0 +1,98 @@
+"""Hypothesis on the worker's parameter path: any proto a client can send is either refused as a
+parameter error or samples a valid token. An exception anywhere else would be raised on the engine
+thread at the next step and take the whole worker down."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.gen import worker_pb2 as pb
+from worker.errors import InvalidRequestError
+from worker.request import Request
+from worker.sampler import build_batch, sample
+from worker.server import check_params_for_model, params_from_proto
+
+VOCAB = 64
+INT32 = st.integers(-(2**31), 2**31 - 1)
+EDGE_FLOATS = st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 3.0e38, -3.0e38, 1.0e-45])
+FUZZ = settings(
+    max_examples=200, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+# Each field: mostly in its valid range (so the other fields get exercised), sometimes anything at all.
+FLOAT_FIELDS = {
+    "temperature": st.floats(0, 2, width=32),
+    "top_p": st.floats(0.125, 1, width=32),
+    "min_p": st.floats(0, 1, width=32),
+    "presence_penalty": st.floats(-2, 2, width=32),
+    "frequency_penalty": st.floats(-2, 2, width=32),
+    "repetition_penalty": st.floats(0.125, 10, width=32),
+}
+INT_FIELDS = {
+    "top_k": st.integers(0, 100),
+    "max_tokens": st.integers(1, 50),
+    "min_tokens": st.integers(0, 5),
+    "logprobs": st.integers(0, 20),
+    "n": st.integers(1, 4),
+}
+
+
+@st.composite
+def proto_params(draw: st.DrawFn) -> pb.SamplingParams:
+    fields: dict[str, object] = {}
+    for name, valid in FLOAT_FIELDS.items():
+        if draw(st.booleans()):
+            fields[name] = draw(st.one_of(valid, valid, valid, EDGE_FLOATS, st.floats(width=32)))
+    for name, valid in INT_FIELDS.items():
+        if draw(st.booleans()):
+            fields[name] = draw(st.one_of(valid, valid, valid, INT32))
+    if draw(st.booleans()):
+        fields["seed"] = draw(st.integers(-(2**63), 2**63 - 1))
+    fields["ignore_eos"] = draw(st.booleans())
+    fields["stop"] = draw(st.lists(st.text(max_size=5), max_size=3))
+    fields["stop_token_ids"] = draw(st.lists(st.one_of(st.integers(0, VOCAB - 1), INT32), max_size=3))
+    return pb.SamplingParams(**fields)
+
+
+def accepted(proto: pb.SamplingParams):  # noqa: ANN201
+    """The SamplingParams the worker would run with, or None when it refuses them as the client's error."""
+    try:
+        params = params_from_proto(proto)
+        params.validate()
+        check_params_for_model(params, VOCAB)
+    except (InvalidRequestError, ValueError):
+        return None
+    return params
+
+
+@FUZZ
+@given(proto_params(), st.integers(0, 3))
+def test_accepted_params_sample_a_valid_token(proto: pb.SamplingParams, num_output: int) -> None:
+    params = accepted(proto)
+    if params is None:
+        return
+    for name in FLOAT_FIELDS:
+        assert math.isfinite(getattr(params, name)), name
+    request = Request("r", [1, 2, 3], params, eos_token_id=0, max_tokens=params.max_tokens or 8)
+    request.output_token_ids.extend(range(5, 5 + num_output))
+    request.all_token_ids.extend(range(5, 5 + num_output))
+    generators = {}
+    if params.seed is not None:
+        generators["r"] = torch.Generator().manual_seed(params.seed + params.n - 1)  # the last choice's seed
+    batch = build_batch([request], generators, VOCAB, torch.device("cpu"))
+    out = sample(torch.randn(1, VOCAB), batch)
+    assert 0 <= out.token_ids[0] < VOCAB
+
+
+def test_regressions_found_by_the_fuzzer_are_refused() -> None:
+    """Each of these reached the engine thread and broke a step before it was refused up front."""
+    for proto in (
+        pb.SamplingParams(temperature=math.inf),
+        pb.SamplingParams(frequency_penalty=math.nan),
+        pb.SamplingParams(stop_token_ids=[VOCAB], min_tokens=1),
+        pb.SamplingParams(stop_token_ids=[-1], min_tokens=1),
+    ):
+        assert accepted(proto) is None, proto
