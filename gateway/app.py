@@ -17,6 +17,7 @@ from gateway.drain import DrainGate, DrainMiddleware
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
 from gateway.http_io import ClientDisconnected, check_api_key
 from gateway.observability import MetricsMiddleware
+from gateway.openapi import build_openapi
 from gateway.semantic import SemanticCacheGate
 from gateway.serving import Serving
 from gateway.settings import GatewaySettings
@@ -47,9 +48,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         await cache.close()
         await pool.close()
 
-    app = FastAPI(
-        title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
+    app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     app.state.drain = DrainGate()  # gateway/__main__.py starts the drain on SIGTERM
     app.add_middleware(DrainMiddleware, gate=app.state.drain)
     app.add_middleware(MetricsMiddleware)
