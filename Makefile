@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 GEN := services/gen/worker_pb2.py services/gen/cache_pb2.py
 
-.PHONY: run test venv protos model bench lint clean images compose-up compose-down compose-test soak
+.PHONY: run test venv protos kernels model bench lint clean images compose-up compose-down compose-test soak
 
 # Runtime packages in requirements.txt, tests and lint in requirements-dev.txt; the images install the
 # first alone (`make venv REQUIREMENTS=requirements.txt`).
@@ -24,12 +24,19 @@ $(GEN) &: protos/worker.proto protos/cache.proto $(VENV)/.installed
 
 protos: $(GEN)
 
+# Native CPU kernels, compiled here for this machine's CPU (worker/kernels/).
+KERNEL := worker/kernels/build/llmserve_paged_attention.so
+$(KERNEL): worker/kernels/paged_attention.cpp worker/kernels/__init__.py $(VENV)/.installed
+	$(PY) -m worker.kernels
+
+kernels: $(KERNEL)
+
 $(MODEL_DIR)/config.json: | $(VENV)/.installed
 	$(PY) -m worker.fetch_model --output $(MODEL_DIR)
 
 model: $(MODEL_DIR)/config.json
 
-run: venv protos model
+run: venv protos kernels model
 	$(PY) -m scripts.run_stack
 
 # promtool and prometheus (for the monitoring checks) are not on PyPI: unpack Debian's package
@@ -42,11 +49,11 @@ $(VENV)/bin/prometheus: | $(VENV)/.installed
 	  cp x/usr/bin/prometheus $(CURDIR)/$(VENV)/bin/prometheus && \
 	  rm -rf $$tmp
 
-test: venv protos model $(VENV)/bin/prometheus
+test: venv protos kernels model $(VENV)/bin/prometheus
 	$(PY) -m pytest -q tests
 
 # Every benchmark writes its own section of docs/BENCHMARKS.md (each takes minutes on two cores).
-bench: venv protos model
+bench: venv protos kernels model
 	$(PY) -m bench.engine_bench --write-docs
 	$(PY) -m bench.serving_bench
 	$(PY) -m bench.cache_quality --write-docs

@@ -11,8 +11,10 @@ The KV head is the outer dimension so that a gather for a batch of sequences com
 [KV, B, L, D], contiguous: attention for all decodes is then two plain batched matmuls with
 no copy of the gathered keys.
 
-Decode tokens (one query per sequence) are attended together in one padded batch; prefill chunks
-run one sequence at a time with a causal mask offset by the tokens already in the cache.
+Decode tokens (one query per sequence) are attended together: by the native kernel
+(`worker/kernels/paged_attention.cpp`), which reads each block in place, or, on the "torch" backend
+(CUDA, or a CPU build without the kernel), in one padded batch over gathered blocks. Prefill chunks run
+one sequence at a time through SDPA with a causal mask offset by the tokens already in the cache.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from worker.kernels import paged_attention_ops
+
+ATTENTION_BACKENDS = ("auto", "native", "torch")
 
 
 @dataclass
@@ -38,8 +44,25 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long
     num_decodes: int  # decode tokens are the first num_decodes tokens of the batch
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] long (padded with 0)
-    decode_mask: torch.Tensor | None  # [1, num_decodes, 1, max_blocks * block_size] bool, True = masked out
+    decode_mask: torch.Tensor | None  # torch backend: [1, num_decodes, 1, max_blocks * bs] bool, True = masked
     prefills: list[PrefillChunk]
+    decode_context_lens: torch.Tensor | None = None  # native backend: [num_decodes] long
+    native_decode: bool = False  # decode through the native kernel (else the gather path)
+
+
+def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """"native" where the compiled kernel can run (CPU, float32/bfloat16), else "torch"."""
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")
+    native_ok = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+    if backend == "auto":
+        return "native" if native_ok and paged_attention_ops() is not None else "torch"
+    if backend == "native":
+        if not native_ok:
+            raise ValueError(f"the native attention kernel runs on CPU in float32/bfloat16, not {dtype} on {device}")
+        if paged_attention_ops() is None:
+            raise ValueError("the native attention kernel is not built: run `make kernels`")
+    return backend
 
 
 def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
@@ -66,7 +89,17 @@ def paged_attention(
     write_kv(v_cache, meta.slot_mapping, v)
     out = torch.empty_like(q)
     group = q.shape[1] // k.shape[1]
-    if meta.num_decodes:
+    if meta.num_decodes and meta.native_decode:
+        paged_attention_ops().decode_attention(
+            q[: meta.num_decodes],
+            k_cache,
+            v_cache,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            q.shape[-1] ** -0.5,
+            out[: meta.num_decodes],
+        )
+    elif meta.num_decodes:
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, group)
     for chunk in meta.prefills:
         _prefill(q, k, v, k_cache, v_cache, chunk, out, group)

@@ -31,6 +31,7 @@ class EngineConfig:
     device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     linear_backend: str = "auto"  # auto | onednn (weights prepacked, CPU) | torch (plain F.linear)
+    attention_backend: str = "auto"  # auto | native (compiled CPU decode kernel) | torch (gather + matmul)
     scheduler: SchedulerConfig | None = None
     cache: CacheConfig | None = None
 
@@ -41,3 +42,5 @@ class EngineConfig:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.linear_backend not in ("auto", "onednn", "torch"):
             raise ValueError(f"unsupported linear backend {self.linear_backend!r}")
+        if self.attention_backend not in ("auto", "native", "torch"):
+            raise ValueError(f"unsupported attention backend {self.attention_backend!r}")

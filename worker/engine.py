@@ -329,7 +329,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         * 2**30
         // kv_bytes_per_block(model.shape, cache.block_size, torch_dtype(config.dtype))
     )
-    runner = ModelRunner(model, num_blocks, cache.block_size)
+    runner = ModelRunner(model, num_blocks, cache.block_size, config.attention_backend)
     block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
     scheduler = Scheduler(sched, block_manager)
     eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attention import AttentionMetadata, PrefillChunk
+from worker.attention import AttentionMetadata, PrefillChunk, resolve_attention_backend
 from worker.model import LlamaForPagedAttention, ModelShape
 from worker.request import Request
 from worker.sampler import SamplerOutput, build_batch, sample
@@ -32,12 +32,15 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForPagedAttention, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: LlamaForPagedAttention, num_blocks: int, block_size: int, attention_backend: str = "auto"
+    ) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = model.embed.device
         self.dtype = model.embed.dtype
+        self.attention_backend = resolve_attention_backend(attention_backend, self.device, self.dtype)
         s = model.shape
         cache_shape = (s.num_kv_heads, num_blocks, block_size, s.head_dim)
         self.kv_caches = [
@@ -81,9 +84,14 @@ class ModelRunner:
         if num_decodes:
             dec_ctx = context_lens[:num_decodes]
             dec_blocks = int((dec_ctx.max() + bs - 1) // bs)
-            span = torch.arange(dec_blocks * bs)
-            meta.decode_block_tables = block_tables[:num_decodes, :dec_blocks].to(dev)
-            meta.decode_mask = (span.unsqueeze(0) >= dec_ctx.unsqueeze(1)).view(1, num_decodes, 1, -1).to(dev)
+            meta.decode_block_tables = block_tables[:num_decodes, :dec_blocks].contiguous().to(dev)
+            if self.attention_backend == "native":
+                meta.native_decode = True
+                meta.decode_context_lens = dec_ctx.contiguous().to(dev)
+            else:
+                span = torch.arange(dec_blocks * bs)
+                mask = span.unsqueeze(0) >= dec_ctx.unsqueeze(1)
+                meta.decode_mask = mask.view(1, num_decodes, 1, -1).to(dev)
         for i in range(num_decodes, len(items)):
             ctx = int(context_lens[i])
             meta.prefills.append(

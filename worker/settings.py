@@ -19,6 +19,7 @@ class WorkerSettings(BaseSettings):
     device: str = "auto"  # cuda when there is one, else cpu
     num_threads: int | None = None
     linear_backend: Literal["auto", "onednn", "torch"] = "auto"  # onednn: weights prepacked on CPU
+    attention_backend: Literal["auto", "native", "torch"] = "auto"  # native: compiled CPU decode kernel
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9101
@@ -50,6 +51,7 @@ class WorkerSettings(BaseSettings):
             device=self.device,
             num_threads=self.num_threads,
             linear_backend=self.linear_backend,
+            attention_backend=self.attention_backend,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,

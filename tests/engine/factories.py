@@ -77,10 +77,14 @@ def tiny_llama(seed: int = 0, vocab_size: int = 256) -> torch.nn.Module:
 
 
 def paged_runner(
-    hf_model: torch.nn.Module, num_blocks: int, block_size: int, linear_backend: str = "auto"
+    hf_model: torch.nn.Module,
+    num_blocks: int,
+    block_size: int,
+    linear_backend: str = "auto",
+    attention_backend: str = "auto",
 ) -> ModelRunner:
     model = LlamaForPagedAttention(hf_model, max_positions=512, linear_backend=linear_backend)
-    return ModelRunner(model, num_blocks, block_size)
+    return ModelRunner(model, num_blocks, block_size, attention_backend)
 
 
 def drive(scheduler: Scheduler, runner, max_steps: int = 10_000) -> list[SchedulerOutput]:  # noqa: ANN001

@@ -26,6 +26,7 @@ def run_collecting_logits(
     arrivals=None,
     max_num_seqs=8,
     linear_backend="auto",
+    attention_backend="auto",
 ):  # noqa: ANN001
     """Greedy-decode the requests through scheduler + runner; return per-request {position: logits}."""
     scheduler = make_scheduler(
@@ -35,7 +36,7 @@ def run_collecting_logits(
         prefix_caching=prefix_caching,
         max_num_seqs=max_num_seqs,
     )
-    runner = paged_runner(hf_model, num_blocks, block_size, linear_backend)
+    runner = paged_runner(hf_model, num_blocks, block_size, linear_backend, attention_backend)
     arrivals = arrivals or [0] * len(requests)
     logits_by_request = {r.request_id: {} for r in requests}
     plans, step = [], 0
@@ -73,12 +74,20 @@ def assert_matches_transformers(hf_model, requests, logits_by_request) -> None: 
         torch.testing.assert_close(got, expected[positions], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("linear_backend", ["onednn", "torch"])
+@pytest.mark.parametrize(
+    ("linear_backend", "attention_backend"), [("onednn", "native"), ("torch", "native"), ("onednn", "torch")]
+)
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_single_and_batched(hf_model, block_size, linear_backend):
+def test_single_and_batched(hf_model, block_size, linear_backend, attention_backend):
     requests = [make_request(num_prompt_tokens=n, max_tokens=6) for n in (1, 7, 23, 40)]
     logits, plans, _ = run_collecting_logits(
-        hf_model, requests, block_size=block_size, num_blocks=512, budget=512, linear_backend=linear_backend
+        hf_model,
+        requests,
+        block_size=block_size,
+        num_blocks=512,
+        budget=512,
+        linear_backend=linear_backend,
+        attention_backend=attention_backend,
     )
     assert max(len(p.scheduled) for p in plans) == 4
     assert_matches_transformers(hf_model, requests, logits)

@@ -1,0 +1,245 @@
+// Decode attention that reads K/V where they live in the paged pool.
+//
+// The torch path gathers every sequence's blocks into a contiguous [KV, B, L, D] copy, per layer and
+// per step, before two batched matmuls: at 32 sequences of ~250 tokens that copy is most of the
+// attention time and grows with context. Here each (sequence, KV head) pair walks its block table and
+// reads each key and value row in place; the `group` query heads sharing a KV head reuse the rows while
+// they are in L1. Work is split over torch's own intra-op threads (at::parallel_for).
+//
+// Layouts: q [B, H, D]; k_cache, v_cache [KV, num_blocks, block_size, D]; block_tables [B, max_blocks]
+// (int64); context_lens [B] (int64: tokens to attend, the new one included); out [B, H, D], written.
+// Scores, softmax and sums are float32 whatever the storage dtype (float32 or bfloat16).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LLMSERVE_AVX2 1
+#endif
+
+namespace {
+
+struct Problem {
+  int64_t num_heads, num_kv, num_blocks, block_size, group, max_blocks;
+  float scale;
+};
+
+// Row addresses of one (sequence, KV head): token t lives in block table[t / bs], slot t % bs.
+template <typename T>
+void row_pointers(const T* base, const int64_t* table, int64_t ctx, int64_t kv, const Problem& p, int64_t dim,
+                  std::vector<const T*>& rows) {
+  rows.resize(ctx);
+  for (int64_t t = 0; t < ctx; ++t) {
+    rows[t] = base + ((kv * p.num_blocks + table[t / p.block_size]) * p.block_size + t % p.block_size) * dim;
+  }
+}
+
+// Softmax numerators in place (scores - max, exponentiated); returns their sum.
+float softmax_numerators(float* s, int64_t n);
+
+#ifdef LLMSERVE_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // bf16 is the top half of a float32
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+// Eight vectors in, one vector of their eight horizontal sums out.
+inline __m256 hsum8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+// exp(x) for x <= 0, as 2^n * p(r) with Cephes' polynomial: relative error below 2e-7.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+float softmax_numerators(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 sumv = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+    _mm256_storeu_ps(s + i, e);
+    sumv = _mm256_add_ps(sumv, e);
+  }
+  float sum = hsum(sumv);
+  for (; i < n; ++i) sum += (s[i] = std::exp(s[i] - m));
+  return sum;
+}
+
+// One (sequence, KV head), head size kDim (a multiple of 8): q . k eight rows at a time, then p . v.
+template <typename T, int64_t kDim>
+void attend(const T* query_heads, const std::vector<const T*>& krows, const std::vector<const T*>& vrows,
+            int64_t ctx, const Problem& p, std::vector<float>& scores, T* out_heads) {
+  constexpr int64_t C = kDim / 8;
+  scores.resize(ctx);
+  float* s = scores.data();
+  for (int64_t g = 0; g < p.group; ++g) {
+    __m256 q[C];
+    for (int64_t c = 0; c < C; ++c) q[c] = _mm256_mul_ps(load8(query_heads + g * kDim + 8 * c), _mm256_set1_ps(p.scale));
+    int64_t t = 0;
+    for (; t + 8 <= ctx; t += 8) {
+      __m256 dots[8];
+      for (int r = 0; r < 8; ++r) {
+        const T* row = krows[t + r];
+        __m256 a = _mm256_mul_ps(q[0], load8(row));
+        for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], load8(row + 8 * c), a);
+        dots[r] = a;
+      }
+      _mm256_storeu_ps(s + t, hsum8(dots));
+    }
+    for (; t < ctx; ++t) {
+      const T* row = krows[t];
+      __m256 a = _mm256_mul_ps(q[0], load8(row));
+      for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], load8(row + 8 * c), a);
+      s[t] = hsum(a);
+    }
+    const __m256 inv = _mm256_set1_ps(1.f / softmax_numerators(s, ctx));
+    __m256 acc[C];
+    for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < ctx; ++i) {
+      const __m256 w = _mm256_set1_ps(s[i]);
+      const T* row = vrows[i];
+      for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, load8(row + 8 * c), acc[c]);
+    }
+    float result[kDim];
+    for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(result + 8 * c, _mm256_mul_ps(acc[c], inv));
+    T* dst = out_heads + g * kDim;
+    for (int64_t d = 0; d < kDim; ++d) dst[d] = static_cast<T>(result[d]);
+  }
+}
+#else
+float softmax_numerators(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += (s[i] = std::exp(s[i] - m));
+  return sum;
+}
+#endif
+
+// Any head size, any CPU: plain loops the compiler vectorizes as it can.
+template <typename T>
+void attend_generic(const T* query_heads, const std::vector<const T*>& krows, const std::vector<const T*>& vrows,
+                    int64_t ctx, int64_t dim, const Problem& p, std::vector<float>& scores, T* out_heads) {
+  scores.resize(ctx);
+  std::vector<float> q(dim), acc(dim);
+  for (int64_t g = 0; g < p.group; ++g) {
+    for (int64_t d = 0; d < dim; ++d) q[d] = static_cast<float>(query_heads[g * dim + d]) * p.scale;
+    for (int64_t t = 0; t < ctx; ++t) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < dim; ++d) dot += q[d] * static_cast<float>(krows[t][d]);
+      scores[t] = dot;
+    }
+    const float inv = 1.f / softmax_numerators(scores.data(), ctx);
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t t = 0; t < ctx; ++t) {
+      for (int64_t d = 0; d < dim; ++d) acc[d] += scores[t] * static_cast<float>(vrows[t][d]);
+    }
+    for (int64_t d = 0; d < dim; ++d) out_heads[g * dim + d] = static_cast<T>(acc[d] * inv);
+  }
+}
+
+template <typename T>
+void decode_attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                            const at::Tensor& out) {
+  const int64_t num_seqs = q.size(0), dim = q.size(2);
+  Problem p{q.size(1), k_cache.size(0), k_cache.size(1), k_cache.size(2), q.size(1) / k_cache.size(0),
+            block_tables.size(1), static_cast<float>(scale)};
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = k_cache.data_ptr<T>();
+  const T* v_ptr = v_cache.data_ptr<T>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  T* out_ptr = out.data_ptr<T>();
+  at::parallel_for(0, num_seqs * p.num_kv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<const T*> krows, vrows;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / p.num_kv, kv = item % p.num_kv;
+      const int64_t ctx = lens[seq];
+      const int64_t* table = tables + seq * p.max_blocks;
+      row_pointers(k_ptr, table, ctx, kv, p, dim, krows);
+      row_pointers(v_ptr, table, ctx, kv, p, dim, vrows);
+      const int64_t head_offset = (seq * p.num_heads + kv * p.group) * dim;
+#ifdef LLMSERVE_AVX2
+      if (dim == 64) {
+        attend<T, 64>(q_ptr + head_offset, krows, vrows, ctx, p, scores, out_ptr + head_offset);
+        continue;
+      }
+      if (dim == 128) {
+        attend<T, 128>(q_ptr + head_offset, krows, vrows, ctx, p, scores, out_ptr + head_offset);
+        continue;
+      }
+#endif
+      attend_generic<T>(q_ptr + head_offset, krows, vrows, ctx, dim, p, scores, out_ptr + head_offset);
+    }
+  });
+}
+
+void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                      const at::Tensor& out) {
+  TORCH_CHECK(q.device().is_cpu(), "decode_attention runs on CPU tensors");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(),
+              "q, out and the caches must share a dtype");
+  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(q.size(2) == k_cache.size(3), "head dims differ");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
+              "block tables and context lengths must be int64");
+  TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0), "batch sizes differ");
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && out.sizes() == q.sizes(), "q and out: same contiguous shape");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && block_tables.is_contiguous() &&
+                  context_lens.is_contiguous(),
+              "caches, block tables and lengths must be contiguous");
+  if (q.scalar_type() == at::kFloat) {
+    decode_attention_typed<float>(q, k_cache, v_cache, block_tables, context_lens, scale, out);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    decode_attention_typed<c10::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, scale, out);
+  } else {
+    TORCH_CHECK(false, "decode_attention supports float32 and bfloat16, got ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(llmserve, m) {
+  m.def(
+      "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
+      "float scale, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("decode_attention", &decode_attention); }
