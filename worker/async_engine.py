@@ -186,6 +186,17 @@ class AsyncEngine:
         if self.is_stalled:
             raise EngineStalledError(f"the engine has made no progress for {self.stalled_for():.0f} s")
 
+    async def tokenize(self, prompt: PromptInput, add_special_tokens: bool) -> tuple[list[int], list[str]]:
+        """Token ids (and their texts) as Generate would see the prompt; on a thread, like admission."""
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running")
+        return await asyncio.to_thread(self.engine.tokenize_for_client, prompt, add_special_tokens)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running")
+        return await asyncio.to_thread(self.engine.detokenize, token_ids)
+
     async def abort(self, request_id: str) -> bool:
         """Abort a request by id; False when no stream of that id is open here."""
         found = request_id in self._streams

@@ -6,6 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from worker.chat_template import render_chat
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer, TokenTexts
 from worker.errors import ContextLengthError, InvalidRequestError
@@ -23,6 +24,7 @@ from worker.outputs import (
 from worker.request import Request, RequestStatus
 from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
+from worker.structured_output import GrammarCache, GrammarError
 
 
 @dataclass
@@ -61,6 +63,8 @@ class LLMEngine:
         self.groups: dict[str, list[str]] = {}  # group id -> choice request ids still live
         self.num_finished = 0
         self._aborted_stats: list[FinishedRequestStats] = []
+        eos_ids = [eos_token_id, *extra_stop_token_ids] if eos_token_id is not None else []
+        self.grammars = GrammarCache(tokenizer, eos_ids, model_info.vocab_size)
 
     # ---- admission -----------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> list[int]:
@@ -75,9 +79,7 @@ class LLMEngine:
             if not prompt.messages:
                 raise InvalidRequestError("messages must not be empty")
             try:
-                text = self.tokenizer.apply_chat_template(
-                    prompt.messages, tokenize=False, add_generation_prompt=True
-                )
+                text = render_chat(self.tokenizer, prompt.messages, prompt.tools)
             except Exception as exc:  # a template error is the caller's input problem
                 raise InvalidRequestError(f"could not apply the chat template: {exc}") from exc
             ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -88,6 +90,20 @@ class LLMEngine:
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         return ids
+
+    def tokenize_for_client(self, prompt: PromptInput, add_special: bool) -> tuple[list[int], list[str]]:
+        """/tokenize: chat prompts exactly as Generate renders them; plain text with or without BOS/EOS."""
+        if prompt.text is not None:
+            ids = self.tokenizer.encode(prompt.text, add_special_tokens=add_special)
+        else:
+            ids = self.tokenize(prompt)
+        return ids, [self.token_texts.lookup(t)[0] for t in ids]
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        bad = [t for t in token_ids if not 0 <= t < self.model_info.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})")
+        return self.tokenizer.decode(token_ids)
 
     def make_requests(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> list[Request]:
         """Validate and tokenize; one Request per choice. Raises InvalidRequestError."""
@@ -106,6 +122,9 @@ class LLMEngine:
             raise ContextLengthError(str(exc)) from exc
         if self.extra_stop_token_ids and not params.ignore_eos:
             params.stop_token_ids = list(params.stop_token_ids) + list(self.extra_stop_token_ids)
+        out_of_range = [t for t in params.logit_bias if not 0 <= t < self.model_info.vocab_size]
+        if out_of_range:
+            raise InvalidRequestError(f"logit_bias: token id {out_of_range[0]} is out of range")
         request_id = request_id or uuid.uuid4().hex
         return [
             Request(
@@ -116,9 +135,19 @@ class LLMEngine:
                 max_tokens=max_tokens,
                 group_id=request_id,
                 index=i,
+                grammar=self._grammar(params),
             )
             for i in range(params.n)
         ]
+
+    def _grammar(self, params: SamplingParams):  # noqa: ANN202
+        """A fresh matcher when the output is constrained (compiled once per spec, then copied)."""
+        if params.structured_output is None:
+            return None
+        try:
+            return self.grammars.matcher(params.structured_output)
+        except GrammarError as exc:
+            raise InvalidRequestError(str(exc)) from exc
 
     def add(self, requests: list[Request]) -> None:
         group = requests[0].group_id
@@ -165,6 +194,9 @@ class LLMEngine:
         new_tokens, finished = self.scheduler.update_from_output(
             plan, {k: v[0] for k, v in by_request.items()}
         )
+        for request, token in new_tokens:  # constrained requests: the matcher follows every accepted token
+            if request.grammar is not None:
+                request.grammar.accept(token)
         now = time.monotonic()
         ttfts, itls = [], []
         outputs: list[RequestOutput] = []
@@ -343,9 +375,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         max_num_seqs=sched.max_num_seqs,
         vocab_size=model.shape.vocab_size,
     )
-    return LLMEngine(
+    engine = LLMEngine(
         config, scheduler, runner, tokenizer, info, eos_ids[0] if eos_ids else None, tuple(eos_ids[1:])
     )
+    engine.grammars.prefetch()  # llguidance's view of the vocabulary takes seconds: built in the background
+    return engine
 
 
 def _eos_token_ids(path: str, tokenizer, generation_config_cls) -> list[int]:  # noqa: ANN001

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -48,8 +49,9 @@ class PromptInput:
     """Exactly one of the three forms."""
 
     text: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None  # role, content; tool_calls, tool_call_id, name when set
     token_ids: list[int] | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, rendered with the messages
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from worker.sampling_params import SamplingParams
 
@@ -50,6 +51,7 @@ class Request:
     max_tokens: int = 16  # resolved (never None) by the engine
     group_id: str = ""
     index: int = 0  # choice index within the group
+    grammar: Any = field(default=None, repr=False)  # structured_output.Grammar when the output is constrained
     arrival_time: float = field(default_factory=time.monotonic)
 
     status: RequestStatus = RequestStatus.WAITING

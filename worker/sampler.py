@@ -7,8 +7,9 @@ what else shares the batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from worker.request import Request
@@ -30,6 +31,8 @@ class SamplingBatch:
     seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
     num_logprobs: list[int | None]
+    logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
+    grammars: list[tuple[int, object]] = field(default_factory=list)  # (row, Grammar) of constrained rows
 
 
 @dataclass
@@ -88,6 +91,12 @@ def build_batch(
         else None,
         banned=banned,
         num_logprobs=[p.logprobs for p in params],
+        logit_bias=[
+            (row, list(p.logit_bias), list(p.logit_bias.values()))
+            for row, p in enumerate(params)
+            if p.logit_bias
+        ],
+        grammars=[(row, r.grammar) for row, r in enumerate(requests) if r.grammar is not None],
     )
 
 
@@ -151,13 +160,41 @@ def _gather_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, batch: Samp
     return result
 
 
+def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
+    return torch.zeros((num_rows, (vocab_size + 31) // 32), dtype=torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set every token whose bit is 0 to -inf, in place; logits [R, V], bitmask [R, ceil(V/32)] int32."""
+    vocab = logits.shape[1]
+    # Little-endian words: byte 4w + i // 8, bit i % 8 (lowest first) is token 32w + i.
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
+    allowed = torch.from_numpy(bits).to(device=logits.device, dtype=torch.bool)
+    logits.masked_fill_(~allowed, float("-inf"))
+
+
+def _apply_grammars(logits: torch.Tensor, grammars: list[tuple[int, object]]) -> None:
+    """Mask the constrained rows only: each grammar writes its row of the bitmask, one masked_fill for all."""
+    bitmask = allocate_bitmask(len(grammars), logits.shape[1])
+    for i, (_, grammar) in enumerate(grammars):
+        grammar.fill_bitmask(bitmask, i)
+    rows = torch.tensor([row for row, _ in grammars], device=logits.device)
+    constrained = logits.index_select(0, rows)
+    apply_bitmask(constrained, bitmask)
+    logits.index_copy_(0, rows, constrained)
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """logits: [B, V] float32 for the rows that produce a token this step."""
     raw_logits = logits
     logits = logits.clone()
     _apply_penalties(logits, batch)
+    for row, ids, biases in batch.logit_bias:
+        logits[row, ids] += torch.tensor(biases, device=logits.device)
     for row, ids in batch.banned:
         logits[row, ids] = float("-inf")
+    if batch.grammars:
+        _apply_grammars(logits, batch.grammars)
     if batch.all_greedy:
         tokens = logits.argmax(dim=-1)
     else:

@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What to constrain the output to; hashable, so compiled grammars are cached by it."""
+
+    kind: str  # one of GRAMMAR_KINDS
+    value: str  # a JSON schema text, a regex, a Lark grammar, or a JSON list of choices; "" for json_object
 
 
 @dataclass
@@ -25,6 +35,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None  # None: no logprobs; k: sampled token's logprob and the top k
     skip_special_tokens: bool = True
+    structured_output: GrammarSpec | None = None  # None: free text
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     @property
     def greedy(self) -> bool:
@@ -52,6 +64,14 @@ class SamplingParams:
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (
+                all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),
+                f"logit_bias values must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}",
+            ),
+            (
+                self.structured_output is None or self.structured_output.kind in GRAMMAR_KINDS,
+                "unknown structured output kind",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -20,6 +20,7 @@ from worker.errors import InvalidRequestError
 from worker.grpc_errors import abort_for, abort_with, status_of
 from worker.output_stream import TokenBatcher
 from worker.outputs import PromptInput, RequestOutput, TokenLogprob
+from worker.proto_inputs import chat_prompt, grammar_spec
 from worker.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
     if kind == "text":
         return PromptInput(text=request.text)
     if kind == "chat":
-        return PromptInput(messages=[{"role": m.role, "content": m.content} for m in request.chat.messages])
+        return chat_prompt(request.chat)
     if kind == "token_ids":
         return PromptInput(token_ids=list(request.token_ids.ids))
     raise InvalidRequestError("a prompt is required: set text, chat or token_ids")
@@ -59,6 +60,9 @@ def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
     for name in _OPTIONAL_PARAMS:
         if proto.HasField(name):
             setattr(params, name, getattr(proto, name))
+    params.logit_bias = dict(proto.logit_bias)
+    if proto.HasField("structured_output"):
+        params.structured_output = grammar_spec(proto.structured_output)
     return params
 
 
@@ -181,6 +185,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             max_num_seqs=info.max_num_seqs,
             vocab_size=info.vocab_size,
         )
+
+    async def Tokenize(
+        self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.TokenizeResponse:
+        kind = request.WhichOneof("prompt")
+        prompt = chat_prompt(request.chat) if kind == "chat" else PromptInput(text=request.text)
+        try:
+            ids, tokens = await self.engine.tokenize(prompt, request.add_special_tokens)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.TokenizeResponse(
+            token_ids=ids, tokens=tokens, max_model_len=self.engine.model_info.max_model_len
+        )
+
+    async def Detokenize(
+        self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DetokenizeResponse:
+        try:
+            text = await self.engine.detokenize(list(request.token_ids))
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.DetokenizeResponse(text=text)
 
     async def GetStats(
         self, request: worker_pb2.StatsRequest, context: grpc.aio.ServicerContext

@@ -40,6 +40,8 @@ def can_speculate(request: Request) -> bool:
         and not p.frequency_penalty
         and p.repetition_penalty == 1.0
         and request.num_output_tokens >= p.min_tokens
+        and request.grammar is None  # drafts would be verified against unmasked logits
+        and not p.logit_bias
     )
 
 

@@ -1,0 +1,57 @@
+"""Proto -> engine inputs for what the OpenAI tools and structured output features send."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.gen import worker_pb2
+from worker.errors import InvalidRequestError
+from worker.outputs import PromptInput
+from worker.sampling_params import GrammarSpec
+
+
+def chat_prompt(chat: worker_pb2.ChatPrompt) -> PromptInput:
+    """Messages in transformers' chat-template convention (tool calls as `function` objects)."""
+    try:
+        tools = json.loads(chat.tools_json) if chat.tools_json else None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"tools: not valid JSON: {exc}") from None
+    return PromptInput(messages=[_message(m) for m in chat.messages], tools=tools or None)
+
+
+def _message(m: worker_pb2.ChatMessage) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.name:
+        message["name"] = m.name
+    if m.tool_call_id:
+        message["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        message["tool_calls"] = [_call(c) for c in m.tool_calls]
+    return message
+
+
+def _call(c: worker_pb2.ToolCall) -> dict[str, Any]:
+    function = {"name": c.name, "arguments": _arguments(c.arguments)}
+    return {"id": c.id, "type": "function", "function": function}
+
+
+def _arguments(text: str) -> Any:
+    """Templates expect the arguments as an object; they travel as JSON text (kept as text if not JSON)."""
+    try:
+        return json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return text
+
+
+def grammar_spec(proto: worker_pb2.StructuredOutput) -> GrammarSpec | None:
+    kind = proto.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not proto.json_object):
+        return None
+    if kind == "json_object":
+        return GrammarSpec("json_object", "")
+    if kind == "choice":
+        if not proto.choice.choices:
+            raise InvalidRequestError("the choice list must not be empty")
+        return GrammarSpec("choice", json.dumps(list(proto.choice.choices)))
+    return GrammarSpec(kind, getattr(proto, kind))
