@@ -64,13 +64,16 @@ bench: venv protos kernels model
 images:
 	deploy/build_images.sh
 
+# The local model is mounted into the containers, which run as uid 10001: it must be readable by them.
 compose-up: images model
+	chmod -R a+rX models
 	BASE_IMAGE=$${BASE_IMAGE:-llmserve-base:bookworm} LLMSERVE_MODELS=./models deploy/compose.sh up -d
 
 compose-down:
 	deploy/compose.sh down --remove-orphans
 
 compose-test: venv protos model images
+	chmod -R a+rX models
 	LLMSERVE_COMPOSE_TEST=1 $(PY) -m pytest -q tests/deploy/test_compose_stack.py
 
 # Minutes of mixed load on `make run`'s processes; writes the `soak` section of docs/BENCHMARKS.md.
