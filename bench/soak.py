@@ -229,13 +229,12 @@ async def run_load(
         while not all(c.done() for c in clients):
             await asyncio.sleep(1)
             if time.monotonic() - start >= minute * 60:
-                rss[f"{minute} min"] = stack.rss_mib()
-                if minute == args.warmup_minutes:
-                    rss["after warm-up"] = rss[f"{minute} min"]
+                label = "after warm-up" if minute == args.warmup_minutes else f"{minute} min"
+                rss[label] = sample = stack.rss_mib()
                 ok, failed = sum(tally.ok.values()), sum(tally.failed.values())
                 print(
                     f"[soak] {minute} min: ok {ok}, refused {sum(tally.refused.values())}, failed {failed}, "
-                    f"rss {', '.join(f'{k} {v:.0f}' for k, v in rss[f'{minute} min'].items())} MiB",
+                    f"rss {', '.join(f'{k} {v:.0f}' for k, v in sample.items())} MiB",
                     flush=True,
                 )
                 minute += 1
@@ -263,7 +262,7 @@ def report(
         f"({settings}), the cache service with Redis, the gateway; {args.concurrency} clients back to back "
         f"for {elapsed_s / 60:.1f} min on loopback, on a shared 2-core machine.",
         "",
-        "| requests | count |",
+        f"| requests ({ok + refused + failed}) | count |",
         "| --- | --- |",
         f"| ok | {ok} ({', '.join(f'{k} {v}' for k, v in sorted(tally.ok.items()))}) |",
         f"| refused on purpose (5 stop strings: 400) | {refused} |",
