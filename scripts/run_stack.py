@@ -2,7 +2,10 @@
 
 Every setting is the service's own environment variable, passed through unchanged. Each service is
 waited on until healthy; if one dies later the others keep running (the gateway answers 503 while no
-worker is up, and serves without the cache while the cache is away). Ctrl-C or SIGTERM stops all.
+worker is up, and serves without the cache while the cache is away) and the dead one is restarted,
+as compose's restart policy does: after RESTART_BACKOFF_S, doubling on each exit in a row up to
+RESTART_BACKOFF_MAX_S, back to the start once a run lasted RESTART_STABLE_AFTER_S. Each exit and
+restart is logged. Ctrl-C or SIGTERM stops all (each service drains first; see docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = ROOT / ".run"
 PORT_STRIDE = 10  # worker i listens on WORKER_PORT + 10 i (metrics: WORKER_METRICS_PORT + 10 i)
 START_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 45.0  # longer than the services' 30 s drain
+WATCH_PERIOD_S = 0.2
 
 
 class StackSettings(BaseSettings):
@@ -47,6 +51,21 @@ class StackSettings(BaseSettings):
     cache_port: int = 50052
     cache_metrics_port: int = 9102
     cache_enabled: bool = True
+    restart_backoff_s: float = Field(default=1.0, gt=0)
+    restart_backoff_max_s: float = Field(default=30.0, gt=0)
+    restart_stable_after_s: float = Field(default=60.0, gt=0)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before restarting a child that exited, after `failures_in_a_row` exits."""
+
+    initial_s: float = 1.0
+    max_s: float = 30.0
+    stable_after_s: float = 60.0  # a run at least this long starts the doubling over
+
+    def delay(self, failures_in_a_row: int) -> float:
+        return min(self.max_s, self.initial_s * 2 ** max(failures_in_a_row - 1, 0))
 
 
 @dataclass
@@ -57,9 +76,13 @@ class Child:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
-    reported_exit: bool = False
+    started_at: float = 0.0
+    restarts: int = 0
+    failures_in_a_row: int = 0
+    restart_at: float | None = None  # set while a restart is pending
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         env = os.environ | self.env | {"PYTHONUNBUFFERED": "1"}
         # Own session: Ctrl-C reaches only the launcher, which then stops children in order.
         self.proc = subprocess.Popen(
@@ -138,6 +161,9 @@ def wait_healthy(child: Child, check: Callable[[], bool], stopping: threading.Ev
 class Stack:
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
+        self.backoff = Backoff(
+            settings.restart_backoff_s, settings.restart_backoff_max_s, settings.restart_stable_after_s
+        )
         self.children: list[Child] = []
         self.stopping = threading.Event()
         self.lines: list[str] = []
@@ -198,13 +224,30 @@ class Stack:
         say("stack is up:\n      " + "\n      ".join(self.lines) + "\n      Ctrl-C stops everything.")
 
     def watch(self) -> None:
-        """Report children that die; the rest keep serving."""
-        while not self.stopping.wait(0.5):
+        """Restart children that die, with backoff; the rest keep serving meanwhile."""
+        while not self.stopping.wait(WATCH_PERIOD_S):
             for child in self.children:
-                if not child.alive and not child.reported_exit:
-                    child.reported_exit = True
-                    code = child.proc.returncode if child.proc else "?"
-                    say(f"{child.name} exited (code {code}); the other services keep running")
+                self.supervise(child, time.monotonic())
+
+    def supervise(self, child: Child, now: float) -> None:
+        if child.alive or self.stopping.is_set():
+            return
+        if child.restart_at is None:
+            ran_for = now - child.started_at
+            stable = ran_for >= self.backoff.stable_after_s
+            child.failures_in_a_row = 1 if stable else child.failures_in_a_row + 1
+            delay = self.backoff.delay(child.failures_in_a_row)
+            child.restart_at = now + delay
+            code = child.proc.returncode if child.proc else "?"
+            say(
+                f"{child.name} exited (code {code}) after {ran_for:.1f} s; restarting in {delay:.1f} s "
+                f"(restart {child.restarts + 1}); the other services keep running"
+            )
+        elif now >= child.restart_at:
+            child.restart_at = None
+            child.restarts += 1
+            say(f"restarting {child.name}")
+            child.start()
 
     def down(self) -> None:
         say("stopping ...")

@@ -1,0 +1,55 @@
+"""`make run`'s supervisor restarts a service that dies, with doubling backoff, and logs each restart.
+
+The children are real processes (a Python one-liner that exits), supervised by the real watch loop.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+
+import pytest
+
+from scripts.run_stack import Backoff, Child, Stack, StackSettings
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    backoff = Backoff(initial_s=1.0, max_s=5.0)
+    assert [backoff.delay(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def supervise(capsys: pytest.CaptureFixture[str], code: str, restarts: int, **settings: float) -> list[float]:
+    """Run one child under the watch loop until it was restarted `restarts` times; the delays logged."""
+    stack = Stack(StackSettings(**settings))
+    child = Child("flaky", [sys.executable, "-c", code])
+    stack.children.append(child)
+    child.start()
+    watcher = threading.Thread(target=stack.watch, daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + 20
+    while child.restarts < restarts and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stack.stopping.set()
+    watcher.join(5)
+    stack.down()
+    out = capsys.readouterr().out
+    assert child.restarts >= restarts, out
+    assert out.count("restarting flaky") == child.restarts
+    assert "flaky exited (code 3)" in out
+    return [float(d) for d in re.findall(r"restarting in ([0-9.]+) s", out)]
+
+
+def test_a_child_that_keeps_dying_is_restarted_with_growing_delays(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    delays = supervise(capsys, "import sys; sys.exit(3)", 4, restart_backoff_s=0.1, restart_backoff_max_s=0.4)
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.4]
+
+
+def test_a_run_that_lasted_starts_the_backoff_over(capsys: pytest.CaptureFixture[str]) -> None:
+    code = "import sys, time; time.sleep(0.3); sys.exit(3)"
+    settings = {"restart_backoff_s": 0.1, "restart_backoff_max_s": 10.0, "restart_stable_after_s": 0.2}
+    delays = supervise(capsys, code, 3, **settings)
+    assert delays[:3] == [0.1, 0.1, 0.1]
