@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway import tokenization
 from gateway.drain import DrainGate, DrainMiddleware
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
-from gateway.http_io import ClientDisconnected, check_api_key
+from gateway.http_io import ClientDisconnected, check_api_key, read_body
 from gateway.observability import MetricsMiddleware
 from gateway.openapi import build_openapi
 from gateway.semantic import SemanticCacheGate
@@ -62,6 +63,18 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await request.app.state.serving.completions(request)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict:
+        check_api_key(request, settings.api_key)
+        body = await read_body(request, settings.gateway_max_body_bytes)
+        return await tokenization.tokenize(request.app.state.pool, body)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict:
+        check_api_key(request, settings.api_key)
+        body = await read_body(request, settings.gateway_max_body_bytes)
+        return await tokenization.detokenize(request.app.state.pool, body)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeVar
+import logging
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -15,6 +16,31 @@ MAX_TOP_LOGPROBS = 20
 MAX_N = 128
 
 Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
+MAX_LOGIT_BIAS = 100.0
+
+log = logging.getLogger(__name__)
+
+# Fields this server does not implement that would change the output: refused, naming the field.
+UNSUPPORTED_FIELDS = {
+    "functions": "use tools",
+    "function_call": "use tool_choice",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "prompt_logprobs": "prompt_logprobs is not supported",
+}
+# Accepted and ignored (they do not change the output); each is logged once per process.
+IGNORED_FIELDS = {
+    "store",
+    "metadata",
+    "service_tier",
+    "reasoning_effort",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+    "guided_decoding_backend",
+}
+_logged_ignored: set[str] = set()
 
 
 class _Strict(BaseModel):
@@ -29,10 +55,62 @@ class TextPart(_Strict):
 ROLES_NEEDING_CONTENT = ("system", "developer", "user", "tool")  # only an assistant's may be null
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format: json_schema is required when type is 'json_schema'")
+        return self
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant message that called tools
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     @model_validator(mode="after")
     def _check_content(self) -> ChatMessage:
@@ -72,6 +150,48 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     ignore_eos: bool | None = None
+    stop_token_ids: list[Int32] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> -100..100
+    response_format: ResponseFormat | None = None
+    # vLLM's structured output extensions
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, why in UNSUPPORTED_FIELDS.items():
+                if data.get(name) is not None:
+                    raise ValueError(f"{name}: {name} is not supported ({why})")
+            if data.get("modalities") not in (None, ["text"]):
+                raise ValueError("modalities: only text output is supported")
+            for name in IGNORED_FIELDS.intersection(data).difference(_logged_ignored):
+                _logged_ignored.add(name)
+                log.info("accepted and ignored request field %r (logged once)", name)
+        return data
+
+    @model_validator(mode="after")
+    def _check_structured(self) -> _SamplingRequest:
+        for token, bias in (self.logit_bias or {}).items():
+            if not token.isdigit() or int(token) > INT32_MAX:
+                raise ValueError(f"logit_bias: keys must be token ids, got {token!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: values must be between -100 and 100, got {bias}")
+        formats = [self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar]
+        if self.response_format is not None and self.response_format.type != "text":
+            formats.append(self.response_format)
+        if sum(f is not None for f in formats) > 1:
+            raise ValueError("response_format: set at most one of response_format and guided_*")
+        return self
+
+    @property
+    def structured_output_set(self) -> bool:
+        rf = self.response_format
+        guided = (self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar)
+        return (rf is not None and rf.type != "text") or any(g is not None for g in guided)
 
     @model_validator(mode="after")
     def _check_stop(self) -> _SamplingRequest:
@@ -102,6 +222,22 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        forced = self.tool_choice not in (None, "none", "auto")
+        if forced and not self.tools:
+            raise ValueError("tool_choice: tool_choice requires tools")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice: no tool named {self.tool_choice.function.name!r} in tools")
+        if forced and self.structured_output_set:
+            raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
+        return self
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -125,16 +261,19 @@ class CompletionRequest(_SamplingRequest):
 
     @model_validator(mode="after")
     def _check_supported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo: echo is not supported")
         if self.suffix:
             raise ValueError("suffix: suffix is not supported")
         if isinstance(self.prompt, list):
             if not self.prompt:
                 raise ValueError("prompt: prompt must not be empty")
-            if isinstance(self.prompt[0], str | list) and len(self.prompt) > 1:
-                raise ValueError("prompt: batched prompts are not supported; send one prompt per request")
         return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """Every prompt of the request (a list of prompts runs them all, choices numbered in order)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            return list(prompt)  # type: ignore[arg-type]
+        return [prompt]  # type: ignore[list-item]
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt, as text or token ids."""
@@ -163,7 +302,7 @@ def parse_request(
 
 
 UNION_EXPECTED = {
-    "prompt": "a string, a list of token ids, or a one-element list of either",
+    "prompt": "a string, a list of token ids, or a list of either",
     "stop": "a string or a list of strings",
     "content": "a string or a list of text parts",
 }

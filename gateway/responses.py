@@ -79,6 +79,7 @@ class ChoiceState:
     logprobs: list[worker_pb2.PositionLogprobs] = field(default_factory=list)
     num_chars: int = 0
     finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed from the text, OpenAI shape
 
     @property
     def text(self) -> str:
@@ -87,16 +88,26 @@ class ChoiceState:
 
 @dataclass
 class UsageTotals:
-    """Usage summed over choices: the prompt counts once, completions add up."""
+    """Usage summed over choices: each prompt counts once (n choices share it), completions add up."""
 
-    prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    choices_per_prompt: int = 1
+    prompts: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt -> (tokens, cached)
 
-    def add(self, usage: worker_pb2.Usage) -> None:
-        self.prompt_tokens = max(self.prompt_tokens, usage.prompt_tokens)
-        self.cached_tokens = max(self.cached_tokens, usage.cached_tokens)
+    def add(self, usage: worker_pb2.Usage, index: int = 0) -> None:
+        """`index`: the choice's index; with a list of prompts, choices are numbered prompt by prompt."""
+        group = index // self.choices_per_prompt
+        tokens, cached = self.prompts.get(group, (0, 0))
+        self.prompts[group] = (max(tokens, usage.prompt_tokens), max(cached, usage.cached_tokens))
         self.completion_tokens += usage.completion_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(tokens for tokens, _ in self.prompts.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(cached for _, cached in self.prompts.values())
 
     def as_dict(self) -> dict[str, Any]:
         return usage_dict(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -112,6 +123,7 @@ class ResponseMeta:
     chat: bool
     num_logprobs: int | None
     include_usage: bool = False
+    echo: list[str] | None = None  # completions with echo: each choice's prompt text, put before its output
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -141,6 +153,13 @@ class ResponseMeta:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
+    def tool_calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """Each call whole in one delta (id, name and all the arguments): the SDK accumulates either way."""
+        deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+        return self.chunk(
+            [{"index": index, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}]
+        )
+
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         out = self.chunk([])
         out["usage"] = usage
@@ -151,12 +170,18 @@ class ResponseMeta:
         rendered = []
         for index, state in enumerate(choices):
             choice: dict[str, Any] = {"index": index}
+            finish = state.finish_reason
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": state.text}
+                if state.tool_calls:
+                    choice["message"] = {"role": "assistant", "content": state.text or None}
+                    choice["message"]["tool_calls"] = state.tool_calls
+                    finish = "tool_calls" if finish == "stop" else finish
             else:
-                choice["text"] = state.text
+                prefix = self.echo[index] if self.echo else ""
+                choice["text"] = prefix + state.text
             choice["logprobs"] = self.render_logprobs(state.logprobs, 0)
-            choice["finish_reason"] = state.finish_reason
+            choice["finish_reason"] = finish
             rendered.append(choice)
         return {
             "id": self.id,

@@ -57,6 +57,11 @@ def output_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, A
         "ignore_eos": req.ignore_eos,
         "n": req.num_choices,
         "logprobs": req.num_logprobs(),
+        # the output's format: a cached free-text answer is never served to a JSON request
+        "response_format": req.response_format.model_dump(by_alias=True) if req.response_format else None,
+        "guided": [req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar],
+        "logit_bias": req.logit_bias,
+        "stop_token_ids": req.stop_token_ids,
     }
 
 
@@ -85,6 +90,8 @@ class SemanticCacheGate:
         if self.client is None or headers.get(BYPASS_HEADER, "").lower() == "bypass":
             return self._bypass()
         if req.num_choices != 1 or req.num_logprobs() is not None or (messages is None and prompt is None):
+            return self._bypass()
+        if getattr(req, "tools", None):  # tool calls are parsed from the text: not a reusable answer
             return self._bypass()
         scope = scope_of(headers.get("authorization"), req.user)
         key = build_cache_key(model, scope, messages=messages, prompt=prompt, params=output_params(req))

@@ -17,10 +17,12 @@ from gateway import observability
 from gateway.errors import from_grpc, model_not_found
 from gateway.http_io import check_api_key, read_body, until_disconnect
 from gateway.limits import RequestLimits
+from gateway.merged_stream import MergedStream
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.responses import SSE_DONE, ChoiceState, ResponseMeta, UsageTotals, sse, usage_dict
 from gateway.semantic import CacheDecision, SemanticCacheGate
 from gateway.settings import GatewaySettings
+from gateway.tool_calls import ToolCallParser, ToolPlan, plan_tools
 from gateway.worker_pool import WorkerPool, WorkerStream
 from gateway.worker_request import chat_request, completion_request
 from services.gen import worker_pb2
@@ -64,21 +66,27 @@ class Serving:
     async def chat(self, raw: Request) -> Response:
         req: ChatCompletionRequest = await self._parse(raw, ChatCompletionRequest)
         meta = self._meta("chatcmpl", req, chat=True)
+        tools = plan_tools(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         decision = await self.cache.decide(raw.headers, req, req.model, messages=messages)
-        return await self._respond(
-            raw, req, meta, decision, chat_request(req, meta.id, req.model), "messages"
-        )
+        generate = chat_request(req, meta.id, req.model, tools)
+        return await self._respond(raw, req, meta, decision, [generate], "messages", tools)
 
     async def completions(self, raw: Request) -> Response:
         req: CompletionRequest = await self._parse(raw, CompletionRequest)
         meta = self._meta("cmpl", req, chat=False)
-        prompt = req.single_prompt()
-        text_prompt = prompt if isinstance(prompt, str) else None
+        prompts = req.prompts()
+        single = prompts[0] if len(prompts) == 1 and not req.echo else None
+        text_prompt = single if isinstance(single, str) else None
         decision = await self.cache.decide(raw.headers, req, req.model, prompt=text_prompt)
-        return await self._respond(
-            raw, req, meta, decision, completion_request(req, meta.id, req.model), "prompt"
-        )
+        if req.echo:
+            texts = [p if isinstance(p, str) else await self.pool.detokenize(p) for p in prompts]
+            meta.echo = [text for text in texts for _ in range(req.num_choices)]
+        generates = [
+            completion_request(req, meta.id if len(prompts) == 1 else f"{meta.id}-{i}", req.model, prompt)
+            for i, prompt in enumerate(prompts)
+        ]
+        return await self._respond(raw, req, meta, decision, generates, "prompt")
 
     @staticmethod
     def _meta(prefix: str, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> ResponseMeta:
@@ -97,31 +105,48 @@ class Serving:
         req: ChatCompletionRequest | CompletionRequest,
         meta: ResponseMeta,
         decision: CacheDecision,
-        generate: worker_pb2.GenerateRequest,
+        generates: list[worker_pb2.GenerateRequest],
         prompt_param: str,
+        tools: ToolPlan | None = None,
     ) -> Response:
         headers = decision.headers()
         if decision.hit is not None:
             return self._cached(meta, decision, bool(req.stream), headers)
-        stream = await until_disconnect(raw, self.pool.generate(generate, prompt_param), WorkerStream.cancel)
+        streams: list[WorkerStream] = []
+        try:
+            for generate in generates:
+                started = self.pool.generate(generate, prompt_param)
+                streams.append(await until_disconnect(raw, started, WorkerStream.cancel))
+        except BaseException:
+            for started_stream in streams:
+                started_stream.cancel()
+            raise
+        stream = MergedStream(streams, req.num_choices)
+        n = req.num_choices * len(generates)
         if req.stream:
-            body = self._sse(meta, stream, decision, req.num_choices, prompt_param)
+            body = self._sse(meta, stream, decision, n, prompt_param, tools)
             return ClosingStreamingResponse(
                 body, stream.cancel, media_type="text/event-stream", headers=headers | SSE_HEADERS
             )
         try:
             result = await until_disconnect(
-                raw, self._collect(meta, stream, decision, req.num_choices, prompt_param)
+                raw, self._collect(meta, stream, decision, n, prompt_param, tools)
             )
         finally:
             stream.cancel()
         return JSONResponse(result, headers=headers)
 
     async def _collect(
-        self, meta: ResponseMeta, stream: WorkerStream, decision: CacheDecision, n: int, prompt_param: str
+        self,
+        meta: ResponseMeta,
+        stream: MergedStream,
+        decision: CacheDecision,
+        n: int,
+        prompt_param: str,
+        tools: ToolPlan | None = None,
     ) -> dict[str, Any]:
         choices = [ChoiceState() for _ in range(n)]
-        usage = UsageTotals()
+        usage = UsageTotals(choices_per_prompt=n // len(stream.streams))
         try:
             async for chunk in stream.chunks():
                 state = choices[chunk.index]
@@ -131,16 +156,28 @@ class Serving:
                     state.logprobs.extend(chunk.logprobs)
                 if chunk.finish_reason:
                     state.finish_reason = chunk.finish_reason
-                    usage.add(chunk.usage)
+                    usage.add(chunk.usage, chunk.index)
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
             raise from_grpc(exc, prompt_param) from None
+        if tools is not None and tools.mode != "none":
+            for state in choices:
+                parser = ToolCallParser(tools)
+                content = parser.feed(state.text)
+                rest, state.tool_calls = parser.finish()
+                state.text_parts = [content + rest]
         if n == 1:
             self.cache.store(decision, choices[0].text, choices[0].finish_reason, usage)
         return meta.full(choices, usage.as_dict())
 
     async def _sse(
-        self, meta: ResponseMeta, stream: WorkerStream, decision: CacheDecision, n: int, prompt_param: str
+        self,
+        meta: ResponseMeta,
+        stream: MergedStream,
+        decision: CacheDecision,
+        n: int,
+        prompt_param: str,
+        tools: ToolPlan | None = None,
     ) -> AsyncIterator[str]:
         """Role chunks first (chat), then one chunk per worker chunk, the usage chunk, then [DONE].
 
@@ -152,9 +189,11 @@ class Serving:
         try:
             pending = [sse(meta.role_chunk(index)) for index in range(n)] if meta.chat else []
             open_choices = n
-            offsets = [0] * n
+            offsets = [len(text) for text in meta.echo] if meta.echo else [0] * n
+            echo_pending = list(meta.echo) if meta.echo else None
+            parsers = [ToolCallParser(tools) for _ in range(n)] if tools and tools.mode != "none" else None
             text_parts: list[str] = []
-            usage = UsageTotals()
+            usage = UsageTotals(choices_per_prompt=n // len(stream.streams))
             finish: str | None = None
             async for chunk in stream.chunks():
                 finish = chunk.finish_reason or None
@@ -163,13 +202,28 @@ class Serving:
                 logprobs = meta.render_logprobs(list(chunk.logprobs), offsets[chunk.index])
                 offsets[chunk.index] += sum(len(p.chosen.token) for p in chunk.logprobs)
                 if finish is not None:
-                    usage.add(chunk.usage)
+                    usage.add(chunk.usage, chunk.index)
                     open_choices -= 1
                 if n == 1 and chunk.text:
                     text_parts.append(chunk.text)
-                pending.append(
-                    sse(meta.chunk([meta.delta_choice(chunk.index, chunk.text, finish, logprobs)]))
-                )
+                text = chunk.text
+                if echo_pending is not None and echo_pending[chunk.index]:
+                    text, echo_pending[chunk.index] = echo_pending[chunk.index] + text, ""
+                if parsers is not None:
+                    text = parsers[chunk.index].feed(text)
+                    if finish is not None:
+                        rest, calls = parsers[chunk.index].finish()
+                        text += rest
+                        if calls:
+                            pending.append(
+                                sse(meta.chunk([meta.delta_choice(chunk.index, text, None, logprobs)]))
+                            )
+                            pending.append(sse(meta.tool_calls_chunk(chunk.index, calls)))
+                            text, logprobs = "", None
+                            finish = "tool_calls" if finish == "stop" else finish
+                    if not text and finish is None and not logprobs:
+                        continue
+                pending.append(sse(meta.chunk([meta.delta_choice(chunk.index, text, finish, logprobs)])))
                 if open_choices > 0:
                     yield "".join(pending)
                     pending.clear()

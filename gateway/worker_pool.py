@@ -151,6 +151,28 @@ class WorkerPool:
             return info
         raise unavailable(f"No worker is ready: {'; '.join(problems)}")
 
+    async def tokenize(self, request: worker_pb2.TokenizeRequest) -> worker_pb2.TokenizeResponse:
+        return await self._unary("Tokenize", request)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        reply = await self._unary("Detokenize", worker_pb2.DetokenizeRequest(token_ids=token_ids))
+        return reply.text
+
+    async def _unary(self, method: str, request: object, timeout_s: float = 30.0) -> object:
+        """A short call on the first replica that answers; a refusal of the input is a 400."""
+        last_error: grpc.aio.AioRpcError | None = None
+        for replica in self._order():
+            try:
+                return await getattr(replica.stub, method)(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                observability.WORKER_ERRORS.labels(exc.code().name).inc()
+                if exc.code() not in RETRYABLE:
+                    raise from_grpc(exc, "prompt") from None
+                replica.mark_down()
+                last_error = exc
+        assert last_error is not None
+        raise from_grpc(last_error, "prompt")
+
     async def served_model_name(self) -> str:
         if self.model_name is None:
             await self.model_info()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
+import json
+
+from gateway.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from gateway.tool_calls import ToolPlan
 from services.gen import worker_pb2
 
 # Request fields copied to the proto unchanged when the client set them.
@@ -33,21 +36,67 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest) -> worker_pb
     num_logprobs = req.num_logprobs()
     if num_logprobs is not None:
         params.logprobs = num_logprobs
+    params.stop_token_ids.extend(req.stop_token_ids or [])
+    for token, bias in (req.logit_bias or {}).items():
+        params.logit_bias[int(token)] = bias
+    structured = structured_output(req)
+    if structured is not None:
+        params.structured_output.CopyFrom(structured)
     return params
 
 
-def chat_request(req: ChatCompletionRequest, request_id: str, model: str) -> worker_pb2.GenerateRequest:
-    messages = [worker_pb2.ChatMessage(role=m.role, content=m.text()) for m in req.messages]
+def structured_output(req: ChatCompletionRequest | CompletionRequest) -> worker_pb2.StructuredOutput | None:
+    """response_format or vLLM's guided_* as the worker's constraint; None for free text."""
+    out = worker_pb2.StructuredOutput
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        return out(json_object=True)
+    if rf is not None and rf.type == "json_schema":
+        assert rf.json_schema is not None
+        return out(json_schema=json.dumps(rf.json_schema.schema_ or {"type": "object"}))
+    if req.guided_json is not None:
+        schema = req.guided_json
+        return out(json_schema=schema if isinstance(schema, str) else json.dumps(schema))
+    if req.guided_regex is not None:
+        return out(regex=req.guided_regex)
+    if req.guided_choice is not None:
+        return out(choice=worker_pb2.ChoiceList(choices=req.guided_choice))
+    if req.guided_grammar is not None:
+        return out(grammar=req.guided_grammar)
+    return None
+
+
+def chat_message(m: ChatMessage) -> worker_pb2.ChatMessage:
+    calls = [
+        worker_pb2.ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+        for c in m.tool_calls or []
+    ]
+    return worker_pb2.ChatMessage(
+        role=m.role, content=m.text(), name=m.name or "", tool_call_id=m.tool_call_id or "", tool_calls=calls
+    )
+
+
+def chat_request(
+    req: ChatCompletionRequest, request_id: str, model: str, tools: ToolPlan | None = None
+) -> worker_pb2.GenerateRequest:
+    """Tools are rendered unless tool_choice is none; a forced call constrains the output to its schema."""
+    messages = [chat_message(m) for m in req.messages]
+    params = sampling_params(req)
+    if tools is not None and tools.schema is not None:
+        params.structured_output.CopyFrom(worker_pb2.StructuredOutput(json_schema=json.dumps(tools.schema)))
     return worker_pb2.GenerateRequest(
         request_id=request_id,
-        chat=worker_pb2.ChatPrompt(messages=messages),
-        params=sampling_params(req),
+        chat=worker_pb2.ChatPrompt(messages=messages, tools_json=tools.tools_json if tools else ""),
+        params=params,
         model=model,
     )
 
 
-def completion_request(req: CompletionRequest, request_id: str, model: str) -> worker_pb2.GenerateRequest:
-    prompt = req.single_prompt()
+def completion_request(
+    req: CompletionRequest, request_id: str, model: str, prompt: str | list[int] | None = None
+) -> worker_pb2.GenerateRequest:
+    """One worker request per prompt; `prompt` picks one of a batch (default: the first)."""
+    prompt = req.single_prompt() if prompt is None else prompt
     out = worker_pb2.GenerateRequest(request_id=request_id, params=sampling_params(req), model=model)
     if isinstance(prompt, str):
         out.text = prompt

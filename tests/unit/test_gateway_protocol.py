@@ -74,7 +74,10 @@ def test_completion_prompt_forms() -> None:
     assert prompt_of(["hi"]) == "hi"
     assert prompt_of([1, 2, 3]) == [1, 2, 3]
     assert prompt_of([[4, 5]]) == [4, 5]
-    for bad in (["a", "b"], [[1], [2]], [], [1, -1], 5):
+    for batch in (["a", "b"], [[1], [2, 3]]):
+        req = parse_request(CompletionRequest, json.dumps({"model": "m", "prompt": batch}).encode())
+        assert req.prompts() == batch
+    for bad in ([], [1, -1], 5):
         assert refused(CompletionRequest, {"model": "m", "prompt": bad}).param == "prompt"
 
 

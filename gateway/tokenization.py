@@ -1,0 +1,72 @@
+"""/tokenize and /detokenize in vLLM's shapes, so clients can budget the context before they ask.
+
+A chat body is rendered with the model's template exactly as /v1/chat/completions would render it.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationError, model_validator
+
+from gateway.protocol import INT32_MAX, ChatMessage, Tool, _Strict, validation_error
+from gateway.worker_pool import WorkerPool
+from gateway.worker_request import chat_message
+from services.gen import worker_pb2
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: send exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1 << 20)
+
+    @model_validator(mode="after")
+    def _ids(self) -> DetokenizeRequest:
+        if any(not 0 <= t <= INT32_MAX for t in self.tokens):
+            raise ValueError("tokens: token ids must be non-negative")
+        return self
+
+
+def parse(model: type[_Strict], body: bytes) -> _Strict:
+    try:
+        return model.model_validate_json(body, strict=True)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+async def tokenize(pool: WorkerPool, body: bytes) -> dict:
+    req = parse(TokenizeRequest, body)
+    assert isinstance(req, TokenizeRequest)
+    if req.messages is not None:
+        tools_json = "[" + ",".join(t.model_dump_json(exclude_none=True) for t in req.tools or []) + "]"
+        chat = worker_pb2.ChatPrompt(
+            messages=[chat_message(m) for m in req.messages], tools_json=tools_json if req.tools else ""
+        )
+        call = worker_pb2.TokenizeRequest(chat=chat)
+    else:
+        call = worker_pb2.TokenizeRequest(text=req.prompt, add_special_tokens=req.add_special_tokens)
+    reply = await pool.tokenize(call)
+    return {
+        "count": len(reply.token_ids),
+        "max_model_len": reply.max_model_len,
+        "tokens": list(reply.token_ids),
+        "token_strs": list(reply.tokens) if req.return_token_strs else None,
+    }
+
+
+async def detokenize(pool: WorkerPool, body: bytes) -> dict:
+    req = parse(DetokenizeRequest, body)
+    assert isinstance(req, DetokenizeRequest)
+    return {"prompt": await pool.detokenize(req.tokens)}
