@@ -10,10 +10,11 @@ import uvicorn
 from gateway.app import create_app
 from gateway.drain import DrainingServer
 from gateway.settings import GatewaySettings
+from services.logs import configure_logging
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()  # LOG_FORMAT=json: JSON lines with the request id
     settings = GatewaySettings.from_cli(sys.argv[1:])
     app = create_app(settings)
     logging.getLogger(__name__).info(

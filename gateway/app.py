@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -19,6 +20,7 @@ from gateway.errors import APIError, invalid_request, model_not_found, unavailab
 from gateway.http_io import ClientDisconnected, check_api_key, read_body
 from gateway.observability import MetricsMiddleware
 from gateway.openapi import build_openapi
+from gateway.request_id import RequestIdMiddleware
 from gateway.semantic import SemanticCacheGate
 from gateway.serving import Serving
 from gateway.settings import GatewaySettings
@@ -54,6 +56,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.state.drain = DrainGate()  # gateway/__main__.py starts the drain on SIGTERM
     app.add_middleware(DrainMiddleware, gate=app.state.drain)
     app.add_middleware(MetricsMiddleware)
+    if settings.cors_allow_origins:
+        origins = [o.strip() for o in settings.cors_allow_origins.split(",") if o.strip()]
+        app.add_middleware(
+            CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
+            expose_headers=["X-Request-Id", "X-Semantic-Cache"],
+        )
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response carries the id
     _add_error_handlers(app)
 
     @app.post("/v1/chat/completions")

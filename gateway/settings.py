@@ -16,6 +16,7 @@ class GatewaySettings(BaseSettings):
     worker_addr: str = "127.0.0.1:50051"  # comma-separated for several workers
     api_key: str | None = None  # unset or empty: no authentication
     gateway_max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    cors_allow_origins: str = ""  # comma-separated origins ("*" for any); empty: no CORS headers
     cache_addr: str = "127.0.0.1:50052"
     cache_enabled: bool = True
     cache_timeout_ms: float = Field(default=100.0, gt=0)  # a semantic hit: 10-20 ms, p99 ~100 loaded

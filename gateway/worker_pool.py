@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway import observability
 from gateway.errors import APIError, from_grpc, unavailable
+from gateway.request_id import grpc_metadata
 from services.gen import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class WorkerPool:
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
         for replica in self._order():
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            call = replica.stub.Generate(request, timeout=timeout)
+            call = replica.stub.Generate(request, timeout=timeout, metadata=grpc_metadata())
             try:
                 first = await call.read()
             except grpc.aio.AioRpcError as exc:

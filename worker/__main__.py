@@ -19,6 +19,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.gen import worker_pb2, worker_pb2_grpc
+from services.logs import configure_logging
 from worker.async_engine import AsyncEngine
 from worker.metrics import start_metrics_server
 from worker.server import WorkerServicer
@@ -115,7 +116,7 @@ async def serve(settings: WorkerSettings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()  # LOG_FORMAT=json: JSON lines with the request id
     asyncio.run(serve(WorkerSettings.from_cli(sys.argv[1:])))
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.gen import worker_pb2, worker_pb2_grpc
+from services.logs import REQUEST_ID
 from worker.async_engine import AsyncEngine
 from worker.errors import InvalidRequestError
 from worker.grpc_errors import abort_for, abort_with, status_of
@@ -136,6 +137,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             message = f"model {request.model!r} is not served here ({served!r} is)"
             await abort_with(context, "MODEL_NOT_FOUND", message, "model")
         request_id = request.request_id or uuid.uuid4().hex
+        REQUEST_ID.set(dict(context.invocation_metadata() or ()).get("x-request-id", request_id))
+        log.info("request %s received", request_id)
         try:
             prompt = prompt_from_proto(request)
             params = params_from_proto(request.params)

@@ -1,0 +1,43 @@
+"""X-Request-Id: taken from the client when it sends one (else made here), returned on every response,
+set for the gateway's logs and sent to the worker as gRPC metadata, which logs it with the request."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.logs import REQUEST_ID
+
+HEADER = b"x-request-id"
+METADATA_KEY = "x-request-id"
+_ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")  # anything else is replaced, never echoed
+
+
+def grpc_metadata() -> tuple[tuple[str, str], ...]:
+    request_id = REQUEST_ID.get()
+    return ((METADATA_KEY, request_id),) if request_id else ()
+
+
+class RequestIdMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")
+        request_id = sent if _ACCEPTABLE.match(sent) else uuid.uuid4().hex
+        token = REQUEST_ID.set(request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (HEADER, request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)
