@@ -1,5 +1,6 @@
 """The cache's decisions, free of gRPC: exact match first, then similarity within a partition, then the
-verifier, then a check that the entry still exists in Redis."""
+verifier (cheap checks and a learned classifier, conversation turn by turn), then a check that the entry
+still exists in Redis."""
 
 from __future__ import annotations
 
@@ -8,15 +9,12 @@ from dataclasses import dataclass
 
 from cache_service.embedder import MicroBatcher
 from cache_service.index import Candidate, VectorIndex
-from cache_service.keys import ParsedKey
+from cache_service.keys import Conversation, ParsedKey
 from cache_service.metrics import CacheMetrics
 from cache_service.store import IndexRecord, RedisStore, StoredAnswer
-from cache_service.verifier import verify
+from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier
 
 TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
-# The embedding model reads ~256 tokens: a longer text's tail would be invisible to the similarity, so long
-# queries are answered by exact match only.
-MAX_SEMANTIC_CHARS = 1000
 STORABLE_FINISH_REASONS = ("stop", "length")
 
 
@@ -28,11 +26,15 @@ class Hit:
     exact: bool
 
 
-def acceptable(query: str, candidates: list[Candidate], use_verifier: bool) -> list[Candidate]:
-    """Candidates (already above the threshold, best first) that may answer `query`."""
-    if not use_verifier:
+def acceptable(
+    verifier: PairVerifier | None, query: Conversation, candidates: list[Candidate], min_probability: float
+) -> list[Candidate]:
+    """Candidates (already above the similarity floor, best first) that may answer `query`; all of them when
+    there is no verifier (measurement only)."""
+    if verifier is None or not candidates:
         return candidates
-    return [c for c in candidates if verify(query, c.query).ok]
+    verdicts = verifier.judge(query, [Conversation.decode(c.query) for c in candidates], min_probability)
+    return [c for c, v in zip(candidates, verdicts, strict=True) if v.ok]
 
 
 @dataclass
@@ -55,7 +57,8 @@ class SemanticCache:
         threshold: float,
         max_temperature: float,
         ttl_seconds: int,
-        use_verifier: bool = True,
+        verifier: PairVerifier | None,
+        verifier_threshold: float,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -65,7 +68,8 @@ class SemanticCache:
         self.threshold = threshold
         self.max_temperature = max_temperature
         self.ttl_seconds = ttl_seconds
-        self.use_verifier = use_verifier
+        self.verifier = verifier  # None: similarity alone (measurement only)
+        self.verifier_threshold = verifier_threshold
         self.counts = Counts()
 
     def cacheable_temperature(self, temperature: float) -> bool:
@@ -91,11 +95,13 @@ class SemanticCache:
         answer = await self.store.fetch_hit(key.entry_id)
         if answer is not None:
             return Hit(key.entry_id, answer, 1.0, True)
-        if len(key.query) > MAX_SEMANTIC_CHARS or not self.index.has_partition(key.partition):
+        if len(key.query) > MAX_COMPARABLE_CHARS or not self.index.has_partition(key.partition):
             return None  # nothing comparable stored (or too long to compare): no need to embed
         vector = await self.batcher.embed(key.query)
         candidates = self.index.search(key.partition, vector, TOP_K, threshold)
-        accepted = acceptable(key.query, candidates, self.use_verifier)
+        accepted = await self.batcher.run(
+            acceptable, self.verifier, key.conversation, candidates, self.verifier_threshold
+        )
         self.metrics.verifier_rejections.inc(len(candidates) - len(accepted))
         for cand in accepted:
             answer = await self.store.fetch_hit(cand.entry_id)
@@ -111,7 +117,7 @@ class SemanticCache:
         if not self.cacheable_temperature(temperature) or answer.finish_reason not in STORABLE_FINISH_REASONS:
             return None
         vector = await self.batcher.embed(key.query)
-        record = IndexRecord(key.entry_id, key.partition, key.scope, key.query, vector)
+        record = IndexRecord(key.entry_id, key.partition, key.scope, key.stored_text, vector)
         await self.store.put(record, key.model, answer, ttl or self.ttl_seconds)
         self.index.add(record.entry_id, record.partition, record.scope, vector, record.query)
         await self.store.publish({"op": "store", "id": record.entry_id, "origin": self.replica_id})

@@ -13,10 +13,14 @@ import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
+from cache_service.pair_features import TokenStates
 from services.linear import pack_linear_layers
+
+T = TypeVar("T")
 
 
 def model_path() -> str:
@@ -88,6 +92,7 @@ class Embedder:
         from sentence_transformers import SentenceTransformer
 
         self.dtype = resolve_dtype(dtype)
+        self._skip_ids: set[int] | None = None  # word pieces the verifier ignores, built on first use
         self.num_threads = num_threads
         torch.set_num_threads(num_threads)
         self._torch = torch
@@ -114,6 +119,40 @@ class Embedder:
             raise RuntimeError(
                 f"direct embedding path ({self.dtype}) disagrees with SentenceTransformer.encode (float32)"
             )
+
+    def encode_tokens(self, texts: list[str]) -> list[TokenStates]:
+        """Per text: its sentence vector and its word pieces' contextual and static vectors, for the verifier
+        (cache_service/pair_features.py). One forward pass for the whole list."""
+        torch = self._torch
+        if self._skip_ids is None:
+            vocab = self._tokenizer.get_vocab()
+            punct = {i for t, i in vocab.items() if t and all(not c.isalnum() for c in t.removeprefix("##"))}
+            self._skip_ids = punct | set(self._tokenizer.all_special_ids)
+        out: list[TokenStates] = []
+        with torch.inference_mode():
+            batch = self._tokenizer(
+                texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
+            )
+            hidden = self._transformer(**batch).last_hidden_state.float()
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            sentences = torch.nn.functional.normalize(pooled, dim=1).numpy()
+            static_table = self._transformer.embeddings.word_embeddings.weight
+            masks = batch["attention_mask"].tolist()
+            for row, ids in enumerate(batch["input_ids"].tolist()):
+                keep = [k for k, t in enumerate(ids) if masks[row][k] and t not in self._skip_ids]
+                kept_ids = [ids[k] for k in keep]
+                context = torch.nn.functional.normalize(hidden[row, keep], dim=1)
+                static = torch.nn.functional.normalize(static_table[kept_ids].float(), dim=1)
+                out.append(
+                    TokenStates(
+                        np.ascontiguousarray(sentences[row], dtype=np.float32),
+                        tuple(kept_ids),
+                        np.ascontiguousarray(context.numpy(), dtype=np.float32),
+                        np.ascontiguousarray(static.numpy(), dtype=np.float32),
+                    )
+                )
+        return out
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Mean-pooled, L2-normalized token embeddings (the model's own pooling, as configured), float32."""
@@ -157,6 +196,11 @@ class MicroBatcher:
             if not fut.done():
                 fut.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """Run other model work (the verifier's forward pass) on the embedding thread, between batches: torch
+        stays on one thread, so it never competes with an embedding for the same core."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def embed(self, text: str) -> np.ndarray:
         fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()

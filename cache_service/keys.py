@@ -1,8 +1,13 @@
-"""What makes two requests interchangeable: the partition (everything but the query) and the query text.
+"""What makes two requests interchangeable: the partition (everything that must match exactly) and the
+conversation (what is compared by meaning).
 
-A cached answer may only be reused for the same model, tenant, output-shaping parameters and the exact same
-conversation before the last user message; only that last message may be worded differently. So the index is
-partitioned by a hash of all of that, and similarity is computed only between queries of one partition.
+A cached answer may only be reused for the same model, tenant, output-shaping parameters, system prompt and
+shape of conversation (the same roles in the same order). So the index is partitioned by a hash of all of
+that, and similarity is only computed inside one partition. Within it, every user and assistant turn up to
+the last user message may be worded differently: the last question is embedded for the search, and the
+verifier then compares the conversations turn by turn (cache_service/verifier.py), so "I use a Mac ... how
+do I install Python?" can answer "My computer is a Mac ... how can I install Python?" but not "I use a PC
+... how do I install Python?".
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from services.gen import cache_pb2
 
 _SPACES = re.compile(r"\s+")
 _TRAILING_PUNCT = re.compile(r"[\s?.!]+$")
+_CONVERSATION_MARK = "\x1e"  # stored text of a multi-turn entry: this mark, then JSON [[role, text], ...]
+SYSTEM_ROLES = ("system", "developer")  # instructions: matched exactly, never by meaning
 
 
 class NotCacheableError(ValueError):
@@ -24,16 +31,49 @@ class NotCacheableError(ValueError):
 
 
 @dataclass(frozen=True)
+class Conversation:
+    """The turns compared by meaning, the last user question last; one turn for a single question."""
+
+    turns: tuple[tuple[str, str], ...]  # (role, text)
+
+    @property
+    def question(self) -> str:
+        return self.turns[-1][1]
+
+    def encode(self) -> str:
+        """The text stored with an entry (Redis and the index): a lone question as itself."""
+        if len(self.turns) == 1:
+            return self.question
+        return _CONVERSATION_MARK + json.dumps([list(t) for t in self.turns], ensure_ascii=False)
+
+    @classmethod
+    def decode(cls, text: str) -> Conversation:
+        if text.startswith(_CONVERSATION_MARK):
+            return cls(tuple((role, content) for role, content in json.loads(text[1:])))
+        return cls((("user", text),))
+
+
+@dataclass(frozen=True)
 class ParsedKey:
     partition: str  # hex digest of everything that must match exactly
-    query: str  # the text compared by similarity
+    conversation: Conversation
     scope: str
     model: str
 
     @property
+    def query(self) -> str:
+        """The text embedded for the search: the last user question."""
+        return self.conversation.question
+
+    @property
+    def stored_text(self) -> str:
+        return self.conversation.encode()
+
+    @property
     def entry_id(self) -> str:
-        """Same partition + same normalized query = same entry (a store overwrites, a lookup hits exactly)."""
-        digest = hashlib.sha256(f"{self.partition}\0{normalize_text(self.query)}".encode())
+        """Same partition + same normalized turns = same entry (a store overwrites, a lookup hits exactly)."""
+        turns = "\0".join(normalize_text(text) for _, text in self.conversation.turns)
+        digest = hashlib.sha256(f"{self.partition}\0{turns}".encode())
         return digest.hexdigest()[:32]
 
 
@@ -48,27 +88,37 @@ def scope_digest(scope: str) -> str:
     return hashlib.sha256(scope.encode()).hexdigest()[:24]
 
 
+def _chat(messages: list[cache_pb2.Message]) -> tuple[Conversation, list[object]]:
+    """The conversation compared by meaning and the exact-match material: system messages with their
+    place, the roles in order, and anything after the last user message."""
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    if last_user < 0:
+        raise NotCacheableError("conversation has no user message")
+    turns: list[tuple[str, str]] = []
+    shape: list[object] = []
+    for i, m in enumerate(messages):
+        if m.role in SYSTEM_ROLES or i > last_user:
+            shape.append([m.role, m.content])
+        else:
+            turns.append((m.role, m.content))
+            shape.append(m.role)
+    return Conversation(tuple(turns)), shape
+
+
 def parse_key(key: cache_pb2.CacheKey) -> ParsedKey:
     if not key.model:
         raise NotCacheableError("key.model is required")
     if key.messages and key.prompt:
         raise NotCacheableError("key has both messages and prompt")
     if key.messages:
-        last_user = max((i for i, m in enumerate(key.messages) if m.role == "user"), default=-1)
-        if last_user < 0:
-            raise NotCacheableError("conversation has no user message")
-        query = key.messages[last_user].content
-        context = [[m.role, m.content] for m in key.messages]
-        context[last_user] = ["user", None]  # the query's place in the conversation, not its text
+        conversation, shape = _chat(list(key.messages))
         kind = "chat"
     elif key.prompt:
-        query, context, kind = key.prompt, [], "completion"
+        conversation, shape, kind = Conversation((("user", key.prompt),)), [], "completion"
     else:
         raise NotCacheableError("key has neither messages nor prompt")
-    if not query.strip():
+    if not conversation.question.strip():
         raise NotCacheableError("query text is empty")
-    material = json.dumps(
-        [kind, key.model, key.scope, key.params_fingerprint, context], separators=(",", ":")
-    )
+    material = json.dumps([kind, key.model, key.scope, key.params_fingerprint, shape], separators=(",", ":"))
     partition = hashlib.sha256(material.encode()).hexdigest()[:32]
-    return ParsedKey(partition=partition, query=query, scope=key.scope, model=key.model)
+    return ParsedKey(partition=partition, conversation=conversation, scope=key.scope, model=key.model)

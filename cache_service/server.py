@@ -21,6 +21,7 @@ from cache_service.service import SemanticCacheServicer
 from cache_service.settings import CacheSettings
 from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
+from cache_service.verifier import PairVerifier
 from services.gen import cache_pb2, cache_pb2_grpc
 
 log = logging.getLogger("cache_service")
@@ -83,7 +84,8 @@ async def serve(settings: CacheSettings) -> None:
         threshold=settings.similarity_threshold,
         max_temperature=settings.max_temperature,
         ttl_seconds=settings.ttl_seconds,
-        use_verifier=settings.verifier_enabled,
+        verifier=PairVerifier(embedder) if settings.verifier_enabled else None,
+        verifier_threshold=settings.verifier_threshold,
     )
 
     server = grpc.aio.server()

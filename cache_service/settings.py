@@ -7,8 +7,11 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# Chosen from bench/cache_quality.py on the tuning half of bench/data/cache_eval.jsonl (docs/BENCHMARKS.md).
+# Both chosen by bench/cache_quality.py on the tuning split of bench/data/cache_pairs.jsonl only
+# (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
+# verifier's probability that one answer serves both questions.
 DEFAULT_SIMILARITY_THRESHOLD = 0.80
+DEFAULT_VERIFIER_THRESHOLD = 0.93
 
 
 class CacheSettings(BaseSettings):
@@ -24,6 +27,7 @@ class CacheSettings(BaseSettings):
     ttl_seconds: int = Field(default=86400, ge=1)
     max_temperature: float = Field(default=0.0, ge=0.0)
     verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
+    verifier_threshold: float = Field(default=DEFAULT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
     # auto: bfloat16 weights where the CPU computes bf16 natively, else float32 (cache_service/embedder.py)

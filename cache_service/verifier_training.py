@@ -1,0 +1,95 @@
+"""Fits the verifier's classifier on the `fit` fold of the tuning split of bench/data/cache_pairs.jsonl and
+writes cache_service/verifier_model.pkl (+ .json: what it was fitted on). Never reads the test split.
+
+Every labelled pair becomes the turn pairs the verifier would be asked about: a single question pair as
+itself; a conversation pair turn by turn, skipping identical turns. A turn pair is positive when one answer
+serves both (a pair that should hit, or the reworded last question of a conversation whose earlier turns
+changed) and negative otherwise. Pairs the cheap checks already veto never reach the classifier, so they
+are left out. Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1 ms for four candidates),
+and they can learn that near-identical questions are the dangerous ones (one substituted word).
+
+    .venv/bin/python -m cache_service.verifier_training
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import sklearn
+from sklearn.ensemble import HistGradientBoostingClassifier
+
+from cache_service.embedder import Embedder
+from cache_service.keys import normalize_text
+from cache_service.pair_checks import veto
+from cache_service.pair_features import FEATURE_NAMES, pair_features
+from cache_service.verifier import MODEL_FILE
+
+DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "cache_pairs.jsonl"
+TRAIN_FOLD = "fit"
+PARTITION_KINDS = ("tenant",)  # decided by the partition, not by meaning: nothing to learn from
+
+
+def turns(side: str | list[dict[str, str]]) -> list[str]:
+    return [side] if isinstance(side, str) else [m["content"] for m in side]
+
+
+def turn_pairs(row: dict) -> list[tuple[str, str, bool]]:
+    a, b = turns(row["a"]), turns(row["b"])
+    if len(a) != len(b):
+        return []
+    out = []
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if normalize_text(x) == normalize_text(y) or veto(x, y):
+            continue
+        last_of_conversation = len(a) > 1 and i == len(a) - 1
+        out.append((x, y, bool(row["should_hit"]) or last_of_conversation))
+    return out
+
+
+def training_pairs(path: Path = DATA) -> list[tuple[str, str, bool]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    pairs = []
+    for r in rows:
+        if r["split"] == "tune" and r.get("fold") == TRAIN_FOLD and r["kind"] not in PARTITION_KINDS:
+            pairs += turn_pairs(r)
+    return pairs
+
+
+def fit(embedder: Embedder, pairs: list[tuple[str, str, bool]]) -> HistGradientBoostingClassifier:
+    texts = sorted({t for a, b, _ in pairs for t in (a, b)})
+    states = {}
+    for start in range(0, len(texts), 64):
+        chunk = texts[start : start + 64]
+        states.update(zip(chunk, embedder.encode_tokens(chunk), strict=True))
+    features = np.stack([pair_features(states[a], states[b]) for a, b, _ in pairs])
+    labels = np.array([same for _, _, same in pairs])
+    model = HistGradientBoostingClassifier(max_depth=3, max_iter=200, learning_rate=0.05, random_state=0)
+    return model.fit(features, labels)
+
+
+def main() -> None:
+    pairs = training_pairs()
+    embedder = Embedder()
+    model = fit(embedder, pairs)
+    with MODEL_FILE.open("wb") as f:
+        pickle.dump(model, f)
+    meta = {
+        "features": list(FEATURE_NAMES),
+        "data": str(DATA.relative_to(DATA.parent.parent.parent)),
+        "data_sha256": hashlib.sha256(DATA.read_bytes()).hexdigest(),
+        "fold": TRAIN_FOLD,
+        "pairs": len(pairs),
+        "positives": sum(1 for *_, same in pairs if same),
+        "embedding_dtype": embedder.dtype,
+        "scikit_learn": sklearn.__version__,
+    }
+    MODEL_FILE.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(json.dumps(meta))
+
+
+if __name__ == "__main__":
+    main()
