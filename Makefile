@@ -34,7 +34,12 @@ kernels: $(KERNEL)
 $(MODEL_DIR)/config.json: | $(VENV)/.installed
 	$(PY) -m worker.fetch_model --output $(MODEL_DIR)
 
-model: $(MODEL_DIR)/config.json
+# The GGUF file the model was converted from (int4 loads its 4-bit blocks), for directories converted
+# before fetch_model kept it.
+$(MODEL_DIR)/model.gguf: | $(MODEL_DIR)/config.json
+	$(PY) -m worker.fetch_model --gguf-only --output $(MODEL_DIR)
+
+model: $(MODEL_DIR)/config.json $(MODEL_DIR)/model.gguf
 
 run: venv protos kernels model
 	$(PY) -m scripts.run_stack

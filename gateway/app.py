@@ -127,6 +127,7 @@ async def _model_card(request: Request, created: int) -> dict:
         "created": created,
         "owned_by": "llmserve",
         "max_model_len": info.max_model_len,
+        "quantization": info.quantization or "none",
     }
 
 

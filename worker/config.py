@@ -32,6 +32,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     linear_backend: str = "auto"  # auto | onednn (weights prepacked, CPU) | torch (plain F.linear)
     attention_backend: str = "auto"  # auto | native (compiled CPU decode kernel) | torch (gather + matmul)
+    quantization: str = "none"  # none | int8 | int4: weight-only, linear layers (services/quant.py)
     scheduler: SchedulerConfig | None = None
     cache: CacheConfig | None = None
 
@@ -42,5 +43,7 @@ class EngineConfig:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.linear_backend not in ("auto", "onednn", "torch"):
             raise ValueError(f"unsupported linear backend {self.linear_backend!r}")
+        if self.quantization not in ("none", "int8", "int4"):
+            raise ValueError(f"unsupported quantization {self.quantization!r}")
         if self.attention_backend not in ("auto", "native", "torch"):
             raise ValueError(f"unsupported attention backend {self.attention_backend!r}")

@@ -355,7 +355,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.cache
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model, config.dtype, device, sched.max_model_len, config.linear_backend)
+    model = load_model(
+        config.model, config.dtype, device, sched.max_model_len, config.linear_backend, config.quantization
+    )
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30
@@ -372,6 +374,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         num_kv_blocks=num_blocks,
         dtype=config.dtype,
         device=device,
+        quantization=config.quantization,
         max_num_seqs=sched.max_num_seqs,
         vocab_size=model.shape.vocab_size,
     )

@@ -52,6 +52,7 @@ class _Settings(Protocol):
     metrics_port: int
     served_model_name: str
     price_per_hour_usd: float
+    quantization: str
 
 
 class WorkerMetrics:
@@ -63,6 +64,7 @@ class WorkerMetrics:
         price_per_hour_usd: float = 0.0,
         throughput_window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        quantization: str = "none",
     ) -> None:
         if price_per_hour_usd < 0:
             raise ValueError("price_per_hour_usd must be non-negative")
@@ -90,6 +92,12 @@ class WorkerMetrics:
         def histogram(metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(PREFIX + metric, doc, name, buckets=buckets, registry=reg)
 
+        Gauge(
+            PREFIX + "model_quantization_info",
+            "1 for the weight quantization the model runs with (none | int8 | int4).",
+            ["model_name", "quantization"],
+            registry=reg,
+        ).labels(model_name, quantization).set(1)
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.").labels(
             model_name
         )
@@ -263,7 +271,9 @@ class _QuietHandler(WSGIRequestHandler):
 
 def start_metrics_server(engine: _Engine, settings: _Settings) -> WorkerMetrics:
     """Attach the metrics to the engine's listeners and serve them on settings.metrics_port."""
-    metrics = WorkerMetrics(settings.served_model_name, settings.price_per_hour_usd)
+    metrics = WorkerMetrics(
+        settings.served_model_name, settings.price_per_hour_usd, quantization=settings.quantization
+    )
     engine.add_step_listener(metrics.on_step)
     engine.add_finished_listener(metrics.on_request_finished)
     metrics.serve(settings.metrics_port, settings.host)

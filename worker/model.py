@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from services.linear import Linear
+from services.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 from worker.attention import AttentionMetadata, paged_attention
 
 
@@ -38,7 +39,16 @@ class ModelShape:
 
 
 class LlamaForPagedAttention:
-    def __init__(self, hf_model: torch.nn.Module, max_positions: int, linear_backend: str = "auto") -> None:
+    def __init__(
+        self,
+        hf_model: torch.nn.Module,
+        max_positions: int,
+        linear_backend: str = "auto",
+        quantization: str = "none",
+        int4_groups: dict[str, Int4Groups] | None = None,
+    ) -> None:
+        """`quantization`: none | int8 | int4 (weight-only, services/quant.py); `int4_groups`: 4-bit
+        blocks already in a GGUF file, by Hugging Face name, used instead of re-quantizing."""
         config = hf_model.config
         self.shape = ModelShape(
             num_layers=config.num_hidden_layers,
@@ -52,25 +62,45 @@ class LlamaForPagedAttention:
         inner = hf_model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
-        self.lm_head = Linear(hf_model.lm_head.weight, backend=linear_backend)
+        self.quantization = quantization
+        # The LM head is 8-bit in both quantized modes, as llama.cpp's Q4_1 file keeps it (Q8_0).
+        head_quantization = "none" if quantization == "none" else "int8"
+        self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         self.linear_backend = self.lm_head.backend
-        self.layers = [self._layer(layer, linear_backend) for layer in inner.layers]
+        self.layers = [
+            self._layer(layer, linear_backend, quantization, int4_groups or {}, f"model.layers.{i}.")
+            for i, layer in enumerate(inner.layers)
+        ]
         self.cos, self.sin = self._rope_tables(inner, max_positions)
 
     @staticmethod
-    def _layer(layer: torch.nn.Module, backend: str) -> LayerWeights:
-        attn, mlp = layer.self_attn, layer.mlp
+    def _layer(
+        layer: torch.nn.Module,
+        backend: str,
+        quantization: str,
+        int4_groups: dict[str, Int4Groups],
+        prefix: str,
+    ) -> LayerWeights:
+        attn = layer.self_attn
+
+        def linear(names: list[str], bias: torch.Tensor | None = None) -> Linear | Int8Linear | Int4Linear:
+            modules = [layer.get_submodule(name) for name in names]
+            weights = [m.weight.detach() for m in modules]
+            weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+            groups = [int4_groups.get(f"{prefix}{name}.weight") for name in names]
+            fused = Int4Groups.cat(groups) if quantization == "int4" and all(groups) else None
+            return build_linear(weight, bias, backend, quantization, fused)
+
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
-        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
         return LayerWeights(
             input_norm=layer.input_layernorm.weight.detach(),
-            qkv=Linear(qkv, bias, backend),
-            o_proj=Linear(attn.o_proj.weight, backend=backend),
+            qkv=linear(["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], bias),
+            o_proj=linear(["self_attn.o_proj"]),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(), backend=backend),
-            down=Linear(mlp.down_proj.weight, backend=backend),
+            gate_up=linear(["mlp.gate_proj", "mlp.up_proj"]),
+            down=linear(["mlp.down_proj"]),
         )
 
     def _rope_tables(self, inner: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -38,9 +39,39 @@ def load_hf_model(path: str, dtype: str, device: str) -> torch.nn.Module:
 
 
 def load_model(
-    path: str, dtype: str, device: str, max_positions: int, linear_backend: str = "auto"
+    path: str,
+    dtype: str,
+    device: str,
+    max_positions: int,
+    linear_backend: str = "auto",
+    quantization: str = "none",
 ) -> LlamaForPagedAttention:
     hf_model = load_hf_model(path, dtype, device)
-    model = LlamaForPagedAttention(hf_model, max_positions, linear_backend)
-    log.info("loaded %s (%s, %s, %s linear layers)", path, dtype, device, model.linear_backend)
+    int4_groups = gguf_int4_groups(path, hf_model) if quantization == "int4" else {}
+    model = LlamaForPagedAttention(hf_model, max_positions, linear_backend, quantization, int4_groups)
+    log.info(
+        "loaded %s (%s, %s, %s linear layers, quantization %s)",
+        path,
+        dtype,
+        device,
+        model.linear_backend,
+        quantization,
+    )
     return model
+
+
+def gguf_int4_groups(path: str, hf_model: torch.nn.Module) -> dict:
+    """4-bit blocks from the GGUF file kept in the model directory, where there is one (else {}:
+    every weight is quantized from float at load)."""
+    from worker.gguf_weights import find_gguf, load_int4_groups
+
+    gguf_path = find_gguf(path) if os.path.isdir(path) else None
+    if gguf_path is None:
+        return {}
+    config = hf_model.config
+    weights = {n: p for n, p in hf_model.named_parameters() if n.startswith("model.layers.") and p.dim() == 2}
+    groups = load_int4_groups(gguf_path, weights, config.num_attention_heads, config.num_key_value_heads)
+    log.info(
+        "int4: %d of %d layer weights loaded from %s's 4-bit blocks", len(groups), len(weights), gguf_path
+    )
+    return groups

@@ -64,6 +64,7 @@ class ModelInfo:
     device: str
     max_num_seqs: int
     vocab_size: int
+    quantization: str = "none"
 
 
 @dataclass

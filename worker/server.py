@@ -187,6 +187,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             device=info.device,
             max_num_seqs=info.max_num_seqs,
             vocab_size=info.vocab_size,
+            quantization=info.quantization,
         )
 
     async def Tokenize(

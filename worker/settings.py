@@ -20,6 +20,7 @@ class WorkerSettings(BaseSettings):
     num_threads: int | None = None
     linear_backend: Literal["auto", "onednn", "torch"] = "auto"  # onednn: weights prepacked on CPU
     attention_backend: Literal["auto", "native", "torch"] = "auto"  # native: compiled CPU decode kernel
+    quantization: Literal["none", "int8", "int4"] = "none"  # weight-only linear layers (int4: GGUF blocks)
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9101
@@ -52,6 +53,7 @@ class WorkerSettings(BaseSettings):
             num_threads=self.num_threads,
             linear_backend=self.linear_backend,
             attention_backend=self.attention_backend,
+            quantization=self.quantization,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,

@@ -1,0 +1,166 @@
+"""Weight-only quantized linear layers on torch's own kernels (activations stay floating point).
+
+- int8: one symmetric scale per output channel, `aten._weight_int8pack_mm` (torch's int8 kernel takes
+  per-channel scales only).
+- int4: asymmetric groups of 32 input features, `aten._weight_int4pack_mm_for_cpu` over the layout
+  `_convert_weight_to_int4pack_for_cpu` packs. A group holds 4-bit codes q in 0..15, a scale s and an
+  offset z, and the kernel computes w = (q - 8) * s + z. llama.cpp's Q4_1 block (w = d * q + m, 32
+  weights) is the same thing with s = d, z = m + 8 d, and Q4_0 (w = d * (q - 8)) with z = 0, so a GGUF
+  file's 4-bit blocks load without a round trip through float (`Int4Groups`).
+
+Why bfloat16 inside: on this AVX2 CPU both kernels are vectorized only for bfloat16 inputs; in float32
+they fall back to a scalar loop, 100x slower at 32 rows (bench/quant_study.py's kernel table). A float32
+model therefore feeds these layers bfloat16 and takes float32 back; the rest of its forward pass
+(norms, attention, residuals) stays float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.linear import Linear
+
+QUANTIZATIONS = ("none", "int8", "int4")
+INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
+
+
+def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels run in: bfloat16 on CPU (see the module docstring), else the model's."""
+    return torch.bfloat16 if device.type == "cpu" else dtype
+
+
+@dataclass
+class Int4Groups:
+    """4-bit codes with one scale and offset per group of `group_size` input features, for [N, K] weights.
+
+    codes: uint8 [N, K] in 0..15; scales, offsets: float32 [N, K // group_size]; w = (q - 8) * s + z.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    group_size: int = INT4_GROUP_SIZE
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Groups:
+        """Min/max asymmetric rounding per group (what llama.cpp's Q4_1 does)."""
+        n, k = weight.shape
+        if k % group_size:
+            raise ValueError(f"int4 needs in_features divisible by {group_size}, got {k}")
+        groups = weight.detach().float().reshape(n, k // group_size, group_size)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scales = (high - low) / 15
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        codes = torch.round((groups - low.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp(0, 15)
+        return cls(codes.to(torch.uint8).reshape(n, k), scales, low + 8 * scales, group_size)
+
+    @staticmethod
+    def cat(parts: list[Int4Groups]) -> Int4Groups:
+        """Stack along output features (fused q/k/v and gate/up projections)."""
+        if len({p.group_size for p in parts}) != 1:
+            raise ValueError("int4 groups of different sizes cannot be fused")
+        return Int4Groups(
+            torch.cat([p.codes for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat([p.offsets for p in parts]),
+            parts[0].group_size,
+        )
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.codes.shape
+        q = self.codes.float().reshape(n, k // self.group_size, self.group_size) - 8
+        return (q * self.scales.unsqueeze(-1) + self.offsets.unsqueeze(-1)).reshape(n, k)
+
+
+class Int8Linear:
+    """y = x @ (q * s).T (+ b): int8 weights, one scale per output channel."""
+
+    quantization = "int8"
+    backend = "int8pack"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.compute_dtype = compute_dtype(w.device, weight.dtype)
+        scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+        self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.scales = scales.to(self.compute_dtype)
+        self.bias = bias.detach() if bias is not None else None
+        _probe(self)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.to(self.compute_dtype).contiguous()
+        y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).to(x.dtype)
+        return y + self.bias if self.bias is not None else y
+
+
+class Int4Linear:
+    """y = x @ W.T (+ b) with W held as `Int4Groups` in the CPU kernel's packed layout."""
+
+    quantization = "int4"
+    backend = "int4pack"
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, groups: Int4Groups | None = None
+    ) -> None:
+        if weight.device.type != "cpu":
+            raise ValueError(
+                f"int4 weights run on torch's CPU kernel only; got a weight on {weight.device} "
+                "(use WORKER_QUANTIZATION=int8 or none there)"
+            )
+        groups = groups or Int4Groups.from_float(weight)
+        self.out_features, self.in_features = groups.codes.shape
+        self.group_size = groups.group_size
+        self.compute_dtype = compute_dtype(weight.device, weight.dtype)
+        self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes.to(torch.int32), 1)
+        # [K / group, N, 2]: the kernel's layout of (scale, offset) pairs
+        pairs = torch.stack([groups.scales, groups.offsets], dim=-1).transpose(0, 1)
+        self.scales_and_offsets = pairs.to(self.compute_dtype).contiguous()
+        self.bias = bias.detach() if bias is not None else None
+        _probe(self)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(self.compute_dtype).contiguous(), self.weight, self.group_size, self.scales_and_offsets
+        )
+        y = y.to(x.dtype)
+        return y + self.bias if self.bias is not None else y
+
+
+def _probe(layer: Int8Linear | Int4Linear) -> None:
+    """Run one row at load time, so a device without the kernel fails at start, not on a request."""
+    device = layer.weight.device
+    try:
+        layer(torch.zeros(1, layer.in_features, dtype=layer.compute_dtype, device=device))
+    except (NotImplementedError, RuntimeError) as exc:
+        message = f"{layer.quantization} weights: torch has no usable kernel on {device}: {exc}"
+        raise ValueError(message) from exc
+
+
+def quantized_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    quantization: str,
+    int4_groups: Int4Groups | None = None,
+) -> Int8Linear | Int4Linear:
+    """The quantized layer for `quantization` ("int8" or "int4"), with the `Linear` call interface."""
+    if quantization == "int8":
+        return Int8Linear(weight, bias)
+    if quantization == "int4":
+        return Int4Linear(weight, bias, int4_groups)
+    raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
+
+
+def build_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    backend: str,
+    quantization: str = "none",
+    int4_groups: Int4Groups | None = None,
+) -> Linear | Int8Linear | Int4Linear:
+    """The engine's one way to build a linear layer: float (`Linear`) or weight-only quantized."""
+    if quantization == "none":
+        return Linear(weight, bias, backend)
+    return quantized_linear(weight, bias, quantization, int4_groups)
