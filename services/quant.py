@@ -84,9 +84,11 @@ class Int8Linear:
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
         self.compute_dtype = compute_dtype(w.device, weight.dtype)
-        scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scales = scales.to(self.compute_dtype)
+        # Codes are rounded against the scale as the kernel will see it (bfloat16 on CPU), so the scale's
+        # own rounding (up to half a step at the largest codes) does not add to the codes' rounding.
+        self.scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).to(self.compute_dtype)
+        codes = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127)
+        self.weight = codes.to(torch.int8).contiguous()
         self.bias = bias.detach() if bias is not None else None
         _probe(self)
 

@@ -1,0 +1,134 @@
+"""Weight-only int8/int4 linear layers and GGUF 4-bit loading (services/quant.py, worker/gguf_weights.py).
+
+Tolerances: the kernels run in bfloat16 (8 bits of mantissa, relative rounding 2^-9 per element), so a
+layer is compared with F.linear over its own de-quantized weights at a relative error of 1%; the
+quantization error itself is bounded per weight (half a step of its channel or group).
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
+from tests.engine.factories import tiny_llama
+from worker.gguf_weights import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
+from worker.model import LlamaForPagedAttention
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_int8_layer_computes_x_times_its_dequantized_weight(rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    layer = Int8Linear(weight, bias)
+    dequantized = layer.weight.float() * layer.scales.float()[:, None]
+    # symmetric rounding: at most half a step (its row's max |w| / 127, as stored) per weight
+    step = layer.scales.float()[:, None]
+    assert bool(((dequantized - weight).abs() <= step / 2 + 1e-6).all())
+    x = torch.randn(rows, 64, generator=gen)
+    got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 96)
+    assert relative_error(got, F.linear(x, dequantized, bias)) < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_int4_layer_computes_x_times_its_dequantized_weight(rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(80, 128, generator=gen)
+    groups = Int4Groups.from_float(weight)
+    # min/max rounding: at most half a step of its group per weight
+    step = groups.scales.repeat_interleave(32, dim=1)
+    assert bool(((groups.dequantize() - weight).abs() <= step / 2 + 1e-5).all())
+    x = torch.randn(rows, 128, generator=gen).bfloat16()
+    got = Int4Linear(weight.bfloat16(), groups=groups)(x)
+    assert got.dtype == torch.bfloat16
+    assert relative_error(got, F.linear(x.float(), groups.dequantize())) < 1e-2
+
+
+def test_int4_refuses_widths_that_are_not_whole_groups_and_unknown_modes_are_refused():
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Groups.from_float(torch.randn(8, 48))
+    with pytest.raises(ValueError, match="unknown quantization"):
+        build_linear(torch.randn(8, 32), None, "auto", "int3")
+
+
+def q4_1_bytes(weight: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q4_1 encoding of float rows, written by the gguf package (not by the code under test)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    return quantize(weight, GGMLQuantizationType.Q4_1)
+
+
+def test_q4_1_blocks_decode_to_what_the_gguf_package_dequantizes():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    weight = np.random.default_rng(0).normal(size=(6, 96)).astype(np.float32)
+    raw = q4_1_bytes(weight)
+    expected = dequantize(raw, GGMLQuantizationType.Q4_1)
+    groups = decode_q4_blocks(raw, "Q4_1")
+    assert groups.codes.shape == (6, 96) and int(groups.codes.max()) <= 15
+    np.testing.assert_allclose(groups.dequantize().numpy(), expected, rtol=0, atol=1e-5)
+
+
+def test_rotary_row_permutation_is_undone_like_transformers_does():
+    heads, rows = 3, 12
+    weight = torch.arange(rows * 32, dtype=torch.float32).reshape(rows, 32)
+    # llama.cpp's converter: [heads, 2, half, K] -> [heads, half, 2, K]
+    permuted = weight.reshape(heads, 2, rows // heads // 2, 32).transpose(1, 2).reshape(rows, 32)
+    groups = Int4Groups(
+        torch.zeros(rows, 32, dtype=torch.uint8), permuted[:, :1].clone(), permuted[:, :1].clone()
+    )
+    restored = undo_rotary_permutation(groups, heads)
+    assert torch.equal(restored.scales, weight[:, :1])
+
+
+def test_gguf_file_blocks_load_by_hugging_face_name_and_mismatches_are_skipped(tmp_path):
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    rng = np.random.default_rng(1)
+    up, gate = rng.normal(size=(16, 64)).astype(np.float32), rng.normal(size=(16, 64)).astype(np.float32)
+    path = str(tmp_path / "tiny.gguf")
+    writer = GGUFWriter(path, "llama")
+    writer.add_token_list([f"t{i}" for i in range(300)])  # a string array the reader must walk past
+    writer.add_tensor("blk.0.ffn_up.weight", q4_1_bytes(up), raw_dtype=GGMLQuantizationType.Q4_1)
+    writer.add_tensor("blk.0.ffn_gate.weight", q4_1_bytes(gate), raw_dtype=GGMLQuantizationType.Q4_1)
+    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    tensors = read_gguf_tensors(path)
+    assert tensors["blk.0.ffn_up.weight"].kind == "Q4_1" and tensors["blk.0.ffn_up.weight"].shape == (16, 64)
+    float_up = decode_q4_blocks(q4_1_bytes(up), "Q4_1").dequantize()
+    weights = {
+        "model.layers.0.mlp.up_proj.weight": float_up,  # what a de-quantized conversion holds
+        "model.layers.0.mlp.gate_proj.weight": torch.from_numpy(gate),  # not the file's values
+    }
+    groups = load_int4_groups(path, weights, num_heads=1, num_kv_heads=1)
+    assert list(groups) == ["model.layers.0.mlp.up_proj.weight"]
+    assert torch.equal(groups["model.layers.0.mlp.up_proj.weight"].dequantize(), float_up)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_model_logits_stay_close_to_float(quantization):
+    """A whole tiny model: every linear layer and the LM head quantized, logits within a few percent."""
+    hf = tiny_llama()
+    float_model = LlamaForPagedAttention(hf, 64)
+    quantized = LlamaForPagedAttention(hf, 64, quantization=quantization)
+    kind = Int8Linear if quantization == "int8" else Int4Linear
+    assert all(type(layer.gate_up) is kind for layer in quantized.layers)
+    assert isinstance(quantized.lm_head, Int8Linear)  # 8-bit head in both modes
+    hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    layer_f, layer_q = float_model.layers[0], quantized.layers[0]
+    for name in ("qkv", "o_proj", "down"):
+        width = getattr(layer_f, name).in_features
+        x = hidden.repeat(1, width // 64 + 1)[:, :width]
+        bound = 0.03 if quantization == "int8" else 0.15  # int4: 16 levels per group of 32
+        assert relative_error(getattr(layer_q, name)(x), getattr(layer_f, name)(x)) < bound
