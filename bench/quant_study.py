@@ -1,0 +1,418 @@
+"""The quantization study: this engine in float32, bfloat16, int8 and int4 beside llama.cpp's own server
+on the same GGUF file (Q4_1) and on a Q8_0 file, one server at a time, in one run.
+
+Per row:
+  speed     `vllm bench serve` (the same client for every row; vLLM's CPU peer venv), completions API,
+            128 random prompt tokens, 64 output tokens (EOS ignored), concurrency 1, 8 and 32.
+            Single-stream decode tok/s = 1000 / median TPOT at concurrency 1. TTFT p50 at concurrency 1.
+  memory    peak resident memory of the server's processes while the client runs.
+  quality   perplexity on bench/data/quant_text.txt (Shakespeare, public domain; chunks of 512 tokens, the
+            second half of each chunk scored: llama.cpp's llama-perplexity convention), greedy agreement
+            with float32 (share of identical tokens before the first difference, 8 fixed prompts, 32 tokens,
+            completions re-tokenized by the model's tokenizer), exact-answer accuracy on 16 fixed questions.
+Engine perplexity is computed in-process through the engine's own forward pass (scheduler + runner);
+llama.cpp's with its llama-perplexity tool when built. llama.cpp is built by ../shared/peers/llama-server.sh
+into .peers/llama (never a dependency of the stack); its rows are skipped, and say so, when it is absent.
+
+    .venv/bin/python -m bench.quant_study [--rows float32 bfloat16 int8 int4 llama-q4_1 llama-q8_0]
+                                          [--quick] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import torch
+
+from bench.peer_bench import MemorySampler, Server, peer
+from bench.report import write_section
+from tests.e2e.conftest import MODEL_NAME, start_gateway, start_worker
+from tests.support.net import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+GGUF_Q4_1 = MODEL_DIR / "model.gguf"
+LLAMA_DIR = ROOT / ".peers" / "llama"
+LLAMA_SCRIPT = ROOT.parent / "shared" / "peers" / "llama-server.sh"
+LLAMA_BIN = LLAMA_DIR / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "build" / "bin"
+RESULTS = ROOT / "docs" / "bench" / "quant"
+TEXT = ROOT / "bench" / "data" / "quant_text.txt"
+PPL_CONTEXT = 512
+CONCURRENCY = (1, 8, 32)
+GREEDY_TOKENS = 32
+GREEDY_PROMPTS = [
+    "The history of the printing press begins",
+    "To make a good cup of tea, you should",
+    "The three largest planets in the solar system are",
+    "Once upon a time, in a small village by the sea,",
+    "A computer program is a sequence of instructions that",
+    "The main reasons people learn a second language are",
+    "In the winter, many birds fly south because",
+    "The recipe for bread needs only four ingredients:",
+]
+QUESTIONS = [  # (question, accepted answers, lower case)
+    ("What is the capital of France?", ["paris"]),
+    ("What is the capital of Japan?", ["tokyo"]),
+    ("What is the capital of Italy?", ["rome"]),
+    ("How many days are in a week?", ["seven", "7"]),
+    ("How many legs does a spider have?", ["eight", "8"]),
+    ("How many hours are in a day?", ["24", "twenty-four", "twenty four"]),
+    ("What is 2 + 3?", ["5", "five"]),
+    ("What is 10 times 10?", ["100", "hundred"]),
+    ("What color is the sky on a clear day?", ["blue"]),
+    ("What is the opposite of hot?", ["cold"]),
+    ("Which planet do we live on?", ["earth"]),
+    ("What is the largest ocean on Earth?", ["pacific"]),
+    ("What do bees make?", ["honey"]),
+    ("What is frozen water called?", ["ice"]),
+    ("Who wrote Romeo and Juliet?", ["shakespeare"]),
+    ("What gas do plants take in from the air?", ["carbon dioxide", "co2"]),
+]
+
+
+@dataclass
+class Row:
+    name: str
+    kind: str  # engine | llama
+    dtype: str = "bfloat16"
+    quantization: str = "none"
+    gguf: Path | None = None
+    figures: dict = field(default_factory=dict)
+
+
+def all_rows() -> dict[str, Row]:
+    return {
+        "float32": Row("float32", "engine", "float32"),
+        "bfloat16": Row("bfloat16", "engine", "bfloat16"),
+        "int8": Row("int8", "engine", "bfloat16", "int8"),
+        "int4": Row("int4", "engine", "bfloat16", "int4"),
+        "llama-q4_1": Row("llama-q4_1", "llama", gguf=GGUF_Q4_1),
+        "llama-q8_0": Row("llama-q8_0", "llama", gguf=LLAMA_DIR / "model-q8_0.gguf"),
+    }
+
+
+# ---- perplexity ------------------------------------------------------------------------------------
+def engine_perplexity(row: Row, tokens: list[int]) -> tuple[float, float]:
+    """exp(mean NLL) of the second half of each 512-token chunk, through the engine's own forward pass."""
+    from worker.block_manager import BlockManager
+    from worker.config import SchedulerConfig
+    from worker.model_loader import load_model
+    from worker.model_runner import ModelRunner
+    from worker.request import Request
+    from worker.sampling_params import SamplingParams
+    from worker.scheduler import Scheduler
+
+    started = time.perf_counter()
+    model = load_model(str(MODEL_DIR), row.dtype, "cpu", PPL_CONTEXT + 8, "auto", row.quantization)
+    load_s = time.perf_counter() - started
+    block_size, num_blocks = 16, PPL_CONTEXT // 16 + 4
+    runner = ModelRunner(model, num_blocks, block_size)
+    nll, count = 0.0, 0
+    for i, start in enumerate(range(0, len(tokens) - PPL_CONTEXT + 1, PPL_CONTEXT)):
+        chunk = tokens[start : start + PPL_CONTEXT]
+        config = SchedulerConfig(
+            max_num_seqs=1, max_num_batched_tokens=PPL_CONTEXT, max_model_len=PPL_CONTEXT + 8
+        )
+        scheduler = Scheduler(config, BlockManager(num_blocks, block_size, False))
+        request = Request(
+            f"ppl-{i}", chunk, SamplingParams(max_tokens=1, temperature=0.0), None, max_tokens=1
+        )
+        scheduler.add_request(request)
+        plan = scheduler.schedule()
+        _, logits = runner.all_logits(plan)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        half = PPL_CONTEXT // 2
+        targets = torch.tensor(chunk[half:], dtype=torch.long)
+        nll -= float(logprobs[half - 1 : PPL_CONTEXT - 1].gather(1, targets[:, None]).sum())
+        count += len(targets)
+        scheduler.update_from_output(plan, {request.request_id: 0})
+        runner.release(request.request_id)
+    return float(torch.exp(torch.tensor(nll / count))), load_s
+
+
+def llama_perplexity(row: Row) -> float | None:
+    tool = LLAMA_BIN / "llama-perplexity"
+    if not tool.exists():
+        return None
+    done = subprocess.run(
+        [str(tool), "-m", str(row.gguf), "-f", str(TEXT), "-c", str(PPL_CONTEXT), "-t", str(os.cpu_count())],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    found = re.search(r"Final estimate: PPL = ([0-9.]+)", done.stdout + done.stderr)
+    return float(found.group(1)) if found else None
+
+
+# ---- servers ---------------------------------------------------------------------------------------
+def start_engine(row: Row, log_dir: Path) -> Server:
+    from worker.settings import WorkerSettings
+
+    defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
+    worker = start_worker(
+        f"worker-{row.name}",
+        log_dir,
+        WORKER_DTYPE=row.dtype,
+        WORKER_QUANTIZATION=row.quantization,
+        WORKER_KV_CACHE_GB=str(defaults["kv_cache_gb"].default),
+        WORKER_MAX_NUM_SEQS=str(defaults["max_num_seqs"].default),
+    )
+    gateway = start_gateway(f"gateway-{row.name}", log_dir, worker.addr)
+
+    def stop() -> None:
+        gateway.stop()
+        worker.stop()
+
+    return Server(row.name, gateway.addr, {"worker": worker.proc.pid, "gateway": gateway.proc.pid}, stop)
+
+
+def llama(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = os.environ | {"PEER_DIR": str(LLAMA_DIR)} | (env or {})
+    return subprocess.run(["bash", str(LLAMA_SCRIPT), *args], env=full_env, capture_output=True, text=True)
+
+
+def start_llama(row: Row) -> Server:
+    port = free_port()
+    env = {"LLAMA_PORT": str(port), "LLAMA_PARALLEL": str(max(CONCURRENCY)), "LLAMA_NAME": MODEL_NAME}
+    done = llama("start", str(row.gguf), env=env)
+    if done.returncode:
+        raise RuntimeError(f"llama-server did not start:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    pid = int((LLAMA_DIR / "llama-server.pid").read_text())
+    return Server(row.name, f"http://127.0.0.1:{port}", {"llama-server": pid}, lambda: llama("stop"))
+
+
+def make_q8_0() -> None:
+    """llama-quantize wants a float file: the Hugging Face directory converted to f16, then Q8_0."""
+    target = LLAMA_DIR / "model-q8_0.gguf"
+    if target.exists():
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        f16 = Path(tmp) / "model-f16.gguf"
+        env_path = (
+            f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"  # the converter needs gguf/torch/transformers
+        )
+        for step in (("convert", str(MODEL_DIR), str(f16)), ("quantize", str(f16), str(target), "Q8_0")):
+            done = llama(*step, env={"PATH": env_path})
+            if done.returncode:
+                raise RuntimeError(
+                    f"llama-server.sh {step[0]} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+                )
+
+
+# ---- served measurements ---------------------------------------------------------------------------
+def greedy_completions(base_url: str) -> list[str]:
+    texts = []
+    for prompt in GREEDY_PROMPTS:
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": GREEDY_TOKENS, "temperature": 0.0}
+        reply = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+        reply.raise_for_status()
+        texts.append(reply.json()["choices"][0]["text"])
+    return texts
+
+
+def accuracy(base_url: str) -> float:
+    right = 0
+    for question, answers in QUESTIONS:
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": question + " Answer in a few words."}],
+            "max_tokens": 24,
+            "temperature": 0.0,
+        }
+        reply = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
+        reply.raise_for_status()
+        text = (reply.json()["choices"][0]["message"]["content"] or "").lower()
+        right += any(a in text for a in answers)
+    return right / len(QUESTIONS)
+
+
+def agreement(texts: list[str], reference: list[str], tokenizer) -> float:  # noqa: ANN001
+    """Mean share of the reference's tokens matched before the first difference."""
+    shares = []
+    for text, ref in zip(texts, reference, strict=True):
+        a, b = (
+            tokenizer.encode(text, add_special_tokens=False),
+            tokenizer.encode(ref, add_special_tokens=False),
+        )
+        same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        shares.append(same / max(len(b), 1))
+    return sum(shares) / len(shares)
+
+
+def speed(server: Server, quick: bool) -> dict[str, dict]:
+    common = [
+        "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", server.base_url,
+        "--model", MODEL_NAME, "--tokenizer", str(MODEL_DIR), "--ignore-eos", "--seed", "0",
+        "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+    ]  # fmt: skip
+    warm = peer("bench", *common, "--num-prompts", "4", "--max-concurrency", "4")
+    if warm.returncode:
+        raise RuntimeError(
+            f"warm-up against {server.name} failed:\n{warm.stdout[-2000:]}{warm.stderr[-2000:]}"
+        )
+    out = {}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for c in CONCURRENCY:
+        prompts = {1: 6, 8: 16, 32: 32}[c] // (2 if quick else 1)
+        filename = f"{server.name}-c{c}.json"
+        done = peer("bench", *common, "--num-prompts", str(max(prompts, 2)), "--max-concurrency", str(c),
+                    "--save-result", "--result-dir", str(RESULTS), "--result-filename", filename)  # fmt: skip
+        if done.returncode:
+            raise RuntimeError(f"{server.name} c{c} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        out[f"c{c}"] = json.loads((RESULTS / filename).read_text())
+        r = out[f"c{c}"]
+        tput, ttft, tpot = r["output_throughput"], r["median_ttft_ms"], r["median_tpot_ms"]
+        print(
+            f"  {server.name:11} c{c:<3} {tput:7.1f} tok/s  TTFT p50 {ttft:7.1f} ms  TPOT p50 {tpot:6.1f} ms"
+        )
+    return out
+
+
+def serve_and_measure(row: Row, log_dir: Path, quick: bool) -> None:
+    server = start_engine(row, log_dir) if row.kind == "engine" else start_llama(row)
+    try:
+        row.figures["greedy"] = greedy_completions(server.base_url)
+        row.figures["accuracy"] = accuracy(server.base_url)
+        with MemorySampler(server):
+            row.figures["speed"] = speed(server, quick)
+        row.figures["rss_mb"] = sum(server.peak_rss_mb.values())
+    finally:
+        server.stop()
+
+
+# ---- report ----------------------------------------------------------------------------------------
+def render(rows: list[Row], skipped: dict[str, str], command: str, png: str | None) -> str:
+    lines = [
+        "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF)",
+        "",
+        f"Command: `{command}` (one run, one server at a time, on this 2-core machine while other work ran:",
+        "figures are noisy; compare rows within this table only). Client: `vllm bench serve`, completions,",
+        "128 random prompt tokens, 64 output tokens. Decode tok/s: 1000 / TPOT p50 at one stream.",
+        "Perplexity: bench/data/quant_text.txt (4.7k tokens, Shakespeare, public domain), 512-token chunks,",
+        "second half scored. Agreement: identical tokens before the first difference from float32,",
+        "8 prompts, 32 greedy tokens. Accuracy: 16 fixed short-answer questions.",
+        "",
+        "| row | decode tok/s (1 stream) | tok/s at 8 | tok/s at 32 | TTFT p50 ms | peak RSS MB "
+        "| perplexity | agreement with float32 | accuracy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        f = row.figures
+        sp = f.get("speed", {})
+
+        def cell(run: str, key: str, fmt: str = "{:.1f}", sp: dict = sp) -> str:
+            return fmt.format(sp[run][key]) if run in sp else "n/a"
+
+        decode = f"{1000 / sp['c1']['median_tpot_ms']:.1f}" if "c1" in sp else "n/a"
+        ppl = f"{f['perplexity']:.3f}" if f.get("perplexity") else "n/a"
+        agree = f"{f['agreement']:.2f}" if "agreement" in f else "n/a"
+        acc = f"{f['accuracy']:.2f}" if "accuracy" in f else "n/a"
+        rss = f"{f['rss_mb']:.0f}" if "rss_mb" in f else "n/a"
+        at8, at32 = cell("c8", "output_throughput"), cell("c32", "output_throughput")
+        lines.append(
+            f"| {row.name} | {decode} | {at8} | {at32} | {cell('c1', 'median_ttft_ms')} | {rss} "
+            f"| {ppl} | {agree} | {acc} |"
+        )
+    for name, why in skipped.items():
+        lines.append(f"\n{name}: not measured ({why}).")
+    if png:
+        lines += ["", f"![quantization study]({png})"]
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row]) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [r for r in rows if "speed" in r.figures]
+    if not measured:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for row in measured:
+        sp = row.figures["speed"]
+        axes[0].plot(
+            CONCURRENCY, [sp[f"c{c}"]["output_throughput"] for c in CONCURRENCY], marker="o", label=row.name
+        )
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+    axes[0].set_xlabel("concurrent streams")
+    axes[0].set_ylabel("output tokens/s")
+    axes[0].grid(alpha=0.3)
+    axes[0].legend()
+    with_ppl = [r for r in measured if r.figures.get("perplexity")]
+    axes[1].scatter([1000 / r.figures["speed"]["c1"]["median_tpot_ms"] for r in with_ppl],
+                    [r.figures["perplexity"] for r in with_ppl])  # fmt: skip
+    for r in with_ppl:
+        axes[1].annotate(r.name, (1000 / r.figures["speed"]["c1"]["median_tpot_ms"], r.figures["perplexity"]))
+    axes[1].set_xlabel("single-stream decode tok/s")
+    axes[1].set_ylabel("perplexity (lower is better)")
+    axes[1].grid(alpha=0.3)
+    fig.suptitle("SmolLM2-135M-Instruct: quantization, speed and quality (bench/quant_study.py)")
+    fig.tight_layout()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "quant-study.png"
+    fig.savefig(path, dpi=90)
+    return str(path.relative_to(ROOT / "docs"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", nargs="+", default=list(all_rows()), choices=list(all_rows()))
+    parser.add_argument("--quick", action="store_true", help="half the prompts per concurrency")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    tokens = tokenizer.encode(TEXT.read_text(), add_special_tokens=False)
+    rows, skipped = [all_rows()[name] for name in args.rows], {}
+    if any(r.kind == "llama" for r in rows) and not (LLAMA_BIN / "llama-server").exists():
+        skipped.update(
+            {r.name: "llama-server is not built in .peers/llama" for r in rows if r.kind == "llama"}
+        )
+        rows = [r for r in rows if r.kind != "llama"]
+    if any(r.name == "llama-q8_0" for r in rows):
+        make_q8_0()
+    log_dir = Path(tempfile.mkdtemp(prefix="quant-study-"))
+    for row in rows:
+        print(f"[{row.name}]", flush=True)
+        if row.kind == "engine":
+            row.figures["perplexity"], row.figures["load_s"] = engine_perplexity(row, tokens)
+        else:
+            row.figures["perplexity"] = llama_perplexity(row)
+        print(f"  perplexity {row.figures['perplexity']}", flush=True)
+        serve_and_measure(row, log_dir, args.quick)
+        print(
+            f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
+        )
+    reference = next((r for r in rows if r.name == "float32"), None)
+    for row in rows:
+        if reference is not None:
+            row.figures["agreement"] = agreement(
+                row.figures["greedy"], reference.figures["greedy"], tokenizer
+            )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
+    command = "python -m bench.quant_study " + " ".join(os.sys.argv[1:])
+    body = render(rows, skipped, command, plot(rows))
+    print(body)
+    if args.write_docs:
+        write_section("quant", body)
+
+
+if __name__ == "__main__":
+    main()
