@@ -39,10 +39,11 @@ from tests.support.net import OWN_ENV_PREFIXES, ROOT, free_port, grpc_serving
 from tests.support.processes import redis_argv
 
 MODEL = "SmolLM2-135M-Instruct"
+E2E_ROUNDS = 10  # each stored question and its rewording asked this many times: 100 semantic hits
 SCOPE = "bench-tenant"
 GREEDY = {"temperature": 0.0, "max_tokens": 32}
 REAL = [
-    ("How do I reset my password?", "Which steps reset my password?"),
+    ("How do I reset my password?", "How can I reset my password?"),
     ("What is the capital of France?", "Which city is the capital of France?"),
     ("How do I turn on two-factor authentication?", "How can I enable two-factor authentication?"),
     ("What is the boiling point of water?", "What's the boiling point of water"),
@@ -50,6 +51,17 @@ REAL = [
     ("Who painted the Mona Lisa?", "Who is the painter of the Mona Lisa?"),
     ("How do I clear my browser cache?", "How can I clear the browser cache?"),
     ("What is the largest ocean?", "Which ocean is the largest?"),
+]
+# Multi-turn: the earlier turns reworded too; the verifier compares them turn by turn.
+CONVERSATIONS = [
+    (
+        ["I use a Mac.", "Noted.", "How do I install Python?"],
+        ["My computer is a Mac.", "Noted.", "How can I install Python?"],
+    ),
+    (
+        ["I'm planning a trip to Portugal.", "Great choice!", "What's the best month to go?"],
+        ["I am planning to travel to Portugal.", "Great choice!", "Which month is best for the trip?"],
+    ),
 ]
 MISSES = [f"Tell me something interesting about topic number {i} in astronomy" for i in range(40)]
 
@@ -264,8 +276,12 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
         sem_t: list[float] = []
         with httpx.Client(base_url=base, timeout=120) as http:
 
-            def ask(q: str, expected: str) -> float:
-                body = {"model": MODEL, "messages": [{"role": "user", "content": q}], **GREEDY}
+            def ask(q: str | list[str], expected: str) -> float:
+                turns = [q] if isinstance(q, str) else q
+                messages = [
+                    {"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)
+                ]
+                body = {"model": MODEL, "messages": messages, **GREEDY}
                 for _ in range(20):  # a hit may wait for the background store of the miss to land
                     t = time.perf_counter()
                     resp = http.post("/v1/chat/completions", json=body)
@@ -279,10 +295,12 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
                 got = resp.headers.get("x-semantic-cache")
                 raise AssertionError(f"{q!r}: expected {expected}, got {got}")
 
-            for question, paraphrase in REAL:
+            pairs: list[tuple[str | list[str], str | list[str]]] = [*REAL, *CONVERSATIONS]
+            for question, _ in pairs:
                 miss_t.append(ask(question, "miss"))
                 ask(question, "hit")  # waits for the store; not timed
-                for _ in range(3):
+            for _ in range(E2E_ROUNDS):
+                for question, paraphrase in pairs:
                     hit_t.append(ask(question, "hit"))
                     sem_t.append(ask(paraphrase, "hit"))
     finally:
@@ -294,7 +312,8 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
         "| --- | --- | --- | --- |",
         f"| exact hit (gateway -> cache service) | {len(hit_t)} | {m_hit * 1000:.1f} "
         f"| {pct(hit_t, 99):.1f} |",
-        f"| semantic hit (a paraphrase: embedding + verifier) | {len(sem_t)} | {m_sem * 1000:.1f} | "
+        f"| semantic hit (a rewording, {len(CONVERSATIONS)} of {len(REAL) + len(CONVERSATIONS)} multi-turn: "
+        f"embedding + verifier) | {len(sem_t)} | {m_sem * 1000:.1f} | "
         f"{pct(sem_t, 99):.1f} |",
         f"| cache miss (gateway -> cache -> worker, <= 32 tokens) | {len(miss_t)} | {m_miss * 1000:.1f} | "
         f"{pct(miss_t, 99):.1f} |",

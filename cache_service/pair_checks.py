@@ -40,6 +40,27 @@ DATE_WORDS = frozenset(
 )  # "may" and "fall" are left out: mostly a verb
 
 
+# Contractions whose expansion is unambiguous; "'s" only after words where it can only be "is" ("John's car").
+_CONTRACTIONS = (
+    (re.compile(r"\b(can)'t\b", re.I), r"\1not"),
+    (re.compile(r"\bwon't\b", re.I), "will not"),
+    (re.compile(r"n't\b", re.I), " not"),
+    (re.compile(r"'re\b", re.I), " are"),
+    (re.compile(r"'ll\b", re.I), " will"),
+    (re.compile(r"'ve\b", re.I), " have"),
+    (re.compile(r"\b(i)'m\b", re.I), r"\1 am"),
+    (re.compile(r"\b(what|where|who|how|when|why|it|that|there|here)'s\b", re.I), r"\1 is"),
+)
+
+
+def expand_contractions(text: str) -> str:
+    """ "What's" -> "what is", "can't" -> "cannot": the same question written both ways reads the same."""
+    text = text.replace("’", "'")
+    for pattern, replacement in _CONTRACTIONS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def words(text: str) -> list[str]:
     return _WORD.findall(text.lower().replace("’", "'"))
 

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from cache_service.keys import Conversation, normalize_text
-from cache_service.pair_checks import veto
+from cache_service.pair_checks import expand_contractions, veto
 from cache_service.pair_features import FEATURE_NAMES, TokenStates, pair_features
 
 MODEL_FILE = Path(__file__).with_name("verifier_model.pkl")
@@ -93,13 +93,14 @@ class PairVerifier:
 
 
 def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[str, str]], str]:
-    """The turn pairs that are worded differently, or a veto from the cheap checks."""
+    """The turn pairs that are worded differently (contractions expanded), or a veto from the cheap checks."""
     if len(a.turns) != len(b.turns):
         return [], "conversation length differs"
     pairs = []
     for (role_a, text_a), (role_b, text_b) in zip(a.turns, b.turns, strict=True):
         if role_a != role_b:
             return [], "roles differ"
+        text_a, text_b = expand_contractions(text_a), expand_contractions(text_b)
         if normalize_text(text_a) == normalize_text(text_b):
             continue
         if max(len(text_a), len(text_b)) > MAX_COMPARABLE_CHARS:

@@ -24,7 +24,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 
 from cache_service.embedder import Embedder
 from cache_service.keys import normalize_text
-from cache_service.pair_checks import veto
+from cache_service.pair_checks import expand_contractions, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.verifier import MODEL_FILE
 
@@ -43,6 +43,7 @@ def turn_pairs(row: dict) -> list[tuple[str, str, bool]]:
         return []
     out = []
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        x, y = expand_contractions(x), expand_contractions(y)  # as the verifier reads them
         if normalize_text(x) == normalize_text(y) or veto(x, y):
             continue
         last_of_conversation = len(a) > 1 and i == len(a) - 1
