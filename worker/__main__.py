@@ -31,6 +31,7 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 HEALTH_POLL_S = 0.25
 DRAIN_POLL_S = 0.1
 SHUTDOWN_GRACE_S = 1.0  # after the drain: calls still open are cut after this
+MAX_CONNECTION_AGE_MS = 30_000  # see serve(): lets clients of a scaled service find new replicas
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
@@ -74,7 +75,12 @@ async def serve(settings: WorkerSettings) -> None:
     metrics = start_metrics_server(engine, settings)
 
     # so_reuseport off: a second worker on the same port must fail, not silently share it.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # max_connection_age: every client connection is closed (GOAWAY; calls in flight finish) after about
+    # 30 s, so a gateway whose dns:/// target resolves to several replicas re-resolves and finds replicas
+    # added since (`--scale worker=N`, a Deployment scaled up); without it, it asks DNS only after a failure.
+    server = grpc.aio.server(
+        options=[("grpc.so_reuseport", 0), ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS)]
+    )
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, settings.stream_interval), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
