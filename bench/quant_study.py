@@ -291,14 +291,15 @@ def serve_and_measure(row: Row, log_dir: Path, quick: bool) -> None:
 
 
 # ---- report ----------------------------------------------------------------------------------------
-def render(rows: list[Row], skipped: dict[str, str], command: str, png: str | None) -> str:
+def render(rows: list[Row], skipped: dict[str, str], command: str, png: str | None, len_tokens: int) -> str:
     lines = [
         "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF)",
         "",
         f"Command: `{command}` (one run, one server at a time, on this 2-core machine while other work ran:",
         "figures are noisy; compare rows within this table only). Client: `vllm bench serve`, completions,",
         "128 random prompt tokens, 64 output tokens. Decode tok/s: 1000 / TPOT p50 at one stream.",
-        "Perplexity: bench/data/quant_text.txt (4.7k tokens, Shakespeare, public domain), 512-token chunks,",
+        f"Perplexity: bench/data/quant_text.txt (Shakespeare, public domain; the first {len_tokens} tokens),",
+        "512-token chunks,",
         "second half scored. Agreement: identical tokens before the first difference from float32,",
         "8 prompts, 32 greedy tokens. Accuracy: 16 fixed short-answer questions.",
         "",
@@ -372,13 +373,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", nargs="+", default=list(all_rows()), choices=list(all_rows()))
-    parser.add_argument("--quick", action="store_true", help="half the prompts per concurrency")
+    parser.add_argument(
+        "--quick", action="store_true", help="half the prompts per concurrency, 4 perplexity chunks"
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     tokens = tokenizer.encode(TEXT.read_text(), add_special_tokens=False)
+    if args.quick:
+        tokens = tokens[: 4 * PPL_CONTEXT]
     rows, skipped = [all_rows()[name] for name in args.rows], {}
     if any(r.kind == "llama" for r in rows) and not (LLAMA_BIN / "llama-server").exists():
         skipped.update(
@@ -408,7 +413,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
     command = "python -m bench.quant_study " + " ".join(os.sys.argv[1:])
-    body = render(rows, skipped, command, plot(rows))
+    body = render(rows, skipped, command, plot(rows), len(tokens))
     print(body)
     if args.write_docs:
         write_section("quant", body)
