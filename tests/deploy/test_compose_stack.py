@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -68,9 +69,10 @@ class Stack:
         return sh(COMPOSE, "logs", "--no-color", "--tail", "40", env=self.env, timeout=120).stdout[-8000:]
 
     def chat(self, text: str, timeout: float = 120) -> httpx.Response:
+        """A chat the semantic cache cannot answer (a new question each time), so a worker serves it."""
         body = {
             "model": "SmolLM2-135M-Instruct",
-            "messages": [{"role": "user", "content": text}],
+            "messages": [{"role": "user", "content": f"{text} ({uuid.uuid4().hex[:8]})"}],
             "max_tokens": 8,
             "temperature": 0,
         }
@@ -155,7 +157,7 @@ def test_two_workers_both_serve(stack: Stack) -> None:
         assert stack.chat("Count to three.").status_code == 200
         return all(served(c) > before[c] for c in workers)
 
-    wait(both_served, 180, "requests to reach both workers", stack)
+    wait(both_served, 300, "requests to reach both workers", stack)
 
 
 def test_the_gateway_keeps_answering_when_a_worker_is_killed(stack: Stack) -> None:
