@@ -4,10 +4,10 @@ conversation (what is compared by meaning).
 A cached answer may only be reused for the same model, tenant, output-shaping parameters, system prompt and
 shape of conversation (the same roles in the same order). So the index is partitioned by a hash of all of
 that, and similarity is only computed inside one partition. Within it, every user and assistant turn up to
-the last user message may be worded differently: the last question is embedded for the search, and the
-verifier then compares the conversations turn by turn (cache_service/verifier.py), so "I use a Mac ... how
-do I install Python?" can answer "My computer is a Mac ... how can I install Python?" but not "I use a PC
-... how do I install Python?".
+the last user message may be worded differently: the user's turns are embedded together for the search,
+and the verifier then compares the conversations turn by turn (cache_service/verifier.py), so "capital of
+France? ... what is its population?" can answer "which city is the capital of France? ... how many people
+live there?" but not "capital of Germany? ... what is its population?".
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ class ParsedKey:
 
     @property
     def query(self) -> str:
-        """The text embedded for the search: the last user question."""
-        return self.conversation.question
+        """The text embedded for the search: the user's turns in order, so a follow-up ("what is its
+        population?") is found by what it follows, not by its own few words (assistant turns can be long
+        and are compared by the verifier only)."""
+        return "\n".join(text for role, text in self.conversation.turns if role == "user")
 
     @property
     def stored_text(self) -> str:

@@ -79,7 +79,8 @@ def test_partition_depends_on_everything_but_the_last_user_message() -> None:
 
 def test_query_is_last_user_message_and_entry_id_normalizes() -> None:
     parsed = parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "  What is   2FA? ")]))
-    assert parsed.query == "  What is   2FA? "
+    assert parsed.conversation.question == "  What is   2FA? "
+    assert parsed.query == "first\n  What is   2FA? "  # the user's turns are searched together
     assert (
         parsed.entry_id
         == parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "what is 2fa")])).entry_id

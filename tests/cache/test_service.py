@@ -83,6 +83,17 @@ def test_earlier_conversation_must_match(stub) -> None:
     assert not lookup(stub, chat_key("What is its population?", "t-hist", system)).hit
 
 
+def test_a_reworded_conversation_hits_and_a_changed_one_does_not(stub) -> None:
+    france = [("user", "What is the capital of France?"), ("assistant", "Paris.")]
+    store(stub, chat_key("What is its population?", "t-conv", france), "About 2.1 million.")
+    reworded = [("user", "Which city is the capital of France?"), ("assistant", "Paris.")]
+    hit = lookup(stub, chat_key("How many people live there?", "t-conv", reworded))
+    assert hit.hit and not hit.exact and hit.response == "About 2.1 million."
+    germany = [("user", "What is the capital of Germany?"), ("assistant", "Paris.")]
+    assert not lookup(stub, chat_key("What is its population?", "t-conv", germany)).hit
+    assert not lookup(stub, chat_key("What is 3 times its population?", "t-conv", france)).hit
+
+
 def test_parameters_and_temperature(stub) -> None:
     store(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=5"), "7")
     assert lookup(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=5")).hit

@@ -63,7 +63,7 @@ def test_conversation_key_compares_turns_by_meaning_and_the_rest_exactly() -> No
     )
     assert mac.partition == reworded.partition  # same shape: found by the search, judged by the verifier
     assert mac.entry_id != reworded.entry_id
-    assert mac.query == "How do I install Python?"
+    assert mac.query == "I use a Mac.\nHow do I install Python?"  # the user's turns, searched together
     assert Conversation.decode(mac.stored_text) == mac.conversation
     assert Conversation.decode("plain question") == Conversation((("user", "plain question"),))
     same_words = parse_key(
