@@ -172,7 +172,12 @@ def start_engine(row: Row, log_dir: Path) -> Server:
         gateway.stop()
         worker.stop()
 
-    return Server(row.name, gateway.addr, {"worker": worker.proc.pid, "gateway": gateway.proc.pid}, stop)
+    def logs() -> str:
+        return worker.log_tail() + gateway.log_tail()
+
+    return Server(
+        row.name, gateway.addr, {"worker": worker.proc.pid, "gateway": gateway.proc.pid}, stop, logs
+    )
 
 
 def llama(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -187,7 +192,14 @@ def start_llama(row: Row) -> Server:
     if done.returncode:
         raise RuntimeError(f"llama-server did not start:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     pid = int((LLAMA_DIR / "llama-server.pid").read_text())
-    return Server(row.name, f"http://127.0.0.1:{port}", {"llama-server": pid}, lambda: llama("stop"))
+    log = LLAMA_DIR / "logs" / "llama-server.log"
+    return Server(
+        row.name,
+        f"http://127.0.0.1:{port}",
+        {"llama-server": pid},
+        lambda: llama("stop"),
+        lambda: log.read_text()[-3000:],
+    )
 
 
 def make_q8_0() -> None:
