@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import tempfile
@@ -249,6 +250,7 @@ def report(
     cache_hits: float,
     elapsed_s: float,
     worker_env: dict[str, str],
+    load: tuple[float, float],
 ) -> str:
     ok, refused, failed = sum(tally.ok.values()), sum(tally.refused.values()), sum(tally.failed.values())
     base, end = rss["after warm-up"], rss["end"]
@@ -260,7 +262,8 @@ def report(
         f"`.venv/bin/python -m bench.soak --minutes {args.minutes:g} --warmup-minutes {args.warmup_minutes} "
         f"--concurrency {args.concurrency} --write-docs` (`make soak`). One worker "
         f"({settings}), the cache service with Redis, the gateway; {args.concurrency} clients back to back "
-        f"for {elapsed_s / 60:.1f} min on loopback, on a shared 2-core machine.",
+        f"for {elapsed_s / 60:.1f} min on loopback, on a shared {os.cpu_count()}-core machine "
+        f"(load average {load[0]:.1f} at the start, {load[1]:.1f} at the end: other work shares the cores).",
         "",
         f"| requests ({ok + refused + failed}) | count |",
         "| --- | --- |",
@@ -322,12 +325,14 @@ def main() -> None:
         try:
             stack.start()
             rss["start"] = stack.rss_mib()
+            load_at_start = os.getloadavg()[0]
             began = time.monotonic()
             asyncio.run(run_load(stack, args, tally, rss))
             elapsed = time.monotonic() - began
             stats = stack.idle_stats()
             rss["end"] = stack.rss_mib()
-            text = report(args, tally, rss, stats, stack.cache_hits(), elapsed, worker_env)
+            load = (load_at_start, os.getloadavg()[0])
+            text = report(args, tally, rss, stats, stack.cache_hits(), elapsed, worker_env, load)
         finally:
             stack.stop()
     print(text)
