@@ -413,6 +413,8 @@ def main() -> None:
             row.figures["perplexity"] = llama_perplexity(row)
         print(f"  perplexity {row.figures['perplexity']}", flush=True)
         serve_and_measure(row, log_dir, args.quick)
+        RESULTS.mkdir(parents=True, exist_ok=True)  # kept row by row: a long run that fails keeps its figures
+        (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
         print(
             f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
         )
