@@ -160,28 +160,37 @@ def _gather_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, batch: Samp
     return result
 
 
-def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
-    return torch.zeros((num_rows, (vocab_size + 31) // 32), dtype=torch.int32)
+def allocate_bitmask(num_rows: int, vocab_size: int) -> np.ndarray:
+    """One row of int32 words per constrained request; bit i of word w allows token 32w + i."""
+    return np.zeros((num_rows, (vocab_size + 31) // 32), dtype=np.int32)
 
 
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set every token whose bit is 0 to -inf, in place; logits [R, V], bitmask [R, ceil(V/32)] int32."""
+def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int] | None = None) -> None:
+    """Set every token whose bit is 0 to -inf in place: logits row rows[i] (default i) by bitmask row i.
+
+    On the CPU this runs in numpy: a few small torch element-wise ops cost more than the mask itself
+    (each is a trip through the intra-op thread pool; ~20 ms apiece measured on a loaded 2-core machine).
+    """
+    rows = list(range(len(bitmask))) if rows is None else rows
     vocab = logits.shape[1]
     # Little-endian words: byte 4w + i // 8, bit i % 8 (lowest first) is token 32w + i.
-    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
-    allowed = torch.from_numpy(bits).to(device=logits.device, dtype=torch.bool)
-    logits.masked_fill_(~allowed, float("-inf"))
+    forbidden = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")[:, :vocab] == 0
+    if logits.device.type == "cpu" and logits.is_contiguous():
+        view = logits.numpy()
+        for i, row in enumerate(rows):
+            np.copyto(view[row], -np.inf, where=forbidden[i])
+        return
+    index = torch.tensor(rows, device=logits.device)
+    mask = torch.from_numpy(forbidden).to(logits.device)
+    logits[index] = logits[index].masked_fill(mask, float("-inf"))
 
 
 def _apply_grammars(logits: torch.Tensor, grammars: list[tuple[int, object]]) -> None:
-    """Mask the constrained rows only: each grammar writes its row of the bitmask, one masked_fill for all."""
+    """Mask the constrained rows only: each grammar writes its row of the bitmask, then they are applied."""
     bitmask = allocate_bitmask(len(grammars), logits.shape[1])
     for i, (_, grammar) in enumerate(grammars):
         grammar.fill_bitmask(bitmask, i)
-    rows = torch.tensor([row for row, _ in grammars], device=logits.device)
-    constrained = logits.index_select(0, rows)
-    apply_bitmask(constrained, bitmask)
-    logits.index_copy_(0, rows, constrained)
+    apply_bitmask(logits, bitmask, [row for row, _ in grammars])
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:

@@ -60,9 +60,9 @@ class Grammar:
         self.matcher = matcher
 
     def fill_bitmask(self, bitmask, row: int) -> None:  # noqa: ANN001
-        """Write the allowed next tokens into row `row` of an int32 CPU tensor (bit i of word w: 32w+i)."""
+        """Write the allowed next tokens into row `row` of a C-contiguous int32 numpy array."""
         target = bitmask[row]
-        self.matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * target.element_size())
+        self.matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
 
     def accept(self, token_id: int) -> bool:
         accepted = self.matcher.consume_token(token_id)

@@ -73,6 +73,9 @@ def test_bitmask_bit_order() -> None:
     apply_bitmask(logits, bitmask)
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [0, 2]
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [65]
+    three = torch.zeros(3, 70)
+    apply_bitmask(three, bitmask[1:], rows=[2])  # only the constrained row is touched
+    assert torch.isfinite(three[:2]).all() and torch.isfinite(three[2]).nonzero().flatten().tolist() == [65]
 
 
 def test_hermes_rendering() -> None:
