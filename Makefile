@@ -26,7 +26,7 @@ protos: $(GEN)
 
 # Native CPU kernels, compiled here for this machine's CPU (worker/kernels/).
 KERNEL := worker/kernels/build/llmserve_paged_attention.so
-$(KERNEL): worker/kernels/paged_attention.cpp worker/kernels/__init__.py $(VENV)/.installed
+$(KERNEL): $(wildcard worker/kernels/*.cpp worker/kernels/*.h) worker/kernels/__init__.py $(VENV)/.installed
 	$(PY) -m worker.kernels
 
 kernels: $(KERNEL)

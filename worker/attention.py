@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.kernels import paged_attention_ops
+from worker.kernels import native_ops
 
 ATTENTION_BACKENDS = ("auto", "native", "torch")
 
@@ -56,12 +56,12 @@ def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.d
         raise ValueError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")
     native_ok = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if backend == "auto":
-        return "native" if native_ok and paged_attention_ops() is not None else "torch"
+        return "native" if native_ok and native_ops() is not None else "torch"
     if backend == "native":
         if not native_ok:
             raise ValueError(f"the native attention kernel runs on CPU in float32/bfloat16, not {dtype} on {device}")
-        if paged_attention_ops() is None:
-            raise ValueError("the native attention kernel is not built: run `make kernels`")
+        if native_ops() is None:
+            raise ValueError("the native kernels are not built: run `make kernels`")
     return backend
 
 
@@ -90,8 +90,8 @@ def paged_attention(
     out = torch.empty_like(q)
     group = q.shape[1] // k.shape[1]
     if meta.num_decodes and meta.native_decode:
-        paged_attention_ops().decode_attention(
-            q[: meta.num_decodes],
+        native_ops().decode_attention(
+            q[: meta.num_decodes].contiguous(),
             k_cache,
             v_cache,
             meta.decode_block_tables,

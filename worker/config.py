@@ -27,7 +27,7 @@ class CacheConfig:
 class EngineConfig:
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str | None = None
-    dtype: str = "float32"  # float32 | bfloat16
+    dtype: str = "auto"  # auto (bfloat16 where the device computes it natively, else float32) | float32 | bfloat16 | float16
     device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     linear_backend: str = "auto"  # auto | onednn (weights prepacked, CPU) | torch (plain F.linear)
@@ -39,7 +39,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self.scheduler = self.scheduler or SchedulerConfig()
         self.cache = self.cache or CacheConfig()
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.linear_backend not in ("auto", "onednn", "torch"):
             raise ValueError(f"unsupported linear backend {self.linear_backend!r}")

@@ -345,7 +345,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     from transformers import GenerationConfig
 
     from worker.block_manager import BlockManager
-    from worker.model_loader import load_model, load_tokenizer, torch_dtype
+    from worker.model_loader import load_model, load_tokenizer, resolve_dtype, torch_dtype
     from worker.model_runner import ModelRunner, kv_bytes_per_block
 
     if config.num_threads:
@@ -354,14 +354,13 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.cache
+    dtype = resolve_dtype(config.dtype, device)
     tokenizer = load_tokenizer(config.model)
-    model = load_model(
-        config.model, config.dtype, device, sched.max_model_len, config.linear_backend, config.quantization
-    )
+    model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, config.quantization)
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30
-        // kv_bytes_per_block(model.shape, cache.block_size, torch_dtype(config.dtype))
+        // kv_bytes_per_block(model.shape, cache.block_size, torch_dtype(dtype))
     )
     runner = ModelRunner(model, num_blocks, cache.block_size, config.attention_backend)
     block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
@@ -372,7 +371,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         max_model_len=sched.max_model_len,
         block_size=cache.block_size,
         num_kv_blocks=num_blocks,
-        dtype=config.dtype,
+        dtype=dtype,
         device=device,
         quantization=config.quantization,
         max_num_seqs=sched.max_num_seqs,

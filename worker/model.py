@@ -124,6 +124,10 @@ class LlamaForPagedAttention:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
+    def use_native_kernels(self, ops: object | None) -> None:
+        """Run norms, rotary and the gated activation through the compiled kernels (`torch.ops.llmserve`)."""
+        self.native_ops = ops
+
     @torch.inference_mode()
     def forward(
         self,
@@ -133,6 +137,8 @@ class LlamaForPagedAttention:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor | None,  # rows whose logits are wanted; None: all
     ) -> torch.Tensor:
+        if getattr(self, "native_ops", None) is not None:
+            return self._forward_native(input_ids, positions, meta, kv_caches, logits_indices)
         s = self.shape
         num_tokens = input_ids.shape[0]
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -157,3 +163,44 @@ class LlamaForPagedAttention:
             hidden = hidden.index_select(0, logits_indices)
         hidden = self._rms_norm(hidden, self.final_norm)
         return self.lm_head(hidden)
+
+    def _forward_native(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The same computation as `forward`, with each layer's small steps fused: the residual add and
+        the next norm are one pass, rotary is applied in place on the fused QKV rows, and the gated
+        activation is one pass; q/k/v stay views into the QKV output."""
+        ops, s = self.native_ops, self.shape
+        num_tokens = input_ids.shape[0]
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        eps = s.rms_norm_eps
+        hidden = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
+        x = torch.empty_like(hidden)
+        ops.rms_norm(hidden, self.layers[0].input_norm, eps, x)
+        last = len(self.layers) - 1
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            qkv = layer.qkv(x)
+            ops.rotary_(qkv, positions, self.cos, self.sin, s.num_heads + s.num_kv_heads)
+            q = qkv[:, :q_size].view(num_tokens, s.num_heads, s.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(num_tokens, s.num_kv_heads, s.head_dim)
+            v = qkv[:, q_size + kv_size :].view(num_tokens, s.num_kv_heads, s.head_dim)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta)
+            ops.add_rms_norm(layer.o_proj(attn.view(num_tokens, q_size)), hidden, layer.post_norm, eps, x)
+            gate_up = layer.gate_up(x)
+            act = gate_up.new_empty(num_tokens, gate_up.shape[1] // 2)
+            ops.silu_and_mul(gate_up, act)
+            down = layer.down(act)
+            if i < last:
+                ops.add_rms_norm(down, hidden, self.layers[i + 1].input_norm, eps, x)
+            else:
+                hidden += down
+        if logits_indices is not None:
+            hidden = hidden.index_select(0, logits_indices)
+        out = torch.empty_like(hidden)
+        ops.rms_norm(hidden, self.final_norm, eps, out)
+        return self.lm_head(out)

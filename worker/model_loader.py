@@ -19,6 +19,18 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_dtype(name: str, device: str) -> str:
+    """`auto`: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or
+    AMX, as vLLM's CPU backend picks), else float32. On a CPU without it, bfloat16 matmuls are emulated
+    and measured several times slower than oneDNN's float32 at batch sizes above one (docs/BENCHMARKS.md)."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return "bfloat16" if probe is not None and bool(probe()) else "float32"
+
+
 def load_tokenizer(path: str):  # noqa: ANN201 - a transformers tokenizer
     from transformers import AutoTokenizer
 

