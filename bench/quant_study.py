@@ -380,6 +380,25 @@ def plot(rows: list[Row]) -> str | None:
     return str(path.relative_to(ROOT / "docs"))
 
 
+def measure(rows: list[Row], tokens: list[int], quick: bool) -> None:
+    if any(r.name == "llama-q8_0" for r in rows):
+        make_q8_0()
+    log_dir = Path(tempfile.mkdtemp(prefix="quant-study-"))
+    for row in rows:
+        print(f"[{row.name}]", flush=True)
+        if row.kind == "engine":
+            row.figures["perplexity"], row.figures["load_s"] = engine_perplexity(row, tokens)
+        else:
+            row.figures["perplexity"] = llama_perplexity(row)
+        print(f"  perplexity {row.figures['perplexity']}", flush=True)
+        serve_and_measure(row, log_dir, quick)
+        RESULTS.mkdir(parents=True, exist_ok=True)  # kept row by row: a long run that fails keeps its figures
+        (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
+        print(
+            f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -389,6 +408,7 @@ def main() -> None:
         "--quick", action="store_true", help="half the prompts per concurrency, 4 perplexity chunks"
     )
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--from-figures", action="store_true", help="re-render docs/bench/quant/figures.json")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -402,25 +422,17 @@ def main() -> None:
             {r.name: "llama-server is not built in .peers/llama" for r in rows if r.kind == "llama"}
         )
         rows = [r for r in rows if r.kind != "llama"]
-    if any(r.name == "llama-q8_0" for r in rows):
-        make_q8_0()
-    log_dir = Path(tempfile.mkdtemp(prefix="quant-study-"))
-    for row in rows:
-        print(f"[{row.name}]", flush=True)
-        if row.kind == "engine":
-            row.figures["perplexity"], row.figures["load_s"] = engine_perplexity(row, tokens)
-        else:
-            row.figures["perplexity"] = llama_perplexity(row)
-        print(f"  perplexity {row.figures['perplexity']}", flush=True)
-        serve_and_measure(row, log_dir, args.quick)
-        RESULTS.mkdir(parents=True, exist_ok=True)  # kept row by row: a long run that fails keeps its figures
-        (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
-        print(
-            f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
-        )
+    if args.from_figures:
+        saved = json.loads((RESULTS / "figures.json").read_text())
+        for row in rows:
+            row.figures = saved.get(row.name, {})
+        skipped.update({r.name: "the run ended before this row" for r in rows if "speed" not in r.figures})
+        rows = [r for r in rows if "speed" in r.figures]
+    else:
+        measure(rows, tokens, args.quick)
     reference = next((r for r in rows if r.name == "float32"), None)
     for row in rows:
-        if reference is not None:
+        if reference is not None and "greedy" in row.figures:
             row.figures["agreement"] = agreement(
                 row.figures["greedy"], reference.figures["greedy"], tokenizer
             )
