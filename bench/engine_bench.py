@@ -6,7 +6,9 @@
     E   this engine: continuous batching over the paged KV cache
     P   this engine on a shared-prefix workload, prefix caching off vs on
 
-Workload: 32 requests arrive together, 128 prompt tokens each, exactly 128 output tokens (EOS ignored).
+Workload: 32 requests of 128 prompt tokens each, exactly 128 output tokens (EOS ignored). The engine
+rows see them arrive as real traffic does, a seeded Poisson process at 8 requests/s, so prefills land in
+steps where others decode and contexts grow as they would; its TTFT counts from each request's arrival.
 M0 and M1 serve one request at a time, so their time is linear in the count: they run the first few
 requests and their tokens/s is that of the whole queue; their TTFT excludes the queueing the rest
 would see. Peak memory is the process's peak RSS.
@@ -34,6 +36,21 @@ NUM_REQUESTS = 32
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 128
 SEQUENTIAL_SUBSET = 3  # requests M0 / M1 run
+ARRIVAL_RATE = 8.0  # requests/s for the engine rows (seeded Poisson arrivals)
+
+
+def arrival_times(count: int, rate: float = ARRIVAL_RATE, seed: int = 0) -> list[float]:
+    """Seconds after the start at which each request arrives: a Poisson process, the same every run."""
+    import random
+
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(count):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
 TEXT = (
     "Large language models are served by engines that batch requests from many users together. "
     "Each request brings a prompt, which is processed in one pass, and then produces its answer one token "
@@ -184,7 +201,11 @@ class _BatchClock(_FirstTokenClock):
 
 # ---- this engine ---------------------------------------------------------------------------
 def _engine(  # noqa: ANN202
-    dtype: str, prefix_caching: bool = True, speculative_tokens: int = 0, linear_backend: str = "auto"
+    dtype: str,
+    prefix_caching: bool = True,
+    speculative_tokens: int = 0,
+    linear_backend: str = "auto",
+    attention_backend: str = "auto",
 ):
     from worker.async_engine import AsyncEngine
     from worker.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -193,6 +214,7 @@ def _engine(  # noqa: ANN202
         model=MODEL_DIR,
         dtype=dtype,
         linear_backend=linear_backend,
+        attention_backend=attention_backend,
         scheduler=SchedulerConfig(
             max_num_seqs=64,
             max_num_batched_tokens=512,
@@ -204,7 +226,10 @@ def _engine(  # noqa: ANN202
     return AsyncEngine.from_config(config)
 
 
-async def _stream(engine, request_id: str, prompt, params, start: float) -> dict:  # noqa: ANN001
+async def _stream(engine, request_id: str, prompt, params, start: float, delay: float = 0.0) -> dict:  # noqa: ANN001
+    if delay:
+        await asyncio.sleep(max(0.0, start + delay - time.perf_counter()))
+        start = time.perf_counter()  # TTFT counts from this request's own arrival
     first, count = None, 0
     async for out in engine.generate(request_id, prompt, params):
         if first is None and out.token_ids:
@@ -214,12 +239,21 @@ async def _stream(engine, request_id: str, prompt, params, start: float) -> dict
 
 
 def run_engine(
-    dtype: str, concurrency: int = NUM_REQUESTS, speculative_tokens: int = 0, linear_backend: str = "auto"
+    dtype: str,
+    concurrency: int = NUM_REQUESTS,
+    speculative_tokens: int = 0,
+    linear_backend: str = "auto",
+    attention_backend: str = "auto",
 ) -> dict:
     from worker.outputs import PromptInput
     from worker.sampling_params import SamplingParams
 
-    engine = _engine(dtype, speculative_tokens=speculative_tokens, linear_backend=linear_backend)
+    engine = _engine(
+        dtype,
+        speculative_tokens=speculative_tokens,
+        linear_backend=linear_backend,
+        attention_backend=attention_backend,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
 
     async def main() -> dict:
@@ -236,9 +270,10 @@ def run_engine(
             time.perf_counter(),
         )
         start = time.perf_counter()
+        arrivals = arrival_times(len(all_prompts))
         results = await asyncio.gather(
             *[
-                _stream(engine, f"r{i}", PromptInput(token_ids=p), params, start)
+                _stream(engine, f"r{i}", PromptInput(token_ids=p), params, start, arrivals[i])
                 for i, p in enumerate(all_prompts)
             ]
         )
@@ -303,6 +338,7 @@ METHODS = {
     "m1_single": run_m1_single,
     "m2": run_m2,
     "engine_plain_linear": lambda dtype: run_engine(dtype, linear_backend="torch"),
+    "engine_torch_kernels": lambda dtype: run_engine(dtype, attention_backend="torch"),
     "engine": run_engine,
     "engine_single_plain_linear": lambda dtype: run_engine(dtype, concurrency=1, linear_backend="torch"),
     "engine_single": run_engine_single,
@@ -326,8 +362,11 @@ def render(results: dict[str, dict[str, dict]], command: str) -> str:
         "## Engine: the optimization ladder",
         "",
         f"Command: `{command}` (2-core CPU, torch {torch.__version__}, {torch.get_num_threads()} threads). "
-        f"Workload: {NUM_REQUESTS} requests arrive together, {PROMPT_TOKENS} prompt tokens, exactly "
-        f"{OUTPUT_TOKENS} output tokens each; each method runs in its own process, one after another.",
+        f"Workload: {NUM_REQUESTS} requests, {PROMPT_TOKENS} prompt tokens, exactly {OUTPUT_TOKENS} output "
+        f"tokens each; the engine rows get them as seeded Poisson arrivals at {ARRIVAL_RATE:.0f} requests/s "
+        "(TTFT from each arrival), the transformers rows one batch or one request at a time. "
+        "Each method runs "
+        "in its own process, one after another, each after a warm-up request.",
         "",
     ]
     for dtype, r in results.items():
@@ -342,8 +381,9 @@ def render(results: dict[str, dict[str, dict]], command: str) -> str:
             "m0": "M0 no KV cache, one at a time",
             "m1": "M1 transformers generate, one at a time",
             "m2": "M2 transformers generate, static batches of 8",
-            "engine_plain_linear": "this engine, 32 concurrent, plain F.linear (MKL) weights",
-            "engine": "this engine, 32 concurrent (weights prepacked for oneDNN)",
+            "engine_plain_linear": "this engine, 32 arriving, plain F.linear (MKL) weights",
+            "engine_torch_kernels": "this engine, 32 arriving, prepacked weights, torch attention/norm ops",
+            "engine": "this engine, 32 arriving (prepacked weights, native kernels)",
             "m1_single": "M1 single stream",
             "engine_single_plain_linear": "this engine, single stream, plain F.linear (MKL) weights",
             "engine_single": "this engine, single stream (prepacked)",
@@ -362,15 +402,22 @@ def render(results: dict[str, dict[str, dict]], command: str) -> str:
         spec_ratio = r["engine_single_spec"]["decode_tokens_per_s"] / m1_decode
         off, on = r["prefix_off"]["ttft_s"], r["prefix_on"]["ttft_s"]
         plain = r.get("engine_plain_linear", {}).get("tokens_per_s")
+        torch_kernels = r.get("engine_torch_kernels", {}).get("tokens_per_s")
         plain_single = r.get("engine_single_plain_linear", {}).get("decode_tokens_per_s")
         lines += [
             "",
-            f"- 32 concurrent vs M1: **{r['engine']['tokens_per_s'] / m1:.1f}×** (target ≥ 10×)"
-            + (f"; {plain / m1:.1f}× with plain F.linear weights." if plain else "."),
+            f"- 32 arriving vs M1: **{r['engine']['tokens_per_s'] / m1:.1f}×** (target ≥ 10×)"
+            + (f"; {plain / m1:.1f}× with plain F.linear weights" if plain else "")
+            + (
+                f"; the native kernels give {r['engine']['tokens_per_s'] / torch_kernels:.2f}× "
+                "the torch-ops engine."
+                if torch_kernels
+                else "."
+            ),
             f"- Single-stream decode: engine {r['engine_single']['decode_tokens_per_s']:.1f} tokens/s vs M1 "
             f"{m1_decode:.1f}: **{single_ratio:.2f}×**; with n-gram speculation "
             f"{r['engine_single_spec']['decode_tokens_per_s']:.1f} tokens/s: **{spec_ratio:.2f}×** "
-            "(target ≥ 1.5×). Same greedy tokens either way."
+            "(target ≥ 1.5×; greedy equality with transformers is checked by the test suite, not here)."
             + (f" Plain F.linear weights: {plain_single / m1_decode:.2f}×." if plain_single else ""),
             f"- Shared-prefix workload (1024-token document + a question, 16 requests one after another): "
             f"median TTFT {off * 1000:.0f} ms without prefix caching, {on * 1000:.0f} ms with it: "

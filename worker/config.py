@@ -27,7 +27,8 @@ class CacheConfig:
 class EngineConfig:
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str | None = None
-    dtype: str = "auto"  # auto (bfloat16 where the device computes it natively, else float32) | float32 | bfloat16 | float16
+    # auto (bfloat16 where the device computes it natively, else float32) | float32 | bfloat16 | float16
+    dtype: str = "auto"
     device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     linear_backend: str = "auto"  # auto | onednn (weights prepacked, CPU) | torch (plain F.linear)
