@@ -44,14 +44,16 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long
     num_decodes: int  # decode tokens are the first num_decodes tokens of the batch
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] long (padded with 0)
-    decode_mask: torch.Tensor | None  # torch backend: [1, num_decodes, 1, max_blocks * bs] bool, True = masked
+    decode_mask: (
+        torch.Tensor | None
+    )  # torch backend: [1, num_decodes, 1, max_blocks * bs] bool, True = masked
     prefills: list[PrefillChunk]
     decode_context_lens: torch.Tensor | None = None  # native backend: [num_decodes] long
     native_decode: bool = False  # decode through the native kernel (else the gather path)
 
 
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """"native" where the compiled kernel can run (CPU, float32/bfloat16), else "torch"."""
+    """ "native" where the compiled kernel can run (CPU, float32/bfloat16), else "torch"."""
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")
     native_ok = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
@@ -59,7 +61,9 @@ def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.d
         return "native" if native_ok and native_ops() is not None else "torch"
     if backend == "native":
         if not native_ok:
-            raise ValueError(f"the native attention kernel runs on CPU in float32/bfloat16, not {dtype} on {device}")
+            raise ValueError(
+                f"the native attention kernel runs on CPU in float32/bfloat16, not {dtype} on {device}"
+            )
         if native_ops() is None:
             raise ValueError("the native kernels are not built: run `make kernels`")
     return backend

@@ -356,7 +356,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     sched, cache = config.scheduler, config.cache
     dtype = resolve_dtype(config.dtype, device)
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, config.quantization)
+    model = load_model(
+        config.model, dtype, device, sched.max_model_len, config.linear_backend, config.quantization
+    )
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30

@@ -73,7 +73,9 @@ def test_rotary_in_place_on_fused_qkv(ops, dtype, rows):  # noqa: ANN001
     expected_v = qkv[:, q_size + kv_size :].clone()
     ops.rotary_(qkv, positions, cos, sin, heads + kv_heads)
     torch.testing.assert_close(qkv[:, :q_size].view(rows, heads, dim), expected_q, **_tol(dtype))
-    torch.testing.assert_close(qkv[:, q_size : q_size + kv_size].view(rows, kv_heads, dim), expected_k, **_tol(dtype))
+    torch.testing.assert_close(
+        qkv[:, q_size : q_size + kv_size].view(rows, kv_heads, dim), expected_k, **_tol(dtype)
+    )
     assert torch.equal(qkv[:, q_size + kv_size :], expected_v), "values must not be rotated"
     with pytest.raises(RuntimeError, match="position out of range"):
         ops.rotary_(qkv, positions + max_pos, cos, sin, heads + kv_heads)

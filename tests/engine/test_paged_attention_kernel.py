@@ -31,7 +31,9 @@ def _reference(q, k_cache, v_cache, tables, context_lens):  # noqa: ANN001, ANN2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("num_heads", "num_kv", "head_dim"), [(9, 3, 64), (4, 2, 16), (4, 4, 128), (2, 1, 40)])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv", "head_dim"), [(9, 3, 64), (4, 2, 16), (4, 4, 128), (2, 1, 40)]
+)
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_kernel_matches_gather_path(dtype, num_heads, num_kv, head_dim, block_size):
     ops = native_ops()
