@@ -1,0 +1,232 @@
+"""Time and shutdown on real processes: a hung engine turns readiness off and back on, SIGTERM drains
+each service with streams in flight and exits 0, and a worker killed mid-stream ends every stream
+with an OpenAI error event and [DONE] (a non-streaming request gets a 503).
+
+Streams are held in flight on purpose with the worker's test hook WORKER_DEBUG_STALL_FILE: while that
+file exists the engine loop does not step.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from services.gen import worker_pb2 as pb
+from services.gen import worker_pb2_grpc
+from tests.e2e.conftest import (
+    MODEL_NAME,
+    Service,
+    http_ok,
+    start_gateway,
+    start_worker,
+    wait_for_idle,
+    wait_until,
+)
+from tests.e2e.test_deadlines import reason_of
+from tests.support.net import grpc_serving, wait_for
+
+CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me a story."}]}
+EXIT_TIMEOUT_S = 30
+
+
+def stream_chat(url: str, max_tokens: int, started: threading.Event) -> list[str]:
+    """An SSE chat stream read to its end; returns the data payloads."""
+    body = CHAT | {"stream": True, "max_tokens": max_tokens, "ignore_eos": True}
+    events = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line.removeprefix("data: "))
+                started.set()
+    return events
+
+
+def finish_reasons(events: list[str]) -> list[str]:
+    reasons = []
+    for event in events:
+        if event != "[DONE]":
+            reasons += [c.get("finish_reason") for c in json.loads(event).get("choices", [])]
+    return [r for r in reasons if r]
+
+
+def worker_state(addr: str) -> bool:
+    try:
+        return grpc_serving(addr)
+    except grpc.RpcError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def stall_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("stall") / "stall"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def held_worker(log_dir: Path, stall_file: Path) -> Iterator[Service]:
+    env = {
+        "WORKER_STALL_TIMEOUT_S": "2",
+        "WORKER_DEBUG_STALL_FILE": str(stall_file),
+        "WORKER_STREAM_INTERVAL": "1",
+    }
+    service = start_worker("worker-held", log_dir, **env)
+    yield service
+    stall_file.unlink(missing_ok=True)
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def draining_gateway(held_worker: Service, log_dir: Path) -> Iterator[Service]:
+    service = start_gateway("gateway-drain", log_dir, held_worker.addr)
+    wait_until(service, lambda: http_ok(f"{service.addr}/ready"))
+    yield service
+    service.stop()
+
+
+def start_streams(pool: ThreadPoolExecutor, url: str, count: int, max_tokens: int) -> list[Future]:
+    started = [threading.Event() for _ in range(count)]
+    futures = [pool.submit(stream_chat, url, max_tokens, event) for event in started]
+    for event in started:
+        assert event.wait(60), "a stream never started"
+    return futures
+
+
+def test_a_hung_engine_turns_readiness_off_and_back_on(
+    held_worker: Service, draining_gateway: Service, stall_file: Path
+) -> None:
+    ready_url = f"{draining_gateway.addr}/ready"
+    with ThreadPoolExecutor(2) as pool:
+        (stream,) = start_streams(pool, draining_gateway.addr, 1, 8)
+        stall_file.touch()
+        wait_for(lambda: not worker_state(held_worker.addr), 20, "the worker's health to turn NOT_SERVING")
+        wait_for(lambda: httpx.get(ready_url, timeout=30).status_code == 503, 10, "/ready to turn 503")
+        refused = httpx.post(
+            f"{draining_gateway.addr}/v1/chat/completions", json=CHAT | {"max_tokens": 2}, timeout=30
+        )
+        assert refused.status_code == 503, refused.text
+        stall_file.unlink()
+        wait_for(lambda: worker_state(held_worker.addr), 20, "the worker's health to turn SERVING again")
+        wait_for(lambda: httpx.get(ready_url, timeout=30).status_code == 200, 10, "/ready to turn 200 again")
+        events = stream.result(timeout=120)
+    assert events[-1] == "[DONE]" and finish_reasons(events) == ["length"]
+
+
+def test_a_gateway_timeout_mid_stream_ends_it_with_an_error_event(
+    held_worker: Service, log_dir: Path, stall_file: Path
+) -> None:
+    gateway = start_gateway(
+        "gateway-timeout-stream", log_dir, held_worker.addr, GATEWAY_REQUEST_TIMEOUT_S="6"
+    )
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            (stream,) = start_streams(pool, gateway.addr, 1, 64)
+            stall_file.touch()  # the stream is held mid-way until its deadline passes
+            events = stream.result(timeout=30)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "request_timeout"
+        stall_file.unlink()
+        with grpc.insecure_channel(held_worker.addr) as channel:
+            stats = wait_for_idle(worker_pb2_grpc.WorkerStub(channel), timeout_s=30)
+        assert stats.num_kv_blocks_used == 0  # the worker aborted it and freed its blocks
+    finally:
+        stall_file.unlink(missing_ok=True)
+        gateway.stop()
+
+
+def test_gateway_sigterm_drains_streams_in_flight_then_exits_0(
+    held_worker: Service, draining_gateway: Service, stall_file: Path
+) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        streams = start_streams(pool, draining_gateway.addr, 2, 8)
+        stall_file.touch()  # hold both streams mid-way
+        draining_gateway.proc.send_signal(signal.SIGTERM)
+        ready_url = f"{draining_gateway.addr}/ready"
+        wait_for(lambda: httpx.get(ready_url, timeout=30).status_code == 503, 10, "/ready to turn 503")
+        refused = httpx.post(
+            f"{draining_gateway.addr}/v1/chat/completions", json=CHAT | {"max_tokens": 2}, timeout=30
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "service_unavailable"
+        assert draining_gateway.proc.poll() is None  # still draining
+        stall_file.unlink()
+        for stream in streams:
+            events = stream.result(timeout=120)
+            assert events[-1] == "[DONE]" and finish_reasons(events) == ["length"]
+    assert draining_gateway.proc.wait(timeout=EXIT_TIMEOUT_S) == 0, draining_gateway.log_tail()
+
+
+def generate_to_end(stub: worker_pb2_grpc.WorkerStub, request_id: str, started: threading.Event) -> str:
+    params = pb.SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    finish = ""
+    for chunk in stub.Generate(
+        pb.GenerateRequest(request_id=request_id, text="Count to ten.", params=params)
+    ):
+        started.set()
+        finish = chunk.finish_reason or finish
+    return finish
+
+
+def test_worker_sigterm_drains_streams_in_flight_then_exits_0(held_worker: Service, stall_file: Path) -> None:
+    with grpc.insecure_channel(held_worker.addr) as channel, ThreadPoolExecutor(2) as pool:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        started = [threading.Event(), threading.Event()]
+        calls = [pool.submit(generate_to_end, stub, f"drain-{i}", e) for i, e in enumerate(started)]
+        assert all(e.wait(60) for e in started)
+        stall_file.touch()
+        held_worker.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: not worker_state(held_worker.addr), 10, "health to turn NOT_SERVING")
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Generate(pb.GenerateRequest(text="hi"), timeout=10))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert reason_of(refused.value)[0] == "ERROR_REASON_DRAINING"
+        time.sleep(0.5)
+        assert held_worker.proc.poll() is None  # still draining
+        stall_file.unlink()
+        assert [call.result(timeout=60) for call in calls] == ["length", "length"]
+    assert held_worker.proc.wait(timeout=EXIT_TIMEOUT_S) == 0, held_worker.log_tail()
+
+
+@pytest.fixture(scope="module")
+def doomed_worker(log_dir: Path) -> Iterator[Service]:
+    service = start_worker("worker-doomed", log_dir, WORKER_STREAM_INTERVAL="1")
+    yield service
+    service.stop()
+
+
+def test_a_worker_killed_mid_stream_ends_every_request_promptly(
+    doomed_worker: Service, log_dir: Path
+) -> None:
+    gateway = start_gateway("gateway-crash", log_dir, doomed_worker.addr)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            (stream,) = start_streams(pool, gateway.addr, 1, 1500)
+            body = CHAT | {"max_tokens": 1500, "ignore_eos": True}
+            plain = pool.submit(httpx.post, f"{gateway.addr}/v1/chat/completions", json=body, timeout=120)
+            with grpc.insecure_channel(doomed_worker.addr) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                wait_for(
+                    lambda: stub.GetStats(pb.StatsRequest()).num_running == 2, 30, "both requests to run"
+                )
+            doomed_worker.proc.kill()  # no goodbye, as a crash or the OOM killer
+            killed_at = time.monotonic()
+            events = stream.result(timeout=30)
+            response = plain.result(timeout=30)
+            assert time.monotonic() - killed_at < 10
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == "service_unavailable"
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "service_unavailable"
+    finally:
+        gateway.stop()

@@ -1,0 +1,77 @@
+"""Inputs that used to be answered with 200 are refused with a 400 naming the parameter; the
+defaults and GATEWAY_MAX_* settings decide where the bounds are."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MODEL_NAME, Service, start_gateway
+from tests.e2e.test_gateway_errors import assert_openai_error
+
+CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def http(gateway: Service) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.addr, timeout=60) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"messages": [{"role": "user"}]}, "messages"),
+        ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "tool", "tool_call_id": "c1"}]}, "messages"),
+        ({"stop": [f"s{i}" for i in range(1000)]}, "stop"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "x" * 257}, "stop"),
+        ({"n": 64, "max_tokens": 2048}, "max_tokens"),
+        ({"n": 64, "max_tokens": None}, "n"),
+    ],
+)
+def test_refused_with_the_parameter_named(http: httpx.Client, change: dict, param: str) -> None:
+    body = {k: v for k, v in (CHAT | change).items() if v is not None}
+    assert_openai_error(http.post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_an_assistant_message_may_have_no_content(http: httpx.Client) -> None:
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "Again"},
+    ]
+    response = http.post("/v1/chat/completions", json=CHAT | {"messages": messages})
+    assert response.status_code == 200, response.text
+
+
+def test_four_stop_strings_are_fine(http: httpx.Client) -> None:
+    response = http.post("/v1/chat/completions", json=CHAT | {"stop": ["a", "b", "c", "d"]})
+    assert response.status_code == 200, response.text
+
+
+def test_limits_follow_the_settings(worker: Service, log_dir) -> None:  # noqa: ANN001
+    env = {
+        "GATEWAY_MAX_STOP": "1",
+        "GATEWAY_MAX_MESSAGES": "2",
+        "GATEWAY_MAX_PROMPT_CHARS": "10",
+        "GATEWAY_MAX_TOTAL_TOKENS": "4",
+    }
+    gateway = start_gateway("gateway-small-limits", log_dir, worker.addr, **env)
+    try:
+        with httpx.Client(base_url=gateway.addr, timeout=60) as client:
+            chat = "/v1/chat/completions"
+            assert client.post(chat, json=CHAT | {"stop": ["a"]}).status_code == 200
+            assert_openai_error(client.post(chat, json=CHAT | {"stop": ["a", "b"]}), 400, "stop")
+            three = [{"role": "user", "content": "a"}] * 3
+            assert_openai_error(client.post(chat, json=CHAT | {"messages": three}), 400, "messages")
+            long = [{"role": "user", "content": "x" * 11}]
+            assert_openai_error(client.post(chat, json=CHAT | {"messages": long}), 400, "messages")
+            assert_openai_error(client.post(chat, json=CHAT | {"n": 3}), 400, "max_tokens")
+            prompt = {"model": MODEL_NAME, "prompt": "y" * 11, "max_tokens": 1}
+            assert_openai_error(client.post("/v1/completions", json=prompt), 400, "prompt")
+    finally:
+        gateway.stop()
