@@ -18,7 +18,6 @@ for all candidates together.
 from __future__ import annotations
 
 import json
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,8 +27,9 @@ import numpy as np
 from cache_service.keys import Conversation, normalize_text
 from cache_service.pair_checks import expand_contractions, veto
 from cache_service.pair_features import FEATURE_NAMES, TokenStates, pair_features
+from cache_service.tree_ensemble import TreeEnsemble
 
-MODEL_FILE = Path(__file__).with_name("verifier_model.pkl")
+MODEL_FILE = Path(__file__).with_name("verifier_model.npz")
 # The model reads ~256 word pieces: a longer text's tail would be invisible to it, so a longer turn (or last
 # question) is reused only when it is the same text.
 MAX_COMPARABLE_CHARS = 1000
@@ -47,17 +47,16 @@ class Verdict:
     reason: str = ""
 
 
-def load_classifier(path: Path = MODEL_FILE) -> object:
-    """The fitted classifier (scikit-learn, pinned in requirements.txt); its feature list must be ours."""
+def load_classifier(path: Path = MODEL_FILE) -> TreeEnsemble:
+    """The fitted trees (exported by cache_service.verifier_training); their feature list must be ours."""
     meta = json.loads(path.with_suffix(".json").read_text())
     if tuple(meta["features"]) != FEATURE_NAMES:
         raise RuntimeError(f"{path} was fitted on other features: run cache_service.verifier_training")
-    with path.open("rb") as f:
-        return pickle.load(f)  # noqa: S301 - our own file, written by cache_service.verifier_training
+    return TreeEnsemble.load(path)
 
 
 class PairVerifier:
-    def __init__(self, encoder: TokenEncoder, classifier: object | None = None) -> None:
+    def __init__(self, encoder: TokenEncoder, classifier: TreeEnsemble | None = None) -> None:
         self._encoder = encoder
         self._classifier = classifier if classifier is not None else load_classifier()
 
@@ -65,7 +64,7 @@ class PairVerifier:
         if not pairs:
             return np.zeros(0)
         features = np.stack([pair_features(a, b) for a, b in pairs])
-        return self._classifier.predict_proba(features)[:, 1]  # type: ignore[attr-defined]
+        return self._classifier.probability(features)
 
     def judge(self, query: Conversation, candidates: list[Conversation], threshold: float) -> list[Verdict]:
         """One verdict per candidate (same order). Every text still in question is encoded in one batch."""

@@ -1,5 +1,6 @@
 """Fits the verifier's classifier on the `fit` fold of the tuning split of bench/data/cache_pairs.jsonl and
-writes cache_service/verifier_model.pkl (+ .json: what it was fitted on). Never reads the test split.
+writes cache_service/verifier_model.npz (the trees as arrays, cache_service/tree_ensemble.py; + .json: what
+it was fitted on). Never reads the test split.
 
 Every labelled pair becomes the turn pairs the verifier would be asked about: a single question pair as
 itself; a conversation pair turn by turn, skipping identical turns. A turn pair is positive when one answer
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from cache_service.embedder import Embedder
 from cache_service.keys import normalize_text
 from cache_service.pair_checks import expand_contractions, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
+from cache_service.tree_ensemble import TreeEnsemble
 from cache_service.verifier import MODEL_FILE
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "cache_pairs.jsonl"
@@ -76,8 +77,7 @@ def main() -> None:
     pairs = training_pairs()
     embedder = Embedder()
     model = fit(embedder, pairs)
-    with MODEL_FILE.open("wb") as f:
-        pickle.dump(model, f)
+    TreeEnsemble.from_sklearn(model).save(MODEL_FILE)
     meta = {
         "features": list(FEATURE_NAMES),
         "data": str(DATA.relative_to(DATA.parent.parent.parent)),

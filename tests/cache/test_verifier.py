@@ -140,3 +140,19 @@ def test_conversations_are_judged_turn_by_turn(verifier) -> None:
     assert not other.ok and not numbers.ok
     assert numbers.reason == "numbers differ"  # vetoed before the classifier: probability 0
     assert verifier.judge(france, [france], DEFAULT_VERIFIER_THRESHOLD)[0].probability == 1.0
+
+
+def test_tree_ensemble_matches_scikit_learn(tmp_path) -> None:
+    import numpy as np
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    from cache_service.tree_ensemble import TreeEnsemble
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 5))
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0.3) | (x[:, 3] > 1.2)
+    model = HistGradientBoostingClassifier(max_depth=3, max_iter=40, random_state=0).fit(x, y)
+    TreeEnsemble.from_sklearn(model).save(tmp_path / "trees.npz")
+    trees = TreeEnsemble.load(tmp_path / "trees.npz")
+    probe = rng.normal(size=(64, 5))
+    np.testing.assert_allclose(trees.probability(probe), model.predict_proba(probe)[:, 1], atol=1e-12)
