@@ -63,6 +63,7 @@ bench: venv protos kernels model
 	$(PY) -m bench.serving_bench
 	$(PY) -m bench.cache_quality --write-docs
 	$(PY) -m bench.cache_latency --write-docs
+	$(PY) -m bench.peer_bench --write-docs
 
 # Containers (docs/OPERATIONS.md): images built from Debian's packages with nothing pulled from Docker Hub,
 # the stack brought up on them with the local model mounted, and the opt-in test that does it all (minutes).

