@@ -35,7 +35,11 @@ SCHEMA = {
         "tags": {"type": "array", "items": {"type": "string"}},
         "address": {
             "type": "object",
-            "properties": {"street": {"type": "string"}, "city": {"type": "string"}, "zip": {"type": "string"}},
+            "properties": {
+                "street": {"type": "string"},
+                "city": {"type": "string"},
+                "zip": {"type": "string"},
+            },
             "required": ["street", "city", "zip"],
             "additionalProperties": False,
         },
@@ -83,7 +87,8 @@ class LLGuidance(Library):
 
     def compile(self, schema: dict) -> object:
         grammar = self.ll.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+            json.dumps(schema),
+            defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
         )
         matcher = self.ll.LLMatcher(self.tokenizer, grammar)
         self.llt.fill_next_token_bitmask(matcher, self.bitmask, 0)  # the first mask is part of the set-up
@@ -111,7 +116,9 @@ class XGrammar(Library):
         self.bitmask = xgrammar.allocate_token_bitmask(1, self.info.vocab_size)
 
     def compile(self, schema: dict) -> object:
-        compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
+        compiled = self.compiler.compile_json_schema(
+            json.dumps(schema), any_whitespace=False, separators=(", ", ": ")
+        )
         return self.xgr.GrammarMatcher(compiled)
 
     def walk(self, compiled: object, tokens: list[int]) -> list[float]:
@@ -170,20 +177,24 @@ def measure(library: Library, tokenizer, tokens: list[int], rounds: int) -> dict
         compile_s, compiled = timed(lambda schema=schema: library.compile(schema))
         compiles.append(compile_s)
         per_token.append(median(library.walk(compiled, tokens)))
-    return {"setup_ms": setup_s * 1e3, "compile_ms": median(compiles) * 1e3, "token_us": median(per_token) * 1e6}
+    return {
+        "setup_ms": setup_s * 1e3,
+        "compile_ms": median(compiles) * 1e3,
+        "token_us": median(per_token) * 1e6,
+    }
 
 
 def apply_cost(vocab: int, rows: int, repeats: int = 50) -> float:
-    """Microseconds to mask `rows` rows of float32 logits with llguidance's torch helper (CPU)."""
-    import llguidance.torch
+    """Microseconds to mask `rows` rows of logits with the worker's numpy path (half the tokens allowed)."""
+    from worker.sampler import allocate_bitmask, apply_bitmask
 
     logits = torch.randn(rows, vocab)
-    bitmask = llguidance.torch.allocate_token_bitmask(rows, vocab)
+    bitmask = allocate_bitmask(rows, vocab)
     bitmask[:, ::2] = 0x0F0F0F0F
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        apply_bitmask(logits, bitmask)
         times.append(time.perf_counter() - start)
     return median(times) * 1e6
 
@@ -206,26 +217,28 @@ def main() -> None:
             continue
         print(library.name, {k: round(v, 2) for k, v in figures.items()}, flush=True)
         rows.append(
-            f"| {library.name} | {figures['setup_ms']:.0f} | {figures['compile_ms']:.1f} | {figures['token_us']:.0f} |"
+            f"| {library.name} | {figures['setup_ms']:.0f} | {figures['compile_ms']:.1f}"
+            f" | {figures['token_us']:.0f} |"
         )
     vocab = len(tokenizer)
     apply_1, apply_32 = apply_cost(vocab, 1), apply_cost(vocab, 32)
     print(f"apply bitmask: 1 row {apply_1:.0f} us, 32 rows {apply_32:.0f} us")
+    command = f".venv/bin/python -m bench.grammar_libraries --rounds {args.rounds} --write-docs"
     body = "\n".join(
         [
             "## Grammar libraries for constrained decoding",
             "",
-            f"`.venv/bin/python -m bench.grammar_libraries --rounds {args.rounds} --write-docs`: one thread, the"
-            f" served model's tokenizer (vocab {vocab}), a 6-field JSON schema with a nested object, an array and",
-            f"an enum, a fresh schema each round (no cache); per token = compute the next-token mask + advance the"
-            f" matcher, median over the {len(tokens)} tokens of a valid document; medians over {args.rounds} rounds.",
+            f"`{command}`: one thread, the served model's tokenizer (vocab {vocab}), a 6-field JSON schema",
+            "with a nested object, an array and an enum, a fresh schema each round (no cache); per token =",
+            "compute the next-token mask + advance the matcher, median over the",
+            f"{len(tokens)} tokens of a valid document; medians over {args.rounds} rounds.",
             "",
             "| library | tokenizer setup (ms, once) | schema compile (ms) | per token (us) |",
             "| --- | --- | --- | --- |",
             *rows,
             "",
-            f"Masking the logits with the bitmask (torch, CPU): {apply_1:.0f} us for 1 row, {apply_32:.0f} us for"
-            " 32 rows.",
+            f"Masking the logits with the bitmask (worker/sampler.py, numpy): {apply_1:.0f} us for 1 row,"
+            f" {apply_32:.0f} us for 32 rows.",
         ]
     )
     print(body)
