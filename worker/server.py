@@ -17,7 +17,7 @@ import grpc
 from services.gen import worker_pb2, worker_pb2_grpc
 from services.logs import REQUEST_ID
 from worker.async_engine import AsyncEngine
-from worker.errors import InvalidRequestError
+from worker.errors import EngineError, InvalidRequestError
 from worker.grpc_errors import abort_for, abort_with, status_of
 from worker.output_stream import TokenBatcher
 from worker.outputs import PromptInput, RequestOutput, TokenLogprob
@@ -197,8 +197,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         prompt = chat_prompt(request.chat) if kind == "chat" else PromptInput(text=request.text)
         try:
             ids, tokens = await self.engine.tokenize(prompt, request.add_special_tokens)
-        except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineError as exc:  # a bad prompt, or no engine running: with its reason, like Generate
+            await abort_for(context, exc)
         return worker_pb2.TokenizeResponse(
             token_ids=ids, tokens=tokens, max_model_len=self.engine.model_info.max_model_len
         )
@@ -208,8 +208,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.DetokenizeResponse:
         try:
             text = await self.engine.detokenize(list(request.token_ids))
-        except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineError as exc:  # a bad prompt, or no engine running: with its reason, like Generate
+            await abort_for(context, exc)
         return worker_pb2.DetokenizeResponse(text=text)
 
     async def GetStats(
