@@ -350,17 +350,32 @@ def scan_only(sizes: list[int]) -> list[str]:
 
 
 def embed_only(n: int = 200) -> str:
-    """One query through the service's embedder, in process: the floor under every semantic lookup."""
+    """One query through the service's embedder, and the verifier on one candidate (a reworded question:
+    one forward pass of both texts' pieces, features, trees), interleaved in process: the two model costs of
+    a semantic hit, side by side so that load on the machine hits both alike."""
     from cache_service.embedder import Embedder
+    from cache_service.keys import Conversation
+    from cache_service.settings import DEFAULT_VERIFIER_THRESHOLD
+    from cache_service.verifier import PairVerifier
 
     embedder = Embedder()
-    ts = []
+    verifier = PairVerifier(embedder)
+    embed_t, verify_t = [], []
     for i in range(n):
-        text = REAL[i % len(REAL)][1]
+        stored, asked = REAL[i % len(REAL)]
         t = time.perf_counter()
-        embedder.encode([text])
-        ts.append(time.perf_counter() - t)
-    return f"p50 {pct(ts, 50):.2f} ms, p99 {pct(ts, 99):.2f} ms"
+        embedder.encode([asked])
+        embed_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        verifier.judge(
+            Conversation((("user", asked),)), [Conversation((("user", stored),))], DEFAULT_VERIFIER_THRESHOLD
+        )
+        verify_t.append(time.perf_counter() - t)
+    ratio = statistics.median(verify_t) / statistics.median(embed_t)
+    return (
+        f"embedding p50 {pct(embed_t, 50):.2f} ms, p99 {pct(embed_t, 99):.2f} ms; verifier on one candidate "
+        f"p50 {pct(verify_t, 50):.2f} ms, p99 {pct(verify_t, 99):.2f} ms ({ratio:.2f}x the embedding)"
+    )
 
 
 def main() -> None:
@@ -406,7 +421,7 @@ def main() -> None:
         "Index search alone (int8 sketch from 4k rows, else float16; re-scored in float32; in process): "
         + "; ".join(scan)
         + ".",
-        f"Embedding one query alone (in process, the service's embedder): {embed}.",
+        f"Model work of one semantic hit, in process, interleaved ({embed}).",
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]
