@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -99,6 +100,9 @@ def main() -> None:
             "| concurrency | free text (tok/s) | JSON schema (tok/s) | ratio |",
             "| --- | --- | --- | --- |",
             *rows,
+            "",
+            f"Load average of the machine when the run ended: {os.getloadavg()[0]:.1f} (1 min) on"
+            f" {os.cpu_count()} CPUs; above the CPU count the figures are dominated by other processes.",
         ]
     )
     print(body)
