@@ -102,6 +102,11 @@ def test_abort_frees_blocks_and_n_choices_share_the_prompt(loop, engine):
         gen = engine.generate("long", PromptInput(text="Once upon a time"), SamplingParams(max_tokens=500))
         first = await gen.__anext__()
         assert first.token_ids
+        # Stats are a snapshot the engine thread publishes after each round: wait for the one after this step.
+        for _ in range(50):
+            if engine.stats().num_kv_blocks_used > 0:
+                break
+            await asyncio.sleep(0.02)
         assert engine.stats().num_kv_blocks_used > 0
         await gen.aclose()
         for _ in range(50):
