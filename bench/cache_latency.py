@@ -55,12 +55,12 @@ REAL = [
 # Multi-turn: the earlier turns reworded too; the verifier compares them turn by turn.
 CONVERSATIONS = [
     (
-        ["I use a Mac.", "Noted.", "How do I install Python?"],
-        ["My computer is a Mac.", "Noted.", "How can I install Python?"],
+        ["What is the capital of France?", "Paris.", "What is its population?"],
+        ["Which city is the capital of France?", "Paris.", "How many people live there?"],
     ),
     (
-        ["I'm planning a trip to Portugal.", "Great choice!", "What's the best month to go?"],
-        ["I am planning to travel to Portugal.", "Great choice!", "Which month is best for the trip?"],
+        ["Who wrote Hamlet?", "William Shakespeare.", "When was he born?"],
+        ["Who is the author of Hamlet?", "William Shakespeare.", "When was he born?"],
     ),
 ]
 MISSES = [f"Tell me something interesting about topic number {i} in astronomy" for i in range(40)]
