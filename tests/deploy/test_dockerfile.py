@@ -114,7 +114,8 @@ def replay_copies(instructions: tuple[Instruction, ...], app: Path) -> list[str]
     for ins in instructions:
         if ins.cmd == "COPY":
             if ins.flags:
-                assert ins.flags in (("--from=deps",), ("--from=kernels",)), f"unexpected COPY flags {ins.flags}"
+                stages = (("--from=deps",), ("--from=kernels",))
+                assert ins.flags in stages, f"unexpected COPY flags {ins.flags}"
                 continue
             *sources, dest = ins.value
             for source in sources:
