@@ -68,10 +68,11 @@ def test_invalid_completion_params_are_400(http: httpx.Client) -> None:
     for change, param in [
         ({"logprobs": True}, "logprobs"),
         ({"logprobs": 21}, "logprobs"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a", [1]]}, "prompt"),
         ({"prompt": [1, -2]}, "prompt"),
         ({"prompt": {"text": "x"}}, "prompt"),
-        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
     ]:
         assert_openai_error(http.post("/v1/completions", json=base | change), 400, param)
 

@@ -40,6 +40,8 @@ def test_health_and_reflection(worker: Service) -> None:
             "Abort",
             "GetModelInfo",
             "GetStats",
+            "Tokenize",
+            "Detokenize",
         }
 
 
