@@ -1,11 +1,15 @@
-"""Quality of the semantic cache on the labelled set bench/data/cache_eval.jsonl.
+"""Quality of the semantic cache on bench/data/cache_pairs.jsonl, with every stored question in one index.
 
-For every pair, its first question ("a") is stored as the service would store it (partitioned by model,
-tenant, parameters and conversation history), then its second question ("b") is looked up with the service's
-own code: exact match, cosine within the partition, the verifier. A hit on a pair labelled "hit" is correct;
-any hit on a pair labelled "miss" is a false hit. Reported for a range of thresholds, with and without the
-verifier, on the tuning half, the held-out half, a "fresh" set written after the verifier was frozen, and all;
-the default threshold is picked on the tuning half only.
+The first side ("a") of every labelled pair, single question or conversation, is stored at once (about 700
+entries: a wrong neighbour can win), then each second side ("b") is looked up with the service's own code:
+partition and exact match (cache_service/keys.py), the index's cosine search, the verifier (cheap checks,
+then the classifier, conversation turn by turn). Every text has an answer group: a hit is right when the
+entry's group is the looked-up one's. "Served" counts right hits on pairs that should hit; a "false hit" is
+any hit on an entry of another group (a trap answered, or a wrong neighbour).
+
+Two thresholds are chosen on the `calibrate` fold of the tuning split only: the cosine floor and the
+verifier's probability. The classifier was fitted on the `fit` fold; the `test` split (other topics) is
+evaluated once with the chosen defaults and is the headline. Rates come with Wilson 95% intervals.
 
     .venv/bin/python -m bench.cache_quality [--write-docs]
 """
@@ -14,106 +18,165 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from bench.report import write_section
-from cache_service.core import TOP_K, acceptable
+from cache_service.core import TOP_K
 from cache_service.embedder import Embedder
 from cache_service.index import VectorIndex
-from cache_service.keys import ParsedKey, parse_key
+from cache_service.keys import Conversation, ParsedKey, parse_key
 from cache_service.settings import CacheSettings
+from cache_service.verifier import PairVerifier
 from services.gen import cache_pb2
 
-DATA = Path(__file__).parent / "data" / "cache_eval.jsonl"
-SPLITS = ("tune", "holdout", "fresh", "all")
-THRESHOLDS = [round(0.60 + 0.025 * i, 3) for i in range(15)]
+DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
+FLOORS = [round(0.50 + 0.05 * i, 2) for i in range(9)]
+VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99]
 TARGET_FALSE_HIT = 0.01
-TARGET_PARAPHRASE = 0.60
-RECALL_SLACK = 0.02
+HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")
 
 
-def make_key(question: str, history: list[dict] | None, scope: str) -> ParsedKey:
-    messages = [cache_pb2.Message(role=m["role"], content=m["content"]) for m in history or []]
-    messages.append(cache_pb2.Message(role="user", content=question))
+def make_key(side: str | list[dict[str, str]], scope: str) -> ParsedKey:
+    messages = [{"role": "user", "content": side}] if isinstance(side, str) else side
     return parse_key(
-        cache_pb2.CacheKey(model="eval-model", scope=scope, messages=messages, params_fingerprint="p")
+        cache_pb2.CacheKey(
+            model="eval-model",
+            scope=scope,
+            messages=[cache_pb2.Message(role=m["role"], content=m["content"]) for m in messages],
+            params_fingerprint="p",
+        )
     )
 
 
 @dataclass
-class Outcome:
-    hit: bool
-    correct: bool  # for "hit" pairs: returned this pair's own entry
+class Lookup:
+    """What one lookup can return at any pair of thresholds: an exact entry's group, or its candidates."""
+
+    exact_group: str | None
+    candidates: list[tuple[float, float, str]]  # (cosine, verifier probability, group), best cosine first
+
+    def hit_group(self, floor: float, min_probability: float | None) -> str | None:
+        if self.exact_group is not None:
+            return self.exact_group
+        for cosine, probability, group in self.candidates:
+            if cosine >= floor and (min_probability is None or probability >= min_probability):
+                return group
+        return None
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-
-
-def evaluate(
-    rows: list[dict], vectors: dict[str, np.ndarray], threshold: float, verifier: bool
-) -> list[Outcome]:
-    outcomes = []
-    for r in rows:
-        stored = make_key(r["a"], r.get("a_history"), r.get("a_scope", "tenant-a"))
-        query = make_key(r["b"], r.get("b_history"), r.get("b_scope", "tenant-a"))
-        index = VectorIndex(dim=vectors[r["a"]].shape[0])
-        index.add(stored.entry_id, stored.partition, stored.scope, vectors[r["a"]], stored.query)
-        if query.entry_id in index:  # exact match answers first
-            hit_id: str | None = query.entry_id
-        else:
-            cands = index.search(query.partition, vectors[r["b"]], TOP_K, threshold)
-            ok = acceptable(query.query, cands, verifier)
-            hit_id = ok[0].entry_id if ok else None
-        outcomes.append(Outcome(hit_id is not None, hit_id == stored.entry_id))
-    return outcomes
-
-
-def summarize(rows: list[dict], outcomes: list[Outcome], split: str) -> dict[str, float]:
-    sel = [(r, o) for r, o in zip(rows, outcomes, strict=True) if split == "all" or r["split"] == split]
-    pos = [o for r, o in sel if r["label"] == "hit"]
-    neg = [o for r, o in sel if r["label"] == "miss"]
-    hits = [(r, o) for r, o in sel if o.hit]
-    good = sum(1 for r, o in hits if r["label"] == "hit" and o.correct)
-    return {
-        "n_pos": len(pos),
-        "n_neg": len(neg),
-        "paraphrase_hit_rate": sum(o.correct for o in pos) / max(len(pos), 1),
-        "false_hit_rate": sum(o.hit for o in neg) / max(len(neg), 1),
-        "wrong_entry_hits": sum(1 for o in pos if o.hit and not o.correct),
-        "precision": good / len(hits) if hits else 1.0,
-    }
-
-
-def per_split(row: dict[str, dict[str, float]], metric: str) -> str:
-    return " / ".join(f"{row[s][metric]:.1%}" for s in SPLITS if s != "all")
-
-
-def upper_bound(stats: dict[str, float], n: int) -> float:
-    """One-sided 95% upper bound of a rate from n trials (exact for zero events: the 'rule of three')."""
-    k = round(stats["false_hit_rate"] * n)
-    if k == 0:
-        return 1 - 0.05 ** (1 / n)
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
     p = k / n
-    return p + 1.645 * (p * (1 - p) / n) ** 0.5
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def pick_threshold(table: dict[tuple[float, bool], dict[str, dict[str, float]]]) -> float:
-    """On the tuning half, with the verifier: among thresholds with false hits under target, the highest one
-    whose paraphrase hit rate is within RECALL_SLACK of the best (the verifier's word lists will miss cases in
-    the wild, so recall is traded for a stricter embedding match while it is cheap)."""
-    ok = [t for t in THRESHOLDS if table[(t, True)]["tune"]["false_hit_rate"] < TARGET_FALSE_HIT]
-    if not ok:
-        return max(THRESHOLDS)
-    best = max(table[(t, True)]["tune"]["paraphrase_hit_rate"] for t in ok)
-    return max(t for t in ok if table[(t, True)]["tune"]["paraphrase_hit_rate"] >= best - RECALL_SLACK)
+def rate(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} = {k / max(n, 1):.1%} [{lo:.1%}, {hi:.1%}]"
+
+
+def run_lookups(rows: list[dict], embedder: Embedder, verifier: PairVerifier) -> list[Lookup]:
+    stored = {}
+    for r in rows:
+        key = make_key(r["a"], r.get("a_scope", "tenant-a"))
+        stored.setdefault(key.entry_id, (key, r["a_group"]))
+    queries = [make_key(r["b"], r.get("b_scope", "tenant-a")) for r in rows]
+    texts = sorted({k.query for k, _ in stored.values()} | {k.query for k in queries})
+    vectors = dict(zip(texts, embedder.encode(texts), strict=True))
+    index = VectorIndex(dim=embedder.dim)
+    groups = {}
+    for entry_id, (key, group) in stored.items():
+        index.add(entry_id, key.partition, key.scope, vectors[key.query], key.stored_text)
+        groups[entry_id] = group
+    lookups = []
+    for q in queries:
+        if q.entry_id in groups:
+            lookups.append(Lookup(groups[q.entry_id], []))
+            continue
+        cands = index.search(q.partition, vectors[q.query], TOP_K, min(FLOORS))
+        verdicts = verifier.judge(q.conversation, [Conversation.decode(c.query) for c in cands], 0.0)
+        lookups.append(
+            Lookup(
+                None,
+                [
+                    (c.similarity, v.probability, groups[c.entry_id])
+                    for c, v in zip(cands, verdicts, strict=True)
+                ],
+            )
+        )
+    return lookups
+
+
+def tally(rows: list[dict], lookups: list[Lookup], floor: float, min_p: float | None) -> dict[str, list[int]]:
+    """Per kind: [hits that count (served for hit kinds, false hits for traps), pairs]."""
+    out: dict[str, list[int]] = {}
+    for r, lk in zip(rows, lookups, strict=True):
+        got = lk.hit_group(floor, min_p)
+        counts = out.setdefault(r["kind"], [0, 0])
+        counts[1] += 1
+        if r["should_hit"]:
+            counts[0] += got == r["b_group"]
+            out.setdefault("wrong_neighbour", [0, 0])[0] += got is not None and got != r["b_group"]
+        else:
+            counts[0] += got is not None and got != r["b_group"]
+    return out
+
+
+def totals(t: dict[str, list[int]]) -> tuple[int, int, int, int]:
+    served = sum(v[0] for k, v in t.items() if k in HIT_KINDS)
+    positives = sum(v[1] for k, v in t.items() if k in HIT_KINDS)
+    wrong = sum(v[0] for k, v in t.items() if k not in HIT_KINDS)  # traps answered + wrong neighbours
+    traps = sum(v[1] for k, v in t.items() if k not in HIT_KINDS and k != "wrong_neighbour")
+    return served, positives, wrong, traps
+
+
+def pick(rows: list[dict], lookups: list[Lookup]) -> tuple[float, float]:
+    """On the calibrate fold: the most should-hit pairs served with false hits <= TARGET_FALSE_HIT of the
+    traps; ties go to the stricter pair of thresholds."""
+    best: tuple[int, float, float] | None = None
+    for floor in FLOORS:
+        for min_p in VERIFIER_THRESHOLDS:
+            served, _, wrong, traps = totals(tally(rows, lookups, floor, min_p))
+            if wrong <= TARGET_FALSE_HIT * traps and (best is None or (served, min_p, floor) >= best):
+                best = (served, min_p, floor)
+    return (max(FLOORS), max(VERIFIER_THRESHOLDS)) if best is None else (best[2], best[1])
+
+
+def kind_table(
+    parts: dict[str, tuple[list[dict], list[Lookup]]], floor: float, min_p: float | None
+) -> list[str]:
+    names = list(parts)
+    lines = ["| kind | should hit? | " + " | ".join(names) + " |", "| --- | --- |" + " --- |" * len(names)]
+    tallies = {n: tally(*parts[n], floor, min_p) for n in names}
+    kinds = sorted(
+        {k for t in tallies.values() for k in t if k != "wrong_neighbour"},
+        key=lambda k: (k not in HIT_KINDS, k),
+    )
+    for kind in kinds:
+        cells = [rate(*tallies[n].get(kind, [0, 0])) for n in names]
+        lines.append(f"| {kind} | {'yes' if kind in HIT_KINDS else 'no'} | " + " | ".join(cells) + " |")
+    served_cells, false_cells, wrong_cells = [], [], []
+    for n in names:
+        served, positives, wrong, traps = totals(tallies[n])
+        served_cells.append(rate(served, positives))
+        false_cells.append(rate(wrong, traps))
+        wrong_cells.append(str(tallies[n].get("wrong_neighbour", [0, 0])[0]))
+    lines.append("| **should hit, served** | yes | " + " | ".join(served_cells) + " |")
+    lines.append(
+        "| **false hits (traps answered + wrong neighbours) / traps** | no | "
+        + " | ".join(false_cells)
+        + " |"
+    )
+    lines.append("| of which a should-hit pair got another entry | | " + " | ".join(wrong_cells) + " |")
+    return lines
 
 
 def main() -> None:
@@ -121,84 +184,65 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--write-docs", action="store_true", help="write the section of docs/BENCHMARKS.md")
-    args = parser.parse_args()
-    rows = load_rows()
-    started = time.perf_counter()
-    embedder = Embedder()
-    texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
-    vectors = dict(zip(texts, embedder.encode(texts), strict=True))
-    table = {
-        (t, v): {s: summarize(rows, evaluate(rows, vectors, t, v), s) for s in SPLITS}
-        for t in THRESHOLDS
-        for v in (False, True)
-    }
-    chosen = pick_threshold(table)
-    configured = CacheSettings().similarity_threshold
-    kinds = Counter(r["kind"] for r in rows)
-    t0 = THRESHOLDS[0]
-    lines = [
-        f"Command: `{' '.join(['.venv/bin/python -m bench.cache_quality', *sys.argv[1:]])}` "
-        f"({len(rows)} labelled pairs in `bench/data/cache_eval.jsonl`: "
-        + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-        + f"; model all-MiniLM-L6-v2; {time.perf_counter() - started:.0f} s).",
-        "",
-        "For each pair the first question is stored, then the second is looked up with the service's own "
-        "code (partition, exact match, cosine, verifier). Paraphrase hit rate is hits on pairs labelled hit; "
-        "false-hit rate is hits on hard negatives; precision is correct hits over all hits. Splits: *tune* "
-        "and *held-out* halves of the first 365 pairs (split by question, so no question is in both; the "
-        "threshold is picked on *tune* only, but the verifier's word lists were written while looking at "
-        "errors on both halves), and *fresh*: 115 pairs on new topics written after the verifier was frozen "
-        "and never used to change anything, the honest estimate for unseen questions. Pairs per split "
-        "(paraphrases / hard negatives): "
-        + ", ".join(f"{s} {table[(t0, True)][s]['n_pos']} / {table[(t0, True)][s]['n_neg']}" for s in SPLITS)
-        + ".",
-        "",
-        "| threshold | verifier | paraphrase hit rate (tune / held-out / fresh) "
-        "| false-hit rate (tune / held-out / fresh) | precision (all) |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for t in THRESHOLDS:
-        for v in (False, True):
-            row = table[(t, v)]
-            mark = " **(default)**" if v and abs(t - configured) < 1e-6 else ""
-            lines.append(
-                f"| {t:.3f}{mark} | {'on' if v else 'off'} | {per_split(row, 'paraphrase_hit_rate')} "
-                f"| {per_split(row, 'false_hit_rate')} | {row['all']['precision']:.1%} |"
-            )
-    at_default = {v: evaluate(rows, vectors, configured, v) for v in (False, True)}
-    lines += ["", f"False hits by kind at the default threshold {configured:.3f} (verifier off -> on):", ""]
-    lines += [
-        "| kind | pairs | false hits, verifier off | false hits, verifier on |",
-        "| --- | --- | --- | --- |",
-    ]
-    for kind in sorted(k for k in kinds if not k.startswith("paraphrase")):
-        idx = [i for i, r in enumerate(rows) if r["kind"] == kind]
-        off = sum(at_default[False][i].hit for i in idx)
-        on = sum(at_default[True][i].hit for i in idx)
-        lines.append(f"| {kind} | {len(idx)} | {off} | {on} |")
-    d = table.get((configured, True))
-    if d:
-        n_neg = d["all"]["n_neg"]
-        lines += [
-            "",
-            f"At the default ({configured:.3f}, verifier on): paraphrase hit rate "
-            f"{per_split(d, 'paraphrase_hit_rate')} (tune / held-out / fresh), false-hit rate "
-            f"{per_split(d, 'false_hit_rate')}, precision {d['all']['precision']:.1%} (targets: false hits "
-            f"< {TARGET_FALSE_HIT:.0%}, paraphrases > {TARGET_PARAPHRASE:.0%}). With {n_neg} hard negatives "
-            f"in all, the 95% upper bound on the false-hit rate is {upper_bound(d['all'], n_neg):.1%}.",
-        ]
-    lines.append(
-        f"Threshold picked on the tuning half by this script (false hits < {TARGET_FALSE_HIT:.0%}, the "
-        f"highest threshold within {RECALL_SLACK:.0%} of the best paraphrase hit rate): {chosen:.3f}; "
-        f"configured default (CACHE_SIMILARITY_THRESHOLD): {configured:.3f}."
+    parser.add_argument(
+        "--tune-only", action="store_true", help="pick the thresholds and print tuning figures, no test split"
     )
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    embedder = Embedder()
+    lookups = run_lookups(rows, embedder, PairVerifier(embedder))
+
+    def part(pred) -> tuple[list[dict], list[Lookup]]:
+        sel = [(r, lk) for r, lk in zip(rows, lookups, strict=True) if pred(r)]
+        return [r for r, _ in sel], [lk for _, lk in sel]
+
+    parts = {
+        "test (frozen, headline)": part(lambda r: r["split"] == "test"),
+        "tune: calibrate": part(lambda r: r.get("fold") == "calibrate"),
+        "tune: fit": part(lambda r: r.get("fold") == "fit"),
+    }
+    floor, min_p = pick(*parts["tune: calibrate"])
+    if args.tune_only:
+        del parts["test (frozen, headline)"]
+        print(f"picked on calibrate: cosine floor {floor:.2f}, verifier {min_p:.2f}")
+        print("\n".join(kind_table(parts, floor, min_p)))
+        return
+    settings = CacheSettings()
+    d_floor, d_p = settings.similarity_threshold, settings.verifier_threshold
+    test_rows, test_lookups = parts["test (frozen, headline)"]
+    served, positives, wrong, traps = totals(tally(test_rows, test_lookups, d_floor, d_p))
+    kinds = Counter(r["kind"] for r in rows)
+    lines = [
+        f"Command: `{' '.join(['.venv/bin/python -m bench.cache_quality', *sys.argv[1:]])}` ({len(rows)} "
+        f"labelled pairs in `bench/data/cache_pairs.jsonl`: "
+        + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+        + f"; {len(set(r['a_group'] for r in rows))} answer groups stored in one index; embedder "
+        f"{embedder.dtype}; {time.perf_counter() - started:.0f} s).",
+        "",
+        f"**Headline, frozen test split, defaults (cosine floor {d_floor:.2f}, verifier {d_p:.2f})**: "
+        f"should-hit pairs served {rate(served, positives)}; false hits {rate(wrong, traps)} of traps "
+        "(95% Wilson intervals).",
+        "",
+        "Thresholds picked by this script on the calibrate fold only (false hits <= "
+        f"{TARGET_FALSE_HIT:.0%} of its traps, then most pairs served): cosine floor {floor:.2f}, "
+        f"verifier {min_p:.2f}; configured defaults (CACHE_SIMILARITY_THRESHOLD, "
+        f"CACHE_VERIFIER_THRESHOLD): {d_floor:.2f}, {d_p:.2f}.",
+        "",
+        "By kind at the defaults (served for should-hit kinds, false hits for traps):",
+        "",
+        *kind_table(parts, d_floor, d_p),
+        "",
+        "Without the verifier (cosine alone, the same index), test split:",
+        "",
+        "| cosine floor | served | false hits / traps |",
+        "| --- | --- | --- |",
+    ]
+    for f in (0.80, 0.85, 0.90, 0.95):
+        s, p, w, t = totals(tally(test_rows, test_lookups, f, None))
+        lines.append(f"| {f:.2f} | {rate(s, p)} | {rate(w, t)} |")
     report = "\n".join(lines)
     print(report)
-    if os.environ.get("CACHE_QUALITY_SHOW_ERRORS"):
-        for v in (False, True):
-            for r, o in zip(rows, at_default[v], strict=True):
-                if (r["label"] == "miss" and o.hit) or (r["label"] == "hit" and not o.correct):
-                    print(f"verifier={v} {r['id']} {r['label']} hit={o.hit}: {r['a']!r} / {r['b']!r}")
     if args.write_docs:
         write_section("cache-quality", "## Semantic cache quality\n\n" + report)
 
