@@ -176,7 +176,7 @@ def start_engine(row: Row, log_dir: Path) -> Server:
         return worker.log_tail() + gateway.log_tail()
 
     return Server(
-        row.name, gateway.addr, {"worker": worker.proc.pid, "gateway": gateway.proc.pid}, stop, logs
+        row.name, row.name, gateway.addr, {"worker": worker.proc.pid, "gateway": gateway.proc.pid}, stop, logs
     )
 
 
@@ -194,6 +194,7 @@ def start_llama(row: Row) -> Server:
     pid = int((LLAMA_DIR / "llama-server.pid").read_text())
     log = LLAMA_DIR / "logs" / "llama-server.log"
     return Server(
+        row.name,
         row.name,
         f"http://127.0.0.1:{port}",
         {"llama-server": pid},
