@@ -36,6 +36,7 @@ from worker.errors import (
     EngineStalledError,
     InvalidRequestError,
 )
+from worker.heap import HeapTrimmer
 from worker.output_stream import OutputStream
 from worker.outputs import EngineStats, FinishedRequestStats, ModelInfo, PromptInput, RequestOutput, StepStats
 from worker.request import Request
@@ -68,6 +69,7 @@ class AsyncEngine:
         self._engine_factory = engine_factory
         self.engine: LLMEngine | None = None  # built on, and owned by, the engine thread
         self.stall_timeout_s = stall_timeout_s
+        self._heap = HeapTrimmer()
         self._debug_stall_file = debug_stall_file  # test hook: steps wait while this file exists
         self._model_info: ModelInfo | None = None
         self._snapshot: EngineSnapshot | None = None
@@ -238,12 +240,14 @@ class AsyncEngine:
                 if not self.engine.has_unfinished():
                     self._publish(self.engine.step())  # reports aborts that emptied the engine
                     self._publish_snapshot()
+                    self._heap.maybe_trim()
                     self._wakeup.wait(timeout=IDLE_WAIT_S)
                     self._wakeup.clear()
                     continue
                 self._hold_while_debug_stall()
                 self._publish(self.engine.step())
                 self._publish_snapshot()
+                self._heap.maybe_trim()
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop crashed")
             self._dead = exc
