@@ -164,7 +164,7 @@ def test_build_steps_work_from_the_copied_files_alone(
     assert not list((app / "services" / "gen").glob("*_pb2*.py")), "generated stubs must be built, not copied"
     assert not (app / "requirements-dev.txt").exists(), "tests and lint stay out of the image"
     # The deps stage runs the Makefile's venv recipe for the runtime requirements, word for word.
-    recipe = run(["make", "-n", "venv", "REQUIREMENTS=requirements.txt"], cwd=app)
+    recipe = run(["make", "--no-print-directory", "-n", "venv", "REQUIREMENTS=requirements.txt"], cwd=app)
     assert recipe.returncode == 0, recipe.stderr
     (venv_step,) = [r for r in of(instructions, "run") if r.value[0].startswith("python3 -m venv")]
     assert venv_step.value[0].split(" && ") == recipe.stdout.strip().splitlines()
