@@ -256,8 +256,8 @@ def render(
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in [f"c{c}" for c in CONCURRENCY] + ["prefix"]:
-        o = ours[name] if ours else None
-        v = vllm[name] if vllm else None
+        o = ours.get(name) if ours else None  # a run that did not finish shows as "-"
+        v = vllm.get(name) if vllm else None
 
         def cell(r, key):  # noqa: ANN001, ANN202
             return f"{r['median_' + key]:.0f} / {r['p99_' + key]:.0f}" if r else "-"
