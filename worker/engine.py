@@ -187,6 +187,9 @@ class LLMEngine:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = scheduled_at
         requests, sampled = self.runner.execute(plan)
+        for request, start, entries in sampled.prompt_logprobs:  # a rerun after preemption overwrites
+            del request.prompt_logprobs[start:]
+            request.prompt_logprobs.extend(entries)
         by_request = {
             r.request_id: (tok, lp)
             for r, tok, lp in zip(requests, sampled.token_ids, sampled.logprobs, strict=True)
@@ -216,10 +219,13 @@ class LLMEngine:
             if logprobs and request_id in finished_ids and self._ended_on_stop_token(request, tokens[-1]):
                 logprobs = []  # like OpenAI: logprobs cover the returned text, not the stop token
             if request_id in finished_ids:
-                outputs.append(self._final_output(request, tokens, logprobs))
+                output = self._final_output(request, tokens, logprobs)
             else:
                 delta = self.detokenizers[request_id].take_delta(False)
-                outputs.append(RequestOutput(request.group_id, request.index, delta, tokens, logprobs))
+                output = RequestOutput(request.group_id, request.index, delta, tokens, logprobs)
+            if request.wants_prompt_logprobs:  # the prompt has run whole: they go with the first token
+                output.prompt_logprobs = self._take_prompt_logprobs(request)
+            outputs.append(output)
         stats = self._step_stats(plan, start, len(new_tokens), ttfts, itls)
         finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
         self._aborted_stats = []
@@ -286,9 +292,21 @@ class LLMEngine:
             )
         ]
 
-    def _token_logprob(self, token_id: int, logprob: float) -> TokenLogprob:
+    def _token_logprob(self, token_id: int, logprob: float, rank: int = 0) -> TokenLogprob:
         text, raw = self.token_texts.lookup(token_id)
-        return TokenLogprob(token_id, text, logprob, raw)
+        return TokenLogprob(token_id, text, logprob, raw, rank)
+
+    def _take_prompt_logprobs(self, request: Request) -> list[PositionLogprobs]:
+        """Prompt positions 1..P-1: the prompt token (with its rank) and the top ones (ranks 1, 2, ...)."""
+        entries, request.prompt_logprobs = request.prompt_logprobs, []
+        request.prompt_logprobs_sent = True
+        return [
+            PositionLogprobs(
+                self._token_logprob(token, logprob, rank),
+                [self._token_logprob(t, v, r) for r, (t, v) in enumerate(zip(ids, values, strict=True), 1)],
+            )
+            for token, (logprob, rank, ids, values) in zip(request.prompt_token_ids[1:], entries, strict=True)
+        ]
 
     def _step_stats(self, plan, start: float, num_generated: int, ttfts: list, itls: list) -> StepStats:  # noqa: ANN001
         bm = self.scheduler.block_manager

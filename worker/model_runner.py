@@ -4,7 +4,7 @@ model over the paged KV pool, and samples. torch lives here, in the model, atten
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,7 +12,7 @@ from worker.attention import AttentionMetadata, PrefillChunk, resolve_attention_
 from worker.kernels import native_ops
 from worker.model import LlamaForPagedAttention, ModelShape
 from worker.request import Request
-from worker.sampler import SamplerOutput, build_batch, sample
+from worker.sampler import SamplerOutput, build_batch, gather_prompt_logprobs, sample
 from worker.scheduler import ScheduledRequest, SchedulerOutput
 
 
@@ -30,6 +30,10 @@ class StepInputs:
     sampling_requests: list[Request]
     rows_per_request: list[int]  # logits rows of each sampling request: 1, or 1 + its draft tokens
     items: list[ScheduledRequest]  # the plan in batch order: decodes first
+    # Prompt logprobs: (request, first prompt position predicted, rows) after the sampling rows of
+    # logits_indices, and the prompt token each of those rows predicts.
+    prompt_spans: list[tuple[Request, int, int]] = field(default_factory=list)
+    prompt_targets: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -109,6 +113,17 @@ class ModelRunner:
             for i, n in zip(sampling, rows_per_request, strict=True)
             for row in range(ends[i] - n, ends[i])
         ]
+        prompt_spans, prompt_targets = [], []
+        for i, s in enumerate(items):
+            if s.request.wants_prompt_logprobs:
+                # Row of position q predicts prompt token q + 1, for q up to the last prompt token but one.
+                prompt = s.request.prompt_token_ids
+                end = min(s.start + s.num_new_tokens, len(prompt) - 1)
+                if end > s.start:
+                    first_row = ends[i] - s.num_new_tokens
+                    prompt_spans.append((s.request, s.start, end - s.start))
+                    logits_rows.extend(range(first_row, first_row + end - s.start))
+                    prompt_targets.extend(prompt[s.start + 1 : end + 1])
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=dev),
             positions=positions.to(dev),
@@ -117,6 +132,8 @@ class ModelRunner:
             sampling_requests=[items[i].request for i in sampling],
             rows_per_request=rows_per_request,
             items=items,
+            prompt_spans=prompt_spans,
+            prompt_targets=prompt_targets,
         )
 
     # ---- execution -----------------------------------------------------------------------
@@ -126,15 +143,22 @@ class ModelRunner:
         logits = self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
         )
+        prompt_logprobs = []
+        if inputs.prompt_spans:  # their rows come after the sampling rows
+            num_sampling_rows = sum(inputs.rows_per_request)
+            prompt_logprobs = self._prompt_logprobs(logits[num_sampling_rows:], inputs)
+            logits = logits[:num_sampling_rows]
         requests = inputs.sampling_requests
         if not requests:
-            return [], SamplerOutput([], [])
+            return [], SamplerOutput([], [], prompt_logprobs)
         for request in requests:
             self._ensure_generator(request)
         batch = build_batch(requests, self.generators, self.model.shape.vocab_size, self.device)
         logits = logits.float()
         if len(logits) == len(requests):
-            return requests, sample(logits, batch)
+            out = sample(logits, batch)
+            out.prompt_logprobs = prompt_logprobs
+            return requests, out
         # Some requests ran draft tokens: sample every request at its last row; a drafting request
         # (always greedy) also gets the argmax at each draft position, for verification.
         ends = torch.tensor(inputs.rows_per_request).cumsum(0)
@@ -143,7 +167,21 @@ class ModelRunner:
         for i, (end, rows) in enumerate(zip(ends.tolist(), inputs.rows_per_request, strict=True)):
             if rows > 1:
                 out.token_ids[i] = greedy[end - rows : end]
+        out.prompt_logprobs = prompt_logprobs
         return requests, out
+
+    def _prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs) -> list:
+        """(request, first position, entries) per request whose prompt rows ran this step."""
+        num_top = max(request.params.prompt_logprobs for request, _, _ in inputs.prompt_spans)
+        targets = torch.tensor(inputs.prompt_targets, dtype=torch.long, device=logits.device)
+        entries = gather_prompt_logprobs(logits, targets, num_top)
+        out, row = [], 0
+        for request, start, count in inputs.prompt_spans:
+            k = request.params.prompt_logprobs
+            span = [(lp, rank, ids[:k], values[:k]) for lp, rank, ids, values in entries[row : row + count]]
+            out.append((request, start, span))
+            row += count
+        return out
 
     def all_logits(self, plan: SchedulerOutput) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Logits of every token in the step, in the runner's order (for tests against transformers)."""

@@ -29,6 +29,7 @@ def merge(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
         logprobs=logprobs,
         finish_reason=later.finish_reason,
         usage=later.usage,
+        prompt_logprobs=earlier.prompt_logprobs or later.prompt_logprobs,
     )
 
 

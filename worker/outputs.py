@@ -12,6 +12,7 @@ class TokenLogprob:
     token: str
     logprob: float
     token_bytes: bytes = b""
+    rank: int = 0  # prompt logprobs: 1 + how many tokens were more likely; 0: not computed
 
 
 @dataclass
@@ -38,6 +39,8 @@ class RequestOutput:
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     usage: Usage | None = None
+    # Prompt positions 1..P-1 (position 0 has none), on the first output of a choice that asked for them.
+    prompt_logprobs: list[PositionLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

@@ -63,10 +63,18 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    # Prompt logprobs computed so far, for positions 1, 2, ...: (logprob, rank, top ids, top logprobs).
+    prompt_logprobs: list[tuple[float, int, list[int], list[float]]] = field(default_factory=list, repr=False)
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Still to compute (and send) its prompt logprobs: its prompt must run, not come from the cache."""
+        return self.params.prompt_logprobs is not None and not self.prompt_logprobs_sent
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -40,6 +40,8 @@ class SamplerOutput:
     token_ids: list[int]
     # Per row: None, or (chosen logprob, top ids, top logprobs)
     logprobs: list[tuple[float, list[int], list[float]] | None]
+    # (request, first prompt position, [(logprob, rank, top ids, top logprobs)]) of prompt rows run this step
+    prompt_logprobs: list[tuple[Request, int, list]] = field(default_factory=list)
 
 
 def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -158,6 +160,23 @@ def _gather_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, batch: Samp
             values = top_values[row][:k] if k else []
             result.append((chosen[row], ids, values))
     return result
+
+
+def gather_prompt_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, num_top: int
+) -> list[tuple[float, int, list[int], list[float]]]:
+    """Per row: the target token's logprob under the raw logits, its rank (1 + how many tokens are
+    more likely) and the top `num_top` (ids, logprobs), best first."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, targets.unsqueeze(1))
+    ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
+    if num_top:
+        top_values, top_ids = logprobs.topk(num_top, dim=-1)
+        top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    else:
+        top_values = top_ids = [[] for _ in ranks]
+    chosen = chosen.squeeze(1).tolist()
+    return list(zip(chosen, ranks, top_ids, top_values, strict=True))
 
 
 def allocate_bitmask(num_rows: int, vocab_size: int) -> np.ndarray:

@@ -37,6 +37,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured_output: GrammarSpec | None = None  # None: free text
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob, its rank and the top k
 
     @property
     def greedy(self) -> bool:
@@ -62,6 +63,10 @@ class SamplingParams:
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+                f"prompt_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
             (

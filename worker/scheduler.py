@@ -136,7 +136,8 @@ class Scheduler:
             request = self.waiting[0]
             if self._sibling_prefilling(request):
                 break  # let the first choice fill the shared prompt blocks, then hit them
-            cached = self.block_manager.find_cached_prefix(request)
+            # Prompt logprobs need every prompt row's logits: such a prompt runs whole (as vLLM does).
+            cached = [] if request.wants_prompt_logprobs else self.block_manager.find_cached_prefix(request)
             num_cached = len(cached) * self.block_manager.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(request, num_new, cached):

@@ -40,6 +40,7 @@ _OPTIONAL_PARAMS = (
     "min_tokens",
     "logprobs",
     "n",
+    "prompt_logprobs",
 )
 
 
@@ -103,6 +104,10 @@ def output_to_proto(output: RequestOutput) -> worker_pb2.GenerateResponse:
         response.logprobs.add(
             chosen=_token_logprob(position.chosen), top=[_token_logprob(t) for t in position.top]
         )
+    for position in output.prompt_logprobs or ():
+        response.prompt_logprobs.add(
+            chosen=_token_logprob(position.chosen), top=[_token_logprob(t) for t in position.top]
+        )
     if output.usage is not None:
         response.usage.prompt_tokens = output.usage.prompt_tokens
         response.usage.completion_tokens = output.usage.completion_tokens
@@ -112,7 +117,7 @@ def output_to_proto(output: RequestOutput) -> worker_pb2.GenerateResponse:
 
 def _token_logprob(t: TokenLogprob) -> worker_pb2.TokenLogprob:
     return worker_pb2.TokenLogprob(
-        token_id=t.token_id, token=t.token, logprob=t.logprob, token_bytes=t.token_bytes
+        token_id=t.token_id, token=t.token, logprob=t.logprob, token_bytes=t.token_bytes, rank=t.rank
     )
 
 

@@ -1,0 +1,142 @@
+"""Prompt logprobs through the real engine (scheduler, paged runner, sampler) against transformers.
+
+Each prompt position's logprob, rank and top tokens must equal log_softmax of transformers' logits for
+the same prompt (float32), however the prompt was split into chunks, whatever the prefix cache held,
+and after a preemption.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.factories import paged_runner, tiny_llama
+from worker.block_manager import BlockManager
+from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+from worker.engine import LLMEngine
+from worker.outputs import ModelInfo, PromptInput, RequestOutput
+from worker.sampling_params import SamplingParams
+from worker.scheduler import Scheduler
+
+VOCAB = 256
+BLOCK = 4
+
+
+class IdTokenizer:
+    """Token i is the text `<i>`: enough for the engine's logprob texts and detokenizer."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [int(part) for part in text.replace(">", "").split("<") if part]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    def convert_ids_to_tokens(self, token_id: int) -> str:
+        return f"<{token_id}>"
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return tiny_llama(seed=1, vocab_size=VOCAB)
+
+
+def make_engine(hf_model, budget: int = 64, num_blocks: int = 128, max_num_seqs: int = 8) -> LLMEngine:  # noqa: ANN001
+    sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
+    config = EngineConfig(scheduler=sched, cache=CacheConfig(block_size=BLOCK, num_blocks=num_blocks))
+    scheduler = Scheduler(sched, BlockManager(num_blocks, BLOCK, True))
+    runner = paged_runner(hf_model, num_blocks, BLOCK)
+    info = ModelInfo("tiny", 256, BLOCK, num_blocks, "float32", "cpu", max_num_seqs, VOCAB)
+    return LLMEngine(config, scheduler, runner, IdTokenizer(), info, None)
+
+
+def run(
+    engine: LLMEngine, prompts: dict[str, tuple[list[int], SamplingParams]]
+) -> dict[str, list[RequestOutput]]:
+    """Add every request, step to the end; each request's outputs in order (all choices together)."""
+    for request_id, (prompt, params) in prompts.items():
+        engine.add(engine.make_requests(request_id, PromptInput(token_ids=prompt), params))
+    outputs: dict[str, list[RequestOutput]] = {request_id: [] for request_id in prompts}
+    for _ in range(2000):
+        if not engine.has_unfinished():
+            break
+        for output in engine.step().outputs:
+            outputs[output.request_id].append(output)
+    assert not engine.has_unfinished()
+    assert engine.scheduler.block_manager.num_used_blocks == 0
+    return outputs
+
+
+def params(prompt_logprobs: int | None, max_tokens: int = 3, n: int = 1) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, prompt_logprobs=prompt_logprobs, n=n)
+
+
+def prompt_of(length: int, salt: int = 0) -> list[int]:
+    return [(11 * i + 5 + salt) % (VOCAB - 1) + 1 for i in range(length)]
+
+
+def assert_prompt_logprobs(hf_model, prompt: list[int], choice_outputs: list[RequestOutput], k: int) -> None:  # noqa: ANN001
+    """Only the first output of the choice carries them, and they match transformers."""
+    first, *rest = choice_outputs
+    assert all(o.prompt_logprobs is None for o in rest)
+    got = first.prompt_logprobs
+    assert got is not None and len(got) == len(prompt) - 1
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+    for position, entry in enumerate(got, start=1):
+        row = expected[position - 1]
+        token = prompt[position]
+        assert entry.chosen.token_id == token and entry.chosen.token == f"<{token}>"
+        torch.testing.assert_close(entry.chosen.logprob, float(row[token]), rtol=1e-4, atol=1e-4)
+        assert entry.chosen.rank == int((row > row[token]).sum()) + 1
+        top_values, top_ids = row.topk(k)
+        assert [t.token_id for t in entry.top] == top_ids.tolist()
+        assert [t.rank for t in entry.top] == list(range(1, k + 1))
+        torch.testing.assert_close(
+            torch.tensor([t.logprob for t in entry.top]), top_values, rtol=1e-4, atol=1e-4
+        )
+
+
+def test_chunked_prefill_beside_other_requests(hf_model) -> None:  # noqa: ANN001
+    engine = make_engine(hf_model, budget=10)
+    prompt = prompt_of(37)
+    outputs = run(
+        engine,
+        {
+            "plain": (prompt_of(9, salt=3), params(None)),
+            "scored": (prompt, params(3)),
+            "k0": (prompt, params(0)),
+        },
+    )
+    assert all(o.prompt_logprobs is None for o in outputs["plain"])
+    assert_prompt_logprobs(hf_model, prompt, outputs["scored"], 3)
+    assert_prompt_logprobs(hf_model, prompt, outputs["k0"], 0)
+
+
+def test_prefix_cache_is_bypassed_until_they_are_out(hf_model) -> None:  # noqa: ANN001
+    engine = make_engine(hf_model)
+    prompt = prompt_of(30, salt=7)
+    warm = run(engine, {"warm": (prompt, params(None))})
+    assert warm["warm"][-1].usage.cached_tokens == 0
+    scored = run(engine, {"scored": (prompt, params(2))})["scored"]
+    assert scored[-1].usage.cached_tokens == 0  # ran whole, although its blocks were cached
+    assert_prompt_logprobs(hf_model, prompt, scored, 2)
+    again = run(engine, {"again": (prompt, params(None))})["again"]
+    assert again[-1].usage.cached_tokens == 28
+
+
+def test_single_token_prompt_and_max_tokens_one(hf_model) -> None:  # noqa: ANN001
+    engine = make_engine(hf_model)
+    outputs = run(engine, {"one": ([42], params(2, max_tokens=1)), "two": ([42, 7], params(2, max_tokens=1))})
+    assert outputs["one"][0].prompt_logprobs == [] and outputs["one"][0].finished
+    assert_prompt_logprobs(hf_model, [42, 7], outputs["two"], 2)
+
+
+def test_every_choice_and_after_preemption(hf_model) -> None:  # noqa: ANN001
+    engine = make_engine(hf_model, budget=16, num_blocks=24)
+    prompts = {f"r{i}": (prompt_of(13 + i, salt=i), params(2, max_tokens=20, n=2)) for i in range(3)}
+    outputs = run(engine, prompts)
+    assert engine.scheduler.num_preemptions > 0
+    for request_id, (prompt, _) in prompts.items():
+        for index in range(2):
+            choice = [o for o in outputs[request_id] if o.index == index]
+            assert_prompt_logprobs(hf_model, prompt, choice, 2)
