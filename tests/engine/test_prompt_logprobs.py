@@ -12,7 +12,7 @@ import torch
 
 from tests.engine.factories import paged_runner, tiny_llama
 from worker.block_manager import BlockManager
-from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+from worker.config import EngineConfig, SchedulerConfig
 from worker.engine import LLMEngine
 from worker.outputs import ModelInfo, PromptInput, RequestOutput
 from worker.sampling_params import SamplingParams
@@ -42,7 +42,7 @@ def hf_model():
 
 def make_engine(hf_model, budget: int = 64, num_blocks: int = 128, max_num_seqs: int = 8) -> LLMEngine:  # noqa: ANN001
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
-    config = EngineConfig(scheduler=sched, cache=CacheConfig(block_size=BLOCK, num_blocks=num_blocks))
+    config = EngineConfig(scheduler=sched)  # the KV pool's shape is the block manager's and runner's
     scheduler = Scheduler(sched, BlockManager(num_blocks, BLOCK, True))
     runner = paged_runner(hf_model, num_blocks, BLOCK)
     info = ModelInfo("tiny", 256, BLOCK, num_blocks, "float32", "cpu", max_num_seqs, VOCAB)
