@@ -208,7 +208,7 @@ def _engine(  # noqa: ANN202
     attention_backend: str = "auto",
 ):
     from worker.async_engine import AsyncEngine
-    from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+    from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
 
     config = EngineConfig(
         model=MODEL_DIR,
@@ -221,7 +221,7 @@ def _engine(  # noqa: ANN202
             max_model_len=2048,
             num_speculative_tokens=speculative_tokens,
         ),
-        cache=CacheConfig(kv_cache_memory_gb=1.0, enable_prefix_caching=prefix_caching),
+        kv_cache=KVCacheConfig(kv_cache_memory_gb=1.0, enable_prefix_caching=prefix_caching),
     )
     return AsyncEngine.from_config(config)
 

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.report import median
 from services.linear import Linear
-from worker.config import CacheConfig, EngineConfig
+from worker.config import EngineConfig, KVCacheConfig
 from worker.engine import build_engine
 from worker.outputs import PromptInput
 from worker.sampling_params import SamplingParams
@@ -73,7 +73,7 @@ def weight_bandwidth(dtype: torch.dtype) -> None:
 
 def _build(dtype: str, linear_backend: str = "auto"):  # noqa: ANN202
     config = EngineConfig(
-        dtype=dtype, linear_backend=linear_backend, cache=CacheConfig(kv_cache_memory_gb=0.5)
+        dtype=dtype, linear_backend=linear_backend, kv_cache=KVCacheConfig(kv_cache_memory_gb=0.5)
     )
     return build_engine(config)
 

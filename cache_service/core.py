@@ -15,6 +15,8 @@ from cache_service.store import IndexRecord, RedisStore, StoredAnswer
 from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier
 
 TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
+# The one owner of what is worth storing: a complete answer or one cut at max_tokens (which is part of the
+# key). Tool calls, aborts and errors are not; the gateway sends every answer and lets this decide.
 STORABLE_FINISH_REASONS = ("stop", "length")
 
 
@@ -55,7 +57,6 @@ class SemanticCache:
         *,
         replica_id: str,
         threshold: float,
-        max_temperature: float,
         ttl_seconds: int,
         verifier: PairVerifier | None,
         verifier_threshold: float,
@@ -66,20 +67,16 @@ class SemanticCache:
         self.metrics = metrics
         self.replica_id = replica_id
         self.threshold = threshold
-        self.max_temperature = max_temperature
         self.ttl_seconds = ttl_seconds
         self.verifier = verifier  # None: similarity alone (measurement only)
         self.verifier_threshold = verifier_threshold
         self.counts = Counts()
 
-    def cacheable_temperature(self, temperature: float) -> bool:
-        return temperature <= self.max_temperature + 1e-6
-
-    async def lookup(self, key: ParsedKey, temperature: float, threshold: float | None) -> Hit | None:
+    async def lookup(self, key: ParsedKey, threshold: float | None) -> Hit | None:
         started = time.perf_counter()
         self.counts.lookups += 1
         self.metrics.lookups.inc()
-        hit = await self._lookup(key, temperature, self.threshold if threshold is None else threshold)
+        hit = await self._lookup(key, self.threshold if threshold is None else threshold)
         if hit is None:
             self.counts.misses += 1
             self.metrics.misses.inc()
@@ -89,9 +86,7 @@ class SemanticCache:
         self.metrics.lookup_seconds.observe(time.perf_counter() - started)
         return hit
 
-    async def _lookup(self, key: ParsedKey, temperature: float, threshold: float) -> Hit | None:
-        if not self.cacheable_temperature(temperature):
-            return None
+    async def _lookup(self, key: ParsedKey, threshold: float) -> Hit | None:
         answer = await self.store.fetch_hit(key.entry_id)
         if answer is not None:
             return Hit(key.entry_id, answer, 1.0, True)
@@ -111,10 +106,8 @@ class SemanticCache:
             self.index.remove(cand.entry_id)  # expired or removed elsewhere
         return None
 
-    async def put(
-        self, key: ParsedKey, temperature: float, answer: StoredAnswer, ttl: int | None
-    ) -> str | None:
-        if not self.cacheable_temperature(temperature) or answer.finish_reason not in STORABLE_FINISH_REASONS:
+    async def put(self, key: ParsedKey, answer: StoredAnswer, ttl: int | None) -> str | None:
+        if answer.finish_reason not in STORABLE_FINISH_REASONS:
             return None
         vector = await self.batcher.embed(key.query)
         record = IndexRecord(key.entry_id, key.partition, key.scope, key.stored_text, vector)

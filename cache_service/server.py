@@ -82,7 +82,6 @@ async def serve(settings: CacheSettings) -> None:
         metrics,
         replica_id=replica_id,
         threshold=settings.similarity_threshold,
-        max_temperature=settings.max_temperature,
         ttl_seconds=settings.ttl_seconds,
         verifier=PairVerifier(embedder) if settings.verifier_enabled else None,
         verifier_threshold=settings.verifier_threshold,

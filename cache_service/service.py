@@ -37,7 +37,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
             threshold = request.threshold if request.HasField("threshold") else None
             if threshold is not None and not 0.0 <= threshold <= 1.0:
                 raise NotCacheableError("threshold must be in [0, 1]")
-            hit = await self._cache.lookup(key, request.key.temperature, threshold)
+            hit = await self._cache.lookup(key, threshold)
         except Exception as exc:  # noqa: BLE001 - mapped to a status code
             await self._fail(context, "Lookup", exc)
             raise
@@ -68,7 +68,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
                 request.response, request.finish_reason, request.prompt_tokens, request.completion_tokens
             )
             ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
-            entry_id = await self._cache.put(key, request.key.temperature, answer, ttl)
+            entry_id = await self._cache.put(key, answer, ttl)
         except Exception as exc:  # noqa: BLE001 - mapped to a status code
             await self._fail(context, "Store", exc)
             raise

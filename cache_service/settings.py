@@ -15,6 +15,9 @@ DEFAULT_VERIFIER_THRESHOLD = 0.90
 
 
 class CacheSettings(BaseSettings):
+    """Which requests may use the cache at all (CACHE_MAX_TEMPERATURE, n, logprobs) is the gateway's rule
+    (gateway/settings.py, gateway/semantic.py); what is worth storing is this service's (core.py)."""
+
     model_config = SettingsConfigDict(env_prefix="CACHE_", extra="ignore", populate_by_name=True)
 
     host: str = "127.0.0.1"
@@ -25,7 +28,6 @@ class CacheSettings(BaseSettings):
     )
     similarity_threshold: float = Field(default=DEFAULT_SIMILARITY_THRESHOLD, ge=0.0, le=1.0)
     ttl_seconds: int = Field(default=86400, ge=1)
-    max_temperature: float = Field(default=0.0, ge=0.0)
     verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
     verifier_threshold: float = Field(default=DEFAULT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net

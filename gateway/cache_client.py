@@ -10,39 +10,25 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import grpc
 
 from services.gen import cache_pb2, cache_pb2_grpc
+from worker.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-STORABLE_FINISH_REASONS = ("stop", "length")
 STORE_TIMEOUT_S = 2.0  # a store embeds the text: slower than a lookup, and nobody waits for it
-OPENAI_DEFAULT_TEMPERATURE = 1.0
 
-# Output-shaping parameters and the value meaning "not set": absent and default fingerprint the same.
-_FINGERPRINT_DEFAULTS: dict[str, Any] = {
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "max_tokens": None,
-    "min_tokens": 0,
-    "stop": [],
-    "seed": None,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "ignore_eos": False,
-    "response_format": None,
-    "logit_bias": None,
-    "tools": None,
-    "tool_choice": None,
-}
+# The engine's defaults (worker/sampling_params.py owns them): a parameter left unset and one set to its
+# default shape the answer alike, so they fingerprint alike.
+_ENGINE_DEFAULTS: dict[str, Any] = {f.name: getattr(SamplingParams(), f.name) for f in fields(SamplingParams)}
+# Not part of the fingerprint: the temperature (only requests at or below CACHE_MAX_TEMPERATURE reach the
+# cache, and their answers count as interchangeable), n and logprobs (never reach it: gateway/semantic.py).
+_NOT_FINGERPRINTED = ("temperature", "n", "logprobs", "top_logprobs")
 
 
 @dataclass(frozen=True)
@@ -53,13 +39,6 @@ class CacheHit:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
-
-
-def _max_temperature() -> float:
-    try:
-        return float(os.environ.get("CACHE_MAX_TEMPERATURE", "0") or 0)
-    except ValueError:
-        return 0.0
 
 
 def _canonical(value: Any) -> Any:
@@ -75,11 +54,10 @@ def _canonical(value: Any) -> Any:
 def params_fingerprint(params: dict[str, Any]) -> str:
     """Canonical hash of the parameters that shape the answer (stop strings are a set: order is moot)."""
     canon: dict[str, Any] = {}
-    for name, default in _FINGERPRINT_DEFAULTS.items():
-        value = params.get(name)
+    for name, value in params.items():
         if name == "stop":
             value = sorted({value} if isinstance(value, str) else set(value or []))
-        if value is None or value == default:
+        if name in _NOT_FINGERPRINTED or value in (None, [], {}) or value == _ENGINE_DEFAULTS.get(name):
             continue
         canon[name] = _canonical(value)
     return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
@@ -92,23 +70,10 @@ def build_cache_key(
     prompt: str | None = None,
     *,
     params: dict[str, Any],
-    max_temperature: float | None = None,
 ) -> cache_pb2.CacheKey | None:
-    """The key of a cacheable request, or None when its answer may not be reused (several choices, logprobs,
-    sampling too random, content that is not plain text)."""
-    logprobs = params.get("logprobs")
-    if (params.get("n") or 1) != 1 or (logprobs is not None and logprobs is not False):
-        return None
-    if params.get("top_logprobs") not in (None, 0):
-        return None
-    temperature = params.get("temperature")
-    temperature = OPENAI_DEFAULT_TEMPERATURE if temperature is None else float(temperature)
-    limit = _max_temperature() if max_temperature is None else max_temperature
-    if temperature > limit + 1e-6:
-        return None
-    key = cache_pb2.CacheKey(
-        model=model, scope=scope, params_fingerprint=params_fingerprint(params), temperature=temperature
-    )
+    """The key of a request the gateway allowed to use the cache (gateway/semantic.py decides that), or None
+    when the conversation cannot be keyed (content that is not plain text, no user message, no prompt)."""
+    key = cache_pb2.CacheKey(model=model, scope=scope, params_fingerprint=params_fingerprint(params))
     if messages is not None and prompt is None:
         for m in messages:
             content = m.get("content")
@@ -184,14 +149,15 @@ class SemanticCacheClient:
         prompt_tokens: int,
         completion_tokens: int,
     ) -> None:
-        """Store in the background; never raises, never delays the response."""
-        if key is None or finish_reason not in STORABLE_FINISH_REASONS or not text:
+        """Store in the background; never raises, never delays the response. Whether the finish reason is
+        worth storing is the cache service's rule (cache_service/core.py)."""
+        if key is None or not text:
             return
         try:
             request = cache_pb2.StoreRequest(
                 key=key,
                 response=text,
-                finish_reason=finish_reason,
+                finish_reason=finish_reason or "",
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
             )

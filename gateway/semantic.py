@@ -1,4 +1,9 @@
-"""The gateway's side of the semantic cache: who may reuse an answer, when to ask, when to store."""
+"""The gateway's side of the semantic cache: which requests may use it (this module is the one owner of that
+rule: the bypass header, n, logprobs, tools, CACHE_MAX_TEMPERATURE), when to ask, when to store.
+
+What is worth storing (the finish reasons) is the cache service's rule (cache_service/core.py): the gateway
+hands it every complete answer of a miss.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,9 @@ from gateway.cache_client import CacheHit, SemanticCacheClient, build_cache_key
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.responses import UsageTotals
 from gateway.settings import GatewaySettings
+from worker.sampling_params import SamplingParams
 
 BYPASS_HEADER = "x-semantic-cache"
-STORABLE_FINISH = ("stop", "length")
 
 
 @dataclass
@@ -59,7 +64,10 @@ def output_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, A
         "logprobs": req.num_logprobs(),
         # the output's format: a cached free-text answer is never served to a JSON request
         "response_format": req.response_format.model_dump(by_alias=True) if req.response_format else None,
-        "guided": [req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar],
+        "guided_json": req.guided_json,
+        "guided_regex": req.guided_regex,
+        "guided_choice": req.guided_choice,
+        "guided_grammar": req.guided_grammar,
         "logit_bias": req.logit_bias,
         "stop_token_ids": req.stop_token_ids,
     }
@@ -74,6 +82,7 @@ class SemanticCacheGate:
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.client: SemanticCacheClient | None = None
+        self.max_temperature = settings.cache_max_temperature
         if settings.cache_enabled:
             timeout_s = settings.cache_timeout_ms / 1000.0
             self.client = SemanticCacheClient(settings.cache_addr, timeout_s, on_error=_count_error)
@@ -86,12 +95,10 @@ class SemanticCacheGate:
         messages: list[dict[str, str]] | None = None,
         prompt: str | None = None,
     ) -> CacheDecision:
-        """Ask the cache unless the client opted out or the answer can't be reused (n>1, logprobs)."""
+        """Ask the cache unless the client opted out or the answer can't be reused."""
         if self.client is None or headers.get(BYPASS_HEADER, "").lower() == "bypass":
             return self._bypass()
-        if req.num_choices != 1 or req.num_logprobs() is not None or (messages is None and prompt is None):
-            return self._bypass()
-        if getattr(req, "tools", None):  # tool calls are parsed from the text: not a reusable answer
+        if not self.may_reuse(req):
             return self._bypass()
         scope = scope_of(headers.get("authorization"), req.user)
         key = build_cache_key(model, scope, messages=messages, prompt=prompt, params=output_params(req))
@@ -110,19 +117,23 @@ class SemanticCacheGate:
         observability.SEMANTIC_CACHE.labels("miss").inc()
         return CacheDecision("miss", key)
 
+    def may_reuse(self, req: ChatCompletionRequest | CompletionRequest) -> bool:
+        """One answer, no logprobs (they differ run to run), no tools (calls are parsed from the text), and
+        sampling no hotter than CACHE_MAX_TEMPERATURE (unset: the engine's default temperature)."""
+        if req.num_choices != 1 or req.num_logprobs() is not None or getattr(req, "tools", None):
+            return False
+        temperature = SamplingParams.temperature if req.temperature is None else req.temperature
+        return temperature <= self.max_temperature + 1e-6
+
     @staticmethod
     def _bypass() -> CacheDecision:
         observability.SEMANTIC_CACHE.labels("bypass").inc()
         return CacheDecision("bypass")
 
     def store(self, decision: CacheDecision, text: str, finish: str | None, usage: UsageTotals) -> None:
-        """After a complete miss, hand the answer to the cache in the background."""
-        if (
-            self.client is None
-            or decision.key is None
-            or decision.status != "miss"
-            or finish not in STORABLE_FINISH
-        ):
+        """After a miss, hand the answer to the cache in the background; the cache decides whether the
+        finish reason makes it worth keeping."""
+        if self.client is None or decision.key is None or decision.status != "miss":
             return
         self.client.store_later(decision.key, text, finish, usage.prompt_tokens, usage.completion_tokens)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "onednn", "torch")
+from worker.config import LINEAR_BACKENDS
 
 
 def onednn_available(weight: torch.Tensor) -> bool:
@@ -41,8 +41,8 @@ class Linear:
     """y = x @ W.T (+ b) for 2-D x, with W held in the layout its backend runs fastest."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: str = "auto") -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown linear backend {backend!r}; expected one of {BACKENDS}")
+        if backend not in LINEAR_BACKENDS:
+            raise ValueError(f"unknown linear backend {backend!r}; expected one of {LINEAR_BACKENDS}")
         if backend == "auto":
             backend = "onednn" if onednn_available(weight) else "torch"
         elif backend == "onednn" and not onednn_available(weight):

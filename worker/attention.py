@@ -24,9 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.config import ATTENTION_BACKENDS
 from worker.kernels import native_ops
-
-ATTENTION_BACKENDS = ("auto", "native", "torch")
 
 
 @dataclass

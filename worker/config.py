@@ -1,8 +1,21 @@
-"""Engine configuration: numbers and strings only, so the scheduler builds without a model."""
+"""Engine configuration: numbers and strings only, so the scheduler builds without a model.
+
+The one source of every engine default and of every accepted name: `worker/settings.py` (the WORKER_*
+environment and flags) takes its defaults and choices from here, and the implementations check against
+the same tuples (services/linear.py, worker/attention.py).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
+
+# auto: bfloat16 where the device computes it natively, else float32 on CPU and float16 on a CUDA GPU
+# without bf16 (worker/model_loader.py resolve_dtype). float16 is meant for such GPUs: on CPU it runs, but
+# only through the plain torch paths (oneDNN packing and the native attention kernel refuse it).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LINEAR_BACKENDS = ("auto", "onednn", "torch")  # onednn: weights prepacked (CPU); torch: plain F.linear
+ATTENTION_BACKENDS = ("auto", "native", "torch")  # native: compiled CPU decode kernel; torch: gather + matmul
+QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, linear layers (services/quant.py)
 
 
 @dataclass
@@ -16,7 +29,9 @@ class SchedulerConfig:
 
 
 @dataclass
-class CacheConfig:
+class KVCacheConfig:
+    """The paged KV cache (not the semantic cache, whose settings are CACHE_*)."""
+
     block_size: int = 16
     num_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0
@@ -27,24 +42,28 @@ class CacheConfig:
 class EngineConfig:
     model: str = "models/SmolLM2-135M-Instruct"
     served_model_name: str | None = None
-    # auto (bfloat16 where the device computes it natively, else float32) | float32 | bfloat16 | float16
-    dtype: str = "auto"
+    dtype: str = "auto"  # one of DTYPES
     device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
-    linear_backend: str = "auto"  # auto | onednn (weights prepacked, CPU) | torch (plain F.linear)
-    attention_backend: str = "auto"  # auto | native (compiled CPU decode kernel) | torch (gather + matmul)
-    quantization: str = "none"  # none | int8 | int4: weight-only, linear layers (services/quant.py)
+    linear_backend: str = "auto"  # one of LINEAR_BACKENDS
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
+    quantization: str = "none"  # one of QUANTIZATIONS
     scheduler: SchedulerConfig | None = None
-    cache: CacheConfig | None = None
+    kv_cache: KVCacheConfig | None = None
+    cache: InitVar[KVCacheConfig | None] = None  # old name of kv_cache, see CacheConfig below
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, cache: KVCacheConfig | None) -> None:
         self.scheduler = self.scheduler or SchedulerConfig()
-        self.cache = self.cache or CacheConfig()
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"unsupported dtype {self.dtype!r}")
-        if self.linear_backend not in ("auto", "onednn", "torch"):
-            raise ValueError(f"unsupported linear backend {self.linear_backend!r}")
-        if self.quantization not in ("none", "int8", "int4"):
-            raise ValueError(f"unsupported quantization {self.quantization!r}")
-        if self.attention_backend not in ("auto", "native", "torch"):
-            raise ValueError(f"unsupported attention backend {self.attention_backend!r}")
+        self.kv_cache = self.kv_cache or cache or KVCacheConfig()
+        for what, value, allowed in (
+            ("dtype", self.dtype, DTYPES),
+            ("linear backend", self.linear_backend, LINEAR_BACKENDS),
+            ("attention backend", self.attention_backend, ATTENTION_BACKENDS),
+            ("quantization", self.quantization, QUANTIZATIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"unsupported {what} {value!r}; expected one of {', '.join(allowed)}")
+
+
+# Old names, kept only while tests/engine/test_prompt_logprobs.py (being edited elsewhere) still uses them.
+CacheConfig = KVCacheConfig

@@ -297,15 +297,17 @@ class LLMEngine:
         return TokenLogprob(token_id, text, logprob, raw, rank)
 
     def _take_prompt_logprobs(self, request: Request) -> list[PositionLogprobs]:
-        """Prompt positions 1..P-1: the prompt token (with its rank) and the top ones (ranks 1, 2, ...)."""
+        """Every prompt position: the prompt token (with its rank) and the top ones (ranks 1, 2, ...).
+        Position 0 has no logprob: only its token, with rank 0."""
         entries, request.prompt_logprobs = request.prompt_logprobs, []
         request.prompt_logprobs_sent = True
-        return [
+        prompt = request.prompt_token_ids
+        return [PositionLogprobs(self._token_logprob(prompt[0], 0.0))] + [
             PositionLogprobs(
                 self._token_logprob(token, logprob, rank),
                 [self._token_logprob(t, v, r) for r, (t, v) in enumerate(zip(ids, values, strict=True), 1)],
             )
-            for token, (logprob, rank, ids, values) in zip(request.prompt_token_ids[1:], entries, strict=True)
+            for token, (logprob, rank, ids, values) in zip(prompt[1:], entries, strict=True)
         ]
 
     def _step_stats(self, plan, start: float, num_generated: int, ttfts: list, itls: list) -> StepStats:  # noqa: ANN001
@@ -371,7 +373,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    sched, cache = config.scheduler, config.cache
+    sched, cache = config.scheduler, config.kv_cache
     dtype = resolve_dtype(config.dtype, device)
     tokenizer = load_tokenizer(config.model)
     model = load_model(

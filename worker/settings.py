@@ -1,4 +1,8 @@
-"""Worker settings: one environment variable (and flag) per setting, prefix WORKER_."""
+"""Worker settings: one environment variable (and flag) per setting, prefix WORKER_.
+
+Engine defaults and accepted names come from worker/config.py, their one source; only the process's own
+settings (addresses, drain, stall, price) have their defaults here.
+"""
 
 from __future__ import annotations
 
@@ -7,33 +11,41 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+from worker.config import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    LINEAR_BACKENDS,
+    QUANTIZATIONS,
+    EngineConfig,
+    KVCacheConfig,
+    SchedulerConfig,
+)
 
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WORKER_", cli_parse_args=False, extra="ignore")
 
-    model: str = "models/SmolLM2-135M-Instruct"
+    model: str = EngineConfig.model
     served_model_name: str = "SmolLM2-135M-Instruct"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 where native, else fp32
-    device: str = "auto"  # cuda when there is one, else cpu
-    num_threads: int | None = None
-    linear_backend: Literal["auto", "onednn", "torch"] = "auto"  # onednn: weights prepacked on CPU
-    attention_backend: Literal["auto", "native", "torch"] = "auto"  # native: compiled CPU decode kernel
-    quantization: Literal["none", "int8", "int4"] = "none"  # weight-only linear layers (int4: GGUF blocks)
+    dtype: Literal[DTYPES] = EngineConfig.dtype  # type: ignore[valid-type]
+    device: str = EngineConfig.device
+    num_threads: int | None = EngineConfig.num_threads
+    linear_backend: Literal[LINEAR_BACKENDS] = EngineConfig.linear_backend  # type: ignore[valid-type]
+    attention_backend: Literal[ATTENTION_BACKENDS] = EngineConfig.attention_backend  # type: ignore[valid-type]
+    quantization: Literal[QUANTIZATIONS] = EngineConfig.quantization  # type: ignore[valid-type]
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9101
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_gb: float = 1.0
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
-    max_waiting: int = 1024
+    block_size: int = KVCacheConfig.block_size
+    num_kv_blocks: int | None = KVCacheConfig.num_blocks
+    kv_cache_gb: float = KVCacheConfig.kv_cache_memory_gb
+    enable_prefix_caching: bool = KVCacheConfig.enable_prefix_caching
+    max_num_seqs: int = SchedulerConfig.max_num_seqs
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
+    max_model_len: int = SchedulerConfig.max_model_len
+    max_waiting: int = SchedulerConfig.max_waiting
     stream_interval: int = Field(4, ge=1)  # tokens per gRPC message after the first (vLLM's stream interval)
-    num_speculative_tokens: int = 0  # n-gram draft tokens per greedy decode of a small batch; 0: off
+    num_speculative_tokens: int = SchedulerConfig.num_speculative_tokens
     price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM: how long requests in flight may finish
     stall_timeout_s: float = Field(30.0, gt=0)  # no engine progress this long with work waiting: not ready
@@ -61,7 +73,7 @@ class WorkerSettings(BaseSettings):
                 max_waiting=self.max_waiting,
                 num_speculative_tokens=self.num_speculative_tokens,
             ),
-            cache=CacheConfig(
+            kv_cache=KVCacheConfig(
                 block_size=self.block_size,
                 num_blocks=self.num_kv_blocks,
                 kv_cache_memory_gb=self.kv_cache_gb,

@@ -11,13 +11,12 @@ def chat_key(
     question: str,
     scope: str,
     history: list[tuple[str, str]] | None = None,
-    temperature: float = 0.0,
     params: str = "p0",
 ) -> cache_pb2.CacheKey:
     messages = [cache_pb2.Message(role=r, content=c) for r, c in history or []]
     messages.append(cache_pb2.Message(role="user", content=question))
     return cache_pb2.CacheKey(
-        model=MODEL, scope=scope, messages=messages, params_fingerprint=params, temperature=temperature
+        model=MODEL, scope=scope, messages=messages, params_fingerprint=params
     )
 
 

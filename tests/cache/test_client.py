@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.cache_client import SemanticCacheClient, build_cache_key, params_fingerprint
+from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.semantic import SemanticCacheGate, output_params
+from gateway.settings import GatewaySettings
 from tests.cache.procs import CacheService
 from tests.support.net import free_port
 
@@ -21,23 +26,47 @@ def test_key_carries_conversation_and_params() -> None:
     key = build_cache_key("m", "tenant", messages=MESSAGES, params=GREEDY | {"max_tokens": 20})
     assert key is not None
     assert [(m.role, m.content) for m in key.messages] == [(m["role"], m["content"]) for m in MESSAGES]
-    assert (key.model, key.scope, key.temperature) == ("m", "tenant", 0.0)
+    assert (key.model, key.scope) == ("m", "tenant")
     prompt_key = build_cache_key("m", "tenant", prompt="Once upon a time", params=GREEDY)
     assert prompt_key is not None and prompt_key.prompt == "Once upon a time" and not prompt_key.messages
 
 
+def gate(**settings: object) -> SemanticCacheGate:
+    return SemanticCacheGate(GatewaySettings(**settings))
+
+
+def chat(**fields: object) -> ChatCompletionRequest:
+    body = {"model": "m", "messages": MESSAGES} | fields
+    return parse_request(ChatCompletionRequest, json.dumps(body).encode())
+
+
 @pytest.mark.parametrize(
-    "params",
+    "fields",
     [
         {"temperature": 0.0, "n": 2},
-        {"temperature": 0.0, "logprobs": 0},
+        {"temperature": 0.0, "logprobs": True},
         {"temperature": 0.0, "logprobs": True, "top_logprobs": 3},
+        {"temperature": 0.0, "tools": [{"type": "function", "function": {"name": "f"}}]},
         {"temperature": 0.7},
-        {},  # OpenAI's default temperature is 1
+        {},  # the engine's (OpenAI's) default temperature is 1
     ],
 )
-def test_uncacheable_requests(params: dict) -> None:
-    assert build_cache_key("m", "t", messages=MESSAGES, params=params) is None
+def test_requests_whose_answer_may_not_be_reused(fields: dict) -> None:
+    assert not gate().may_reuse(chat(**fields))
+
+
+def test_the_gateway_owns_the_temperature_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert gate().may_reuse(chat(temperature=0.0))
+    assert gate(cache_max_temperature=0.5).may_reuse(chat(temperature=0.5))
+    assert not gate(cache_max_temperature=0.5).may_reuse(chat(temperature=0.6))
+    monkeypatch.setenv("CACHE_MAX_TEMPERATURE", "0.7")
+    assert GatewaySettings().cache_max_temperature == 0.7
+    monkeypatch.setenv("CACHE_MAX_TEMPERATURE", "warm")  # refused at start-up, not read as 0
+    with pytest.raises(ValidationError, match="cache_max_temperature"):
+        GatewaySettings()
+    monkeypatch.setenv("CACHE_MAX_TEMPERATURE", "-1")
+    with pytest.raises(ValidationError, match="cache_max_temperature"):
+        GatewaySettings()
 
 
 def test_uncacheable_shapes() -> None:
@@ -45,7 +74,6 @@ def test_uncacheable_shapes() -> None:
     assert build_cache_key("m", "t", messages=[{"role": "system", "content": "x"}], params=GREEDY) is None
     parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert build_cache_key("m", "t", messages=parts, params=GREEDY) is None
-    assert build_cache_key("m", "t", messages=MESSAGES, params={"temperature": 0.5}, max_temperature=0.5)
 
 
 def test_fingerprint_canonicalizes() -> None:
@@ -55,6 +83,17 @@ def test_fingerprint_canonicalizes() -> None:
     assert params_fingerprint({"max_tokens": 10}) != params_fingerprint({"max_tokens": 11})
     assert params_fingerprint({"seed": 1}) != params_fingerprint({})
     assert params_fingerprint({"temperature": 0.0}) == params_fingerprint({"temperature": 0.0001})
+    # every output-shaping parameter counts, the grammar ones included
+    assert params_fingerprint({"guided_regex": "a+"}) != params_fingerprint({})
+    assert params_fingerprint({"stop_token_ids": [2]}) != params_fingerprint({"stop_token_ids": []})
+
+
+def test_output_params_cover_the_grammar() -> None:
+    free = params_fingerprint(output_params(chat(temperature=0)))
+    assert free == params_fingerprint(output_params(chat(temperature=0, top_p=1.0, stop=[])))
+    assert free != params_fingerprint(output_params(chat(temperature=0, guided_choice=["a", "b"])))
+    json_mode = chat(temperature=0, response_format={"type": "json_object"})
+    assert free != params_fingerprint(output_params(json_mode))
 
 
 async def test_store_then_hit_through_the_client(cache_service: CacheService) -> None:
@@ -64,7 +103,7 @@ async def test_store_then_hit_through_the_client(cache_service: CacheService) ->
         key = build_cache_key("m", "client-t", messages=MESSAGES, params=GREEDY)
         assert await client.lookup(key) is None
         client.store_later(key, "Rome.", "stop", 12, 2)
-        client.store_later(key, "partial", "abort", 12, 1)  # not a complete answer: not stored
+        client.store_later(key, "partial", "abort", 12, 1)  # the service refuses an incomplete answer
         await client.drain()
         hit = await client.lookup(key)
         assert hit is not None

@@ -94,13 +94,12 @@ def test_a_reworded_conversation_hits_and_a_changed_one_does_not(stub) -> None:
     assert not lookup(stub, chat_key("What is 3 times its population?", "t-conv", france)).hit
 
 
-def test_parameters_and_temperature(stub) -> None:
+def test_parameters_are_part_of_the_key(stub) -> None:
+    """Temperature is not the service's business: the gateway only asks for requests it may answer
+    (tests/cache/test_client.py covers that rule)."""
     store(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=5"), "7")
     assert lookup(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=5")).hit
     assert not lookup(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=50")).hit
-    hot = chat_key("Name a prime number.", "t-params", params="max_tokens=5", temperature=0.9)
-    assert not lookup(stub, hot).hit  # above CACHE_MAX_TEMPERATURE (0): never answered from the cache
-    assert not store(stub, chat_key("Write a poem.", "t-params", temperature=0.9), "Roses...").stored
 
 
 def test_only_complete_answers_are_stored(stub) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.async_engine import AsyncEngine
-from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
 from worker.errors import InvalidRequestError
 from worker.outputs import PromptInput
 from worker.sampling_params import SamplingParams
@@ -39,7 +39,7 @@ def engine(loop):
     config = EngineConfig(
         model=MODEL_DIR,
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, max_model_len=1024),
-        cache=CacheConfig(block_size=16, num_blocks=400),
+        kv_cache=KVCacheConfig(block_size=16, num_blocks=400),
     )
     eng = AsyncEngine.from_config(config)
     loop.run_until_complete(eng.start())
@@ -139,7 +139,7 @@ def test_speculative_decoding_keeps_greedy_output_identical(loop, reference):
     config = EngineConfig(
         model=MODEL_DIR,
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_model_len=1024, num_speculative_tokens=4),
-        cache=CacheConfig(block_size=16, num_blocks=200),
+        kv_cache=KVCacheConfig(block_size=16, num_blocks=200),
     )
     engine = AsyncEngine.from_config(config)
 

@@ -16,7 +16,7 @@ import pytest
 from tests.engine.factories import ScriptedRunner
 from worker.async_engine import AsyncEngine
 from worker.block_manager import BlockManager
-from worker.config import CacheConfig, EngineConfig, SchedulerConfig
+from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
 from worker.engine import LLMEngine
 from worker.errors import EngineDrainingError, EngineOverloadedError, EngineStalledError
 from worker.outputs import ModelInfo, PromptInput
@@ -57,7 +57,7 @@ def build(
     sched = SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, max_waiting=max_waiting
     )
-    config = EngineConfig(scheduler=sched, cache=CacheConfig(block_size=4, num_blocks=num_blocks))
+    config = EngineConfig(scheduler=sched, kv_cache=KVCacheConfig(block_size=4, num_blocks=num_blocks))
     info = ModelInfo("char", 256, 4, num_blocks, "float32", "cpu", 8, 128)
     scheduler = Scheduler(sched, BlockManager(num_blocks, 4, True))
     return AsyncEngine(lambda: LLMEngine(config, scheduler, runner, CharTokenizer(), info, None), **options)
