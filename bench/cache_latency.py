@@ -76,7 +76,7 @@ def wait(
         try:
             if ready():
                 return time.perf_counter() - started
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{what} not ready after {timeout_s} s")

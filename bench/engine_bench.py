@@ -59,7 +59,7 @@ TEXT = (
 )
 
 
-def prompts(tokenizer, count: int) -> list[list[int]]:  # noqa: ANN001
+def prompts(tokenizer, count: int) -> list[list[int]]:
     words = TEXT.split()
     out = []
     for i in range(count):
@@ -72,7 +72,7 @@ def prompts(tokenizer, count: int) -> list[list[int]]:  # noqa: ANN001
 SINGLE_STREAM_QUESTION = "Write a short story about a robot who learns to paint, in about two hundred words."
 
 
-def single_stream_prompt(tokenizer) -> list[int]:  # noqa: ANN001
+def single_stream_prompt(tokenizer) -> list[int]:
     """A natural chat prompt for the single-stream rows (speculation gets no help from repeated text)."""
     messages = [{"role": "user", "content": SINGLE_STREAM_QUESTION}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -84,7 +84,7 @@ def peak_rss_mb() -> float:
 
 
 # ---- transformers baselines ----------------------------------------------------------------
-def _hf(dtype: str):  # noqa: ANN202
+def _hf(dtype: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
@@ -98,7 +98,7 @@ class _FirstTokenClock:
     def __init__(self) -> None:
         self.calls, self.first = 0, None
 
-    def put(self, value) -> None:  # noqa: ANN001
+    def put(self, value) -> None:
         self.calls += 1
         if self.calls == 2 and self.first is None:
             self.first = time.perf_counter()
@@ -195,12 +195,12 @@ class _BatchClock(_FirstTokenClock):
         super().__init__()
         self.inner = inner
 
-    def put(self, value) -> None:  # noqa: ANN001
+    def put(self, value) -> None:
         self.inner.put(value)
 
 
 # ---- this engine ---------------------------------------------------------------------------
-def _engine(  # noqa: ANN202
+def _engine(
     dtype: str,
     prefix_caching: bool = True,
     speculative_tokens: int = 0,
@@ -226,7 +226,7 @@ def _engine(  # noqa: ANN202
     return AsyncEngine.from_config(config)
 
 
-async def _stream(engine, request_id: str, prompt, params, start: float, delay: float = 0.0) -> dict:  # noqa: ANN001
+async def _stream(engine, request_id: str, prompt, params, start: float, delay: float = 0.0) -> dict:
     if delay:
         await asyncio.sleep(max(0.0, start + delay - time.perf_counter()))
         start = time.perf_counter()  # TTFT counts from this request's own arrival

@@ -43,7 +43,7 @@ def gemm_throughput(dtype: torch.dtype) -> None:
             print(f"GEMM {dtype} rows={rows:4d} {name:9s}: {2 * rows * 576 * 3072 / t / 1e9:7.1f} GFLOP/s")
 
 
-def _timed(fn, repeats: int = 7) -> float:  # noqa: ANN001
+def _timed(fn, repeats: int = 7) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -71,14 +71,14 @@ def weight_bandwidth(dtype: torch.dtype) -> None:
         print(f"{dtype} {size / 2**20:.0f} MiB of weights, {name}: {size / _timed(fn) / 1e9:5.1f} GB/s")
 
 
-def _build(dtype: str, linear_backend: str = "auto"):  # noqa: ANN202
+def _build(dtype: str, linear_backend: str = "auto"):
     config = EngineConfig(
         dtype=dtype, linear_backend=linear_backend, kv_cache=KVCacheConfig(kv_cache_memory_gb=0.5)
     )
     return build_engine(config)
 
 
-def decode_steps(  # noqa: ANN201
+def decode_steps(
     dtype: str, num_seqs: int, profile_top: int = 0, engine=None, linear_backend: str = "auto"
 ):
     engine = engine or _build(dtype, linear_backend)

@@ -68,7 +68,7 @@ def variant(i: int) -> dict:
 class Library:
     name: str
 
-    def setup(self, tokenizer) -> None: ...  # noqa: ANN001
+    def setup(self, tokenizer) -> None: ...
     def compile(self, schema: dict) -> object: ...
     def walk(self, compiled: object, tokens: list[int]) -> list[float]: ...
 
@@ -76,7 +76,7 @@ class Library:
 class LLGuidance(Library):
     name = "llguidance 1.9.1"
 
-    def setup(self, tokenizer) -> None:  # noqa: ANN001
+    def setup(self, tokenizer) -> None:
         import llguidance
         import llguidance.hf
         import llguidance.torch
@@ -107,7 +107,7 @@ class LLGuidance(Library):
 class XGrammar(Library):
     name = "xgrammar 0.2.8"
 
-    def setup(self, tokenizer) -> None:  # noqa: ANN001
+    def setup(self, tokenizer) -> None:
         import xgrammar
 
         self.xgr = xgrammar
@@ -134,7 +134,7 @@ class XGrammar(Library):
 class OutlinesCore(Library):
     name = "outlines-core 0.2.14"
 
-    def setup(self, tokenizer) -> None:  # noqa: ANN001
+    def setup(self, tokenizer) -> None:
         import outlines_core
 
         self.oc = outlines_core
@@ -169,7 +169,7 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def measure(library: Library, tokenizer, tokens: list[int], rounds: int) -> dict[str, float]:  # noqa: ANN001
+def measure(library: Library, tokenizer, tokens: list[int], rounds: int) -> dict[str, float]:
     setup_s, _ = timed(lambda: library.setup(tokenizer))
     compiles, per_token = [], []
     for i in range(rounds):

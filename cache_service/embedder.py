@@ -221,7 +221,7 @@ class MicroBatcher:
                 vectors = await loop.run_in_executor(
                     self._executor, self._embedder.encode, [t for t, _ in batch]
                 )
-            except Exception as exc:  # noqa: BLE001 - handed to every waiting caller
+            except Exception as exc:  # handed to every waiting caller
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)

@@ -35,7 +35,7 @@ async def watch_redis(store: RedisStore, health_servicer: health.aio.HealthServi
     while True:
         try:
             ok = await asyncio.wait_for(store.ping(), timeout=period_s)
-        except Exception:  # noqa: BLE001 - any failure means not serving
+        except Exception:  # any failure means not serving
             ok = False
         if ok != serving:
             status = (

@@ -38,7 +38,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
             if threshold is not None and not 0.0 <= threshold <= 1.0:
                 raise NotCacheableError("threshold must be in [0, 1]")
             hit = await self._cache.lookup(key, threshold)
-        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+        except Exception as exc:  # mapped to a status code
             await self._fail(context, "Lookup", exc)
             raise
         if hit is None:
@@ -69,7 +69,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
             )
             ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
             entry_id = await self._cache.put(key, answer, ttl)
-        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+        except Exception as exc:  # mapped to a status code
             await self._fail(context, "Store", exc)
             raise
         return cache_pb2.StoreResponse(stored=entry_id is not None, entry_id=entry_id or "")
@@ -85,7 +85,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
                 removed = await self._cache.invalidate_scope(request.scope)
             else:
                 raise NotCacheableError("set entry_id or scope")
-        except Exception as exc:  # noqa: BLE001 - mapped to a status code
+        except Exception as exc:  # mapped to a status code
             await self._fail(context, "Invalidate", exc)
             raise
         return cache_pb2.InvalidateResponse(removed=removed)

@@ -111,7 +111,7 @@ class SemanticCacheClient:
         if self._on_error is not None:
             try:
                 self._on_error(kind)
-            except Exception:  # noqa: BLE001 - a metrics callback must not break serving
+            except Exception:  # a metrics callback must not break serving
                 log.exception("semantic cache on_error callback failed")
 
     async def lookup(self, key: cache_pb2.CacheKey, threshold: float | None = None) -> CacheHit | None:
@@ -127,7 +127,7 @@ class SemanticCacheClient:
             kind = "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "lookup"
             self._error(kind, exc)
             return None
-        except Exception as exc:  # noqa: BLE001 - the cache is optional: any failure is a miss
+        except Exception as exc:  # the cache is optional: any failure is a miss
             self._error("lookup", exc)
             return None
         if not resp.hit:
@@ -162,7 +162,7 @@ class SemanticCacheClient:
                 completion_tokens=completion_tokens,
             )
             task = asyncio.get_running_loop().create_task(self._store(request))
-        except Exception as exc:  # noqa: BLE001 - e.g. no running loop
+        except Exception as exc:  # e.g. no running loop
             self._error("store", exc)
             return
         self._pending.add(task)
@@ -173,7 +173,7 @@ class SemanticCacheClient:
             await self._get_stub().Store(request, timeout=max(self._timeout_s, STORE_TIMEOUT_S))
         except asyncio.CancelledError:
             pass
-        except Exception as exc:  # noqa: BLE001 - a lost store is only a lost future hit
+        except Exception as exc:  # a lost store is only a lost future hit
             self._error("store", exc)
 
     async def drain(self, timeout_s: float = 5.0) -> None:

@@ -67,7 +67,7 @@ def error_detail(error: grpc.aio.AioRpcError) -> worker_pb2.ErrorDetail | None:
             detail = worker_pb2.ErrorDetail()
             try:
                 detail.ParseFromString(value)
-            except Exception:  # noqa: BLE001 - a garbled trailer is treated as absent
+            except Exception:  # a garbled trailer is treated as absent
                 return None
             return detail
     return None

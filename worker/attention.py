@@ -125,7 +125,7 @@ def _decode(
     return attn.transpose(0, 1).reshape(num, num_heads, head_dim)
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int) -> None:  # noqa: ANN001
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int) -> None:
     s, n = chunk.token_start, chunk.num_tokens
     q_seq = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
     if chunk.context_len == n:

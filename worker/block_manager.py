@@ -149,11 +149,6 @@ class BlockManager:
         request.num_computed_tokens = 0
         self._request_hashes.pop(request.request_id, None)
 
-    def reset_prefix_cache(self) -> None:
-        for block in self.blocks:
-            if block.ref_count == 0:
-                self._evict(block.block_id)
-
     # ---- internals -----------------------------------------------------------------------
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -37,7 +37,7 @@ TOOLS_FORMAT = (
 )
 
 
-def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:  # noqa: ANN001
+def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
     """The prompt text with the generation prompt appended."""
     if tools and _template_knows_tools(tokenizer, messages, tools):
         return tokenizer.apply_chat_template(
@@ -47,7 +47,7 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | N
     return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
 
 
-def _template_knows_tools(tokenizer, messages: list[dict[str, Any]], tools: list[dict]) -> bool:  # noqa: ANN001
+def _template_knows_tools(tokenizer, messages: list[dict[str, Any]], tools: list[dict]) -> bool:
     """Whether passing `tools` changes the template's output (templates that ignore them render the same)."""
     probe = [{"role": "user", "content": "?"}]
     try:

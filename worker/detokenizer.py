@@ -11,7 +11,7 @@ from functools import lru_cache
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:  # noqa: ANN001
+    def __init__(self, tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.skip_special_tokens = skip_special_tokens
@@ -89,7 +89,7 @@ def _byte_level_map() -> dict[str, int]:
 class TokenTexts:
     """Text and raw bytes of single tokens, for logprobs."""
 
-    def __init__(self, tokenizer) -> None:  # noqa: ANN001
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.lookup = lru_cache(maxsize=65536)(self._lookup)
 

@@ -50,7 +50,7 @@ class LLMEngine:
         model_info: ModelInfo,
         eos_token_id: int | None,
         extra_stop_token_ids: tuple[int, ...] = (),
-    ) -> None:  # noqa: ANN001
+    ) -> None:
         self.config = config
         self.scheduler = scheduler
         self.runner = runner
@@ -140,7 +140,7 @@ class LLMEngine:
             for i in range(params.n)
         ]
 
-    def _grammar(self, params: SamplingParams):  # noqa: ANN202
+    def _grammar(self, params: SamplingParams):
         """A fresh matcher when the output is constrained (compiled once per spec, then copied)."""
         if params.structured_output is None:
             return None
@@ -261,7 +261,7 @@ class LLMEngine:
         return tokens
 
     # ---- outputs -------------------------------------------------------------------------
-    def _final_output(self, request: Request, tokens: list[int], logprobs=None) -> RequestOutput:  # noqa: ANN001
+    def _final_output(self, request: Request, tokens: list[int], logprobs=None) -> RequestOutput:
         detokenizer = self.detokenizers.pop(request.request_id)
         self.runner.release(request.request_id)
         live = self.groups.get(request.group_id, [])
@@ -281,7 +281,7 @@ class LLMEngine:
             usage,
         )
 
-    def _logprobs(self, token: int, sampled) -> list[PositionLogprobs] | None:  # noqa: ANN001
+    def _logprobs(self, token: int, sampled) -> list[PositionLogprobs] | None:
         if sampled is None:
             return None
         chosen, top_ids, top_values = sampled
@@ -310,7 +310,7 @@ class LLMEngine:
             for token, (logprob, rank, ids, values) in zip(prompt[1:], entries, strict=True)
         ]
 
-    def _step_stats(self, plan, start: float, num_generated: int, ttfts: list, itls: list) -> StepStats:  # noqa: ANN001
+    def _step_stats(self, plan, start: float, num_generated: int, ttfts: list, itls: list) -> StepStats:
         bm = self.scheduler.block_manager
         prompt_tokens = sum(
             max(0, min(s.start + s.num_new_tokens, s.request.num_prompt_tokens) - s.start)
@@ -406,7 +406,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     return engine
 
 
-def _eos_token_ids(path: str, tokenizer, generation_config_cls) -> list[int]:  # noqa: ANN001
+def _eos_token_ids(path: str, tokenizer, generation_config_cls) -> list[int]:
     """The generation config's EOS ids (what transformers' generate stops on), else the tokenizer's."""
     try:
         eos = generation_config_cls.from_pretrained(path).eos_token_id

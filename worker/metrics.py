@@ -265,7 +265,7 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: object) -> None:  # (the base class's name)
         """Scrapes every few seconds would flood the worker's log."""
 
 

@@ -31,7 +31,7 @@ def resolve_dtype(name: str, device: str) -> str:
     return "bfloat16" if probe is not None and bool(probe()) else "float32"
 
 
-def load_tokenizer(path: str):  # noqa: ANN201 - a transformers tokenizer
+def load_tokenizer(path: str):  # a transformers tokenizer
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)

@@ -56,10 +56,10 @@ def grammar_text(spec: GrammarSpec) -> str:
 class Grammar:
     """One request's matcher: which tokens may come next, advanced by each accepted token."""
 
-    def __init__(self, matcher) -> None:  # noqa: ANN001
+    def __init__(self, matcher) -> None:
         self.matcher = matcher
 
-    def fill_bitmask(self, bitmask, row: int) -> None:  # noqa: ANN001
+    def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into row `row` of a C-contiguous int32 numpy array."""
         target = bitmask[row]
         self.matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
@@ -92,7 +92,7 @@ class GrammarCache:
     start-up; the first constrained request waits for it only if it comes sooner.
     """
 
-    def __init__(self, hf_tokenizer, eos_token_ids: list[int], vocab_size: int, capacity: int = 256) -> None:  # noqa: ANN001
+    def __init__(self, hf_tokenizer, eos_token_ids: list[int], vocab_size: int, capacity: int = 256) -> None:
         self._hf_tokenizer = hf_tokenizer
         self._eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
@@ -107,7 +107,7 @@ class GrammarCache:
     def prefetch(self) -> None:
         threading.Thread(target=self._tokenizer, name="grammar-tokenizer", daemon=True).start()
 
-    def _tokenizer(self):  # noqa: ANN202
+    def _tokenizer(self):
         with self._lock:
             if self._ll_tokenizer is None:
                 import llguidance.hf

@@ -38,11 +38,11 @@ def grpc_health() -> Iterator[tuple[str, health.HealthServicer]]:
 
 
 class Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:  # http.server's naming
         self.send_response(200 if self.path == "/health" else 503)
         self.end_headers()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         return
 
 

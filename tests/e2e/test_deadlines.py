@@ -78,7 +78,7 @@ def test_errors_carry_a_reason(
     request_: pb.GenerateRequest,
     code,
     reason: str,
-    param: str,  # noqa: ANN001
+    param: str,
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         list(worker_stub.Generate(request_, timeout=30))
@@ -87,7 +87,7 @@ def test_errors_carry_a_reason(
 
 
 @pytest.fixture(scope="module")
-def impatient_gateway(worker: Service, log_dir) -> Iterator[Service]:  # noqa: ANN001
+def impatient_gateway(worker: Service, log_dir) -> Iterator[Service]:
     service = start_gateway("gateway-timeout", log_dir, worker.addr, GATEWAY_REQUEST_TIMEOUT_S="1")
     yield service
     service.stop()

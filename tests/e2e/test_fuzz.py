@@ -32,13 +32,13 @@ ROUTES = [("POST", "/v1/chat/completions"), ("POST", "/v1/completions")]
 
 
 @pytest.fixture(scope="module")
-def gateway_without_worker(log_dir, dead_addr: str) -> Iterator[Service]:  # noqa: ANN001
+def gateway_without_worker(log_dir, dead_addr: str) -> Iterator[Service]:
     service = start_gateway("gateway-fuzz-no-worker", log_dir, dead_addr)
     yield service
     service.stop()
 
 
-def assert_well_formed(response, allowed_5xx: tuple[int, ...]) -> None:  # noqa: ANN001
+def assert_well_formed(response, allowed_5xx: tuple[int, ...]) -> None:
     status = response.status_code
     assert status < 500 or status in allowed_5xx, f"{status}: {response.text[:500]}"
     if status >= 400:
@@ -52,7 +52,7 @@ def fuzz(
     path: str,
     mode: GenerationMode,
     max_examples: int,
-    prepare=None,  # noqa: ANN001
+    prepare=None,
     allowed_5xx: tuple[int, ...] = (),
 ) -> int:
     """Run up to `max_examples` generated requests against one operation; returns how many were sent."""
@@ -62,7 +62,7 @@ def fuzz(
 
     @settings(FUZZ, max_examples=max_examples)
     @given(operation.as_strategy(generation_mode=mode))
-    def run(case) -> None:  # noqa: ANN001
+    def run(case) -> None:
         if time.monotonic() > stop_at:
             return
         if prepare is not None:
@@ -93,7 +93,7 @@ def test_no_server_error_without_a_worker(
     assert gateway_without_worker.proc.poll() is None, gateway_without_worker.log_tail()
 
 
-def cheap(case) -> None:  # noqa: ANN001
+def cheap(case) -> None:
     """Point a generated body at the served model and cap its generation, so each example costs at most
     a few tokens on the worker; everything else is left as generated."""
     if not isinstance(case.body, dict):

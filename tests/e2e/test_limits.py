@@ -53,7 +53,7 @@ def test_four_stop_strings_are_fine(http: httpx.Client) -> None:
     assert response.status_code == 200, response.text
 
 
-def test_limits_follow_the_settings(worker: Service, log_dir) -> None:  # noqa: ANN001
+def test_limits_follow_the_settings(worker: Service, log_dir) -> None:
     env = {
         "GATEWAY_MAX_STOP": "1",
         "GATEWAY_MAX_MESSAGES": "2",

@@ -87,7 +87,7 @@ def paged_runner(
     return ModelRunner(model, num_blocks, block_size, attention_backend)
 
 
-def drive(scheduler: Scheduler, runner, max_steps: int = 10_000) -> list[SchedulerOutput]:  # noqa: ANN001
+def drive(scheduler: Scheduler, runner, max_steps: int = 10_000) -> list[SchedulerOutput]:
     """Run the scheduler with a runner until nothing is left; return every plan."""
     plans = []
     for _ in range(max_steps):

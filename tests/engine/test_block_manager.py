@@ -22,7 +22,7 @@ def test_allocation_fails_cleanly_when_out_of_blocks():
     assert request.block_ids == [] and bm.num_free_blocks == 2
 
 
-def _compute(bm: BlockManager, request, num_tokens: int) -> None:  # noqa: ANN001
+def _compute(bm: BlockManager, request, num_tokens: int) -> None:
     cached = bm.find_cached_prefix(request)
     assert bm.allocate(request, num_tokens - len(cached) * bm.block_size, cached)
     request.num_computed_tokens = num_tokens

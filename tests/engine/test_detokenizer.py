@@ -13,7 +13,7 @@ def tokenizer():
     return load_tokenizer(MODEL_DIR)
 
 
-def _stream(tokenizer, text: str, stop: list[str]) -> tuple[list[str], bool, IncrementalDetokenizer]:  # noqa: ANN001
+def _stream(tokenizer, text: str, stop: list[str]) -> tuple[list[str], bool, IncrementalDetokenizer]:
     detok = IncrementalDetokenizer(tokenizer, stop)
     deltas, stopped = [], False
     for token in tokenizer.encode(text):

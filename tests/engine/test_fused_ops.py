@@ -23,7 +23,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def ops():  # noqa: ANN201
+def ops():
     loaded = native_ops()
     assert loaded is not None, "the kernels are built by `make kernels`, a dependency of `make test`"
     return loaded
@@ -36,7 +36,7 @@ ROWS = [1, 3, 33]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("width", [64, 576, 37])
-def test_rms_norm_and_add_rms_norm(ops, dtype, rows, width):  # noqa: ANN001
+def test_rms_norm_and_add_rms_norm(ops, dtype, rows, width):
     gen = torch.Generator().manual_seed(rows * width)
     x = torch.randn(rows, width, generator=gen).to(dtype)
     residual = (3 * torch.randn(rows, width, generator=gen)).to(dtype)
@@ -53,7 +53,7 @@ def test_rms_norm_and_add_rms_norm(ops, dtype, rows, width):  # noqa: ANN001
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
-def test_rotary_in_place_on_fused_qkv(ops, dtype, rows):  # noqa: ANN001
+def test_rotary_in_place_on_fused_qkv(ops, dtype, rows):
     heads, kv_heads, dim, max_pos = 9, 3, 64, 300
     gen = torch.Generator().manual_seed(rows)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
@@ -84,7 +84,7 @@ def test_rotary_in_place_on_fused_qkv(ops, dtype, rows):  # noqa: ANN001
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("width", [1536, 20])
-def test_silu_and_mul(ops, dtype, rows, width):  # noqa: ANN001
+def test_silu_and_mul(ops, dtype, rows, width):
     gen = torch.Generator().manual_seed(rows + width)
     x = (4 * torch.randn(rows, 2 * width, generator=gen)).to(dtype)
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's clamped range and zero
@@ -94,7 +94,7 @@ def test_silu_and_mul(ops, dtype, rows, width):  # noqa: ANN001
     torch.testing.assert_close(out, F.silu(gate) * up, **_tol(dtype))
 
 
-def test_shape_and_dtype_errors(ops):  # noqa: ANN001
+def test_shape_and_dtype_errors(ops):
     x = torch.randn(2, 8)
     with pytest.raises(RuntimeError, match="float32 and bfloat16"):
         ops.rms_norm(x.double(), torch.ones(8, dtype=torch.double), EPS, torch.empty_like(x.double()))

@@ -27,7 +27,7 @@ def run_collecting_logits(
     max_num_seqs=8,
     linear_backend="auto",
     attention_backend="auto",
-):  # noqa: ANN001
+):
     """Greedy-decode the requests through scheduler + runner; return per-request {position: logits}."""
     scheduler = make_scheduler(
         num_blocks=num_blocks,
@@ -64,7 +64,7 @@ def run_collecting_logits(
     return logits_by_request, plans, scheduler
 
 
-def assert_matches_transformers(hf_model, requests, logits_by_request) -> None:  # noqa: ANN001
+def assert_matches_transformers(hf_model, requests, logits_by_request) -> None:
     for r in requests:
         with torch.no_grad():
             expected = hf_model(torch.tensor([r.all_token_ids])).logits[0]

@@ -9,7 +9,7 @@ from worker.attention import AttentionMetadata, _decode, resolve_attention_backe
 from worker.kernels import native_ops
 
 
-def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0):  # noqa: ANN001, ANN202
+def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 96
     k_cache = torch.randn(num_kv, num_blocks, block_size, head_dim, generator=gen).to(dtype)
@@ -22,7 +22,7 @@ def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0):  # 
     return q, k_cache, v_cache, tables, context_lens
 
 
-def _reference(q, k_cache, v_cache, tables, context_lens):  # noqa: ANN001, ANN202
+def _reference(q, k_cache, v_cache, tables, context_lens):
     block_size = k_cache.shape[2]
     span = torch.arange(tables.shape[1] * block_size)
     mask = (span.unsqueeze(0) >= context_lens.unsqueeze(1)).view(1, len(q), 1, -1)

@@ -64,7 +64,7 @@ def reference():
     return outputs
 
 
-async def _collect(engine, request_id, prompt, params, delay=0.0):  # noqa: ANN001
+async def _collect(engine, request_id, prompt, params, delay=0.0):
     await asyncio.sleep(delay)
     outputs = [o async for o in engine.generate(request_id, prompt, params)]
     return outputs

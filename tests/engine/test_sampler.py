@@ -8,7 +8,7 @@ from worker.sampler import build_batch, sample
 VOCAB = 50
 
 
-def _sample(logits, requests, generators=None):  # noqa: ANN001
+def _sample(logits, requests, generators=None):
     return sample(logits, build_batch(requests, generators or {}, VOCAB, torch.device("cpu")))
 
 
@@ -82,7 +82,7 @@ def test_logprobs_are_of_the_model_distribution_with_top_k_sorted():
     assert out.logprobs[1] is None
 
 
-def _run_seeded(hf_model, requests) -> dict:  # noqa: ANN001
+def _run_seeded(hf_model, requests) -> dict:
     scheduler = make_scheduler(num_blocks=256, block_size=16, max_num_batched_tokens=512)
     runner = paged_runner(hf_model, 256, 16)
     for r in requests:

@@ -8,7 +8,7 @@ from tests.engine.factories import ScriptedRunner, drive, make_request, make_sch
 from worker.request import RequestStatus
 
 
-def _assert_no_blocks_held(scheduler) -> None:  # noqa: ANN001
+def _assert_no_blocks_held(scheduler) -> None:
     bm = scheduler.block_manager
     assert bm.num_used_blocks == 0
     assert all(b.ref_count == 0 for b in bm.blocks)

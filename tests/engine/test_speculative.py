@@ -24,7 +24,7 @@ def test_only_plain_greedy_requests_speculate():
     assert not can_speculate(make_request(temperature=0.0, repetition_penalty=1.2))
 
 
-def _run(hf_model, requests, speculative_tokens: int) -> tuple[int, object]:  # noqa: ANN001
+def _run(hf_model, requests, speculative_tokens: int) -> tuple[int, object]:
     scheduler = make_scheduler(num_blocks=128, block_size=4, max_num_batched_tokens=64, max_model_len=400)
     scheduler.config.num_speculative_tokens = speculative_tokens
     runner = paged_runner(hf_model, 128, 4)

@@ -45,7 +45,7 @@ class GatedRunner(ScriptedRunner):
         self.gate.set()
         self.entered = threading.Event()
 
-    def execute(self, plan):  # noqa: ANN001, ANN201
+    def execute(self, plan):
         self.entered.set()
         self.gate.wait()
         return super().execute(plan)
@@ -70,12 +70,12 @@ async def run_one(engine: AsyncEngine, request_id: str, max_tokens: int, n: int 
     try:
         async for output in engine.generate(request_id, PromptInput(text=f"hello {request_id}"), params):
             finish = output.finish_reason or finish
-    except Exception as exc:  # noqa: BLE001 - the caller counts outcomes
+    except Exception as exc:  # the caller counts outcomes
         return type(exc).__name__
     return finish
 
 
-async def until(condition, timeout_s: float = 10.0) -> None:  # noqa: ANN001
+async def until(condition, timeout_s: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"

@@ -78,7 +78,7 @@ def test_context_length_is_named_by_reason_not_by_text() -> None:
         (grpc.StatusCode.INTERNAL, "INTERNAL", "", 500, None),
     ],
 )
-def test_gateway_side(code, reason, param, status, expected_param) -> None:  # noqa: ANN001
+def test_gateway_side(code, reason, param, status, expected_param) -> None:
     error = from_grpc(worker_error(code, reason, param), "messages")
     assert (error.status, error.param) == (status, expected_param)
     assert set(error.body()["error"]) == {"message", "type", "param", "code"}

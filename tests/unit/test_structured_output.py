@@ -18,16 +18,16 @@ MODEL_DIR = "models/SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():  # noqa: ANN201
+def tokenizer():
     return AutoTokenizer.from_pretrained(MODEL_DIR)
 
 
 @pytest.fixture(scope="module")
-def cache(tokenizer) -> GrammarCache:  # noqa: ANN001
+def cache(tokenizer) -> GrammarCache:
     return GrammarCache(tokenizer, [tokenizer.eos_token_id], len(tokenizer))
 
 
-def allowed_tokens(grammar, vocab: int) -> set[int]:  # noqa: ANN001
+def allowed_tokens(grammar, vocab: int) -> set[int]:
     bitmask = allocate_bitmask(1, vocab)
     grammar.fill_bitmask(bitmask, 0)
     logits = torch.zeros(1, vocab)
@@ -35,7 +35,7 @@ def allowed_tokens(grammar, vocab: int) -> set[int]:  # noqa: ANN001
     return set(torch.isfinite(logits[0]).nonzero().flatten().tolist())
 
 
-def test_choice_walk_and_eos(cache: GrammarCache, tokenizer) -> None:  # noqa: ANN001
+def test_choice_walk_and_eos(cache: GrammarCache, tokenizer) -> None:
     grammar = cache.matcher(GrammarSpec("choice", json.dumps(["yes", "no"])))
     allowed = allowed_tokens(grammar, cache.vocab_size)
     assert (
@@ -46,7 +46,7 @@ def test_choice_walk_and_eos(cache: GrammarCache, tokenizer) -> None:  # noqa: A
     assert allowed_tokens(grammar, cache.vocab_size) == {tokenizer.eos_token_id}  # done: only EOS
 
 
-def test_json_schema_cached_and_independent(cache: GrammarCache, tokenizer) -> None:  # noqa: ANN001
+def test_json_schema_cached_and_independent(cache: GrammarCache, tokenizer) -> None:
     spec = GrammarSpec(
         "json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
     )

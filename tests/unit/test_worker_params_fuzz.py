@@ -57,7 +57,7 @@ def proto_params(draw: st.DrawFn) -> pb.SamplingParams:
     return pb.SamplingParams(**fields)
 
 
-def accepted(proto: pb.SamplingParams):  # noqa: ANN201
+def accepted(proto: pb.SamplingParams):
     """The SamplingParams the worker would run with, or None when it refuses them as the client's error."""
     try:
         params = params_from_proto(proto)
