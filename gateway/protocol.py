@@ -27,7 +27,6 @@ UNSUPPORTED_FIELDS = {
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
-    "prompt_logprobs": "prompt_logprobs is not supported",
 }
 # Accepted and ignored (they do not change the output); each is logged once per process.
 IGNORED_FIELDS = {
@@ -216,6 +215,10 @@ class _SamplingRequest(_Strict):
     def completion_limit(self) -> int | None:
         return self.max_tokens
 
+    def num_prompt_logprobs(self) -> int | None:
+        """None: no prompt logprobs; k: each prompt token's logprob and the top k (completions only)."""
+        return None
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -239,6 +242,13 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _check_prompt_logprobs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("prompt_logprobs") is not None:
+            raise ValueError("prompt_logprobs: prompt_logprobs is only supported on /v1/completions")
+        return data
+
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
@@ -258,6 +268,7 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = None
     suffix: str | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's
 
     @model_validator(mode="after")
     def _check_supported(self) -> CompletionRequest:
@@ -284,6 +295,16 @@ class CompletionRequest(_SamplingRequest):
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """echo with logprobs: the prompt's tokens lead the legacy logprobs, as in OpenAI's API."""
+        return bool(self.echo) and self.logprobs is not None
+
+    def num_prompt_logprobs(self) -> int | None:
+        """What the worker computes: enough for both `prompt_logprobs` and echo's logprobs."""
+        wanted = [self.prompt_logprobs, self.logprobs if self.echo_logprobs else None]
+        return max((k for k in wanted if k is not None), default=None)
 
 
 RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)

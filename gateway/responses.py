@@ -71,6 +71,34 @@ def completion_logprobs(positions: list[worker_pb2.PositionLogprobs], text_offse
     }
 
 
+def echo_logprobs(prompt: Positions, num_top: int) -> dict[str, Any]:
+    """The prompt's part of legacy logprobs with `echo` (as OpenAI's): the first token has no logprob."""
+    out = completion_logprobs(prompt, 0)
+    out["token_logprobs"][:1] = [None]
+    out["top_logprobs"] = [None] + [
+        {t.token: _logprob(t.logprob) for t in p.top[:num_top]} for p in prompt[1:]
+    ]
+    return out
+
+
+def _ranked(t: worker_pb2.TokenLogprob) -> dict[str, Any]:
+    return {"logprob": _logprob(t.logprob), "rank": t.rank, "decoded_token": t.token}
+
+
+def prompt_logprobs(prompt: Positions, num_top: int) -> list[dict[str, Any] | None] | None:
+    """vLLM's shape: None for the first prompt token, then {token id: {logprob, rank, decoded_token}} for
+    the prompt token and the top `num_top` (num_top entries when the prompt token is among them, else +1)."""
+    if not prompt:
+        return None
+    out: list[dict[str, Any] | None] = [None]
+    for p in prompt[1:]:
+        entry = {str(p.chosen.token_id): _ranked(p.chosen)}
+        for t in p.top[:num_top]:
+            entry.setdefault(str(t.token_id), _ranked(t))
+        out.append(entry)
+    return out
+
+
 @dataclass
 class ChoiceState:
     """What one choice has produced so far."""
@@ -80,6 +108,7 @@ class ChoiceState:
     num_chars: int = 0
     finish_reason: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed from the text, OpenAI shape
+    prompt_logprobs: list[worker_pb2.PositionLogprobs] = field(default_factory=list)  # every prompt position
 
     @property
     def text(self) -> str:
@@ -124,6 +153,8 @@ class ResponseMeta:
     num_logprobs: int | None
     include_usage: bool = False
     echo: list[str] | None = None  # completions with echo: each choice's prompt text, put before its output
+    echo_logprobs: bool = False  # completions with echo and logprobs: the prompt's tokens lead the logprobs
+    prompt_logprobs: int | None = None  # completions: vLLM's `prompt_logprobs` field, with this many top ones
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -142,10 +173,22 @@ class ResponseMeta:
         delta = {"role": "assistant", "content": ""}
         return self.chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
 
-    def render_logprobs(self, positions: Positions, offset: int) -> Json | None:
+    def render_logprobs(self, positions: Positions, offset: int, prompt: Positions = ()) -> Json | None:
+        """`prompt`: the prompt's positions, on a choice's first chunk when they were asked for."""
         if self.num_logprobs is None:
             return None
-        return chat_logprobs(positions) if self.chat else completion_logprobs(positions, offset)
+        if self.chat:
+            return chat_logprobs(positions)
+        out = completion_logprobs(positions, offset)
+        if self.echo_logprobs and prompt:
+            head = echo_logprobs(prompt, self.num_logprobs)
+            out = {key: head[key] + values for key, values in out.items()}
+        return out
+
+    def add_prompt_logprobs(self, choice: Json, prompt: Positions) -> Json:
+        if self.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(prompt, self.prompt_logprobs)
+        return choice
 
     def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Json | None) -> Json:
         if self.chat:
@@ -180,9 +223,10 @@ class ResponseMeta:
             else:
                 prefix = self.echo[index] if self.echo else ""
                 choice["text"] = prefix + state.text
-            choice["logprobs"] = self.render_logprobs(state.logprobs, 0)
+            offset = 0 if self.chat else len(self.echo[index]) if self.echo else 0
+            choice["logprobs"] = self.render_logprobs(state.logprobs, offset, state.prompt_logprobs)
             choice["finish_reason"] = finish
-            rendered.append(choice)
+            rendered.append(self.add_prompt_logprobs(choice, state.prompt_logprobs))
         return {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",

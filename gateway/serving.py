@@ -76,7 +76,8 @@ class Serving:
         req: CompletionRequest = await self._parse(raw, CompletionRequest)
         meta = self._meta("cmpl", req, chat=False)
         prompts = req.prompts()
-        single = prompts[0] if len(prompts) == 1 and not req.echo else None
+        # Prompt logprobs are computed by the worker, never cached: such a request does not ask the cache.
+        single = prompts[0] if len(prompts) == 1 and not req.echo and req.prompt_logprobs is None else None
         text_prompt = single if isinstance(single, str) else None
         decision = await self.cache.decide(raw.headers, req, req.model, prompt=text_prompt)
         if req.echo:
@@ -97,6 +98,8 @@ class Serving:
             chat=chat,
             num_logprobs=req.num_logprobs(),
             include_usage=bool(req.stream) and req.include_usage,
+            echo_logprobs=getattr(req, "echo_logprobs", False),
+            prompt_logprobs=getattr(req, "prompt_logprobs", None),
         )
 
     async def _respond(
@@ -154,6 +157,8 @@ class Serving:
                     state.text_parts.append(chunk.text)
                 if meta.num_logprobs is not None:
                     state.logprobs.extend(chunk.logprobs)
+                if chunk.prompt_logprobs:
+                    state.prompt_logprobs = list(chunk.prompt_logprobs)
                 if chunk.finish_reason:
                     state.finish_reason = chunk.finish_reason
                     usage.add(chunk.usage, chunk.index)
@@ -197,9 +202,10 @@ class Serving:
             finish: str | None = None
             async for chunk in stream.chunks():
                 finish = chunk.finish_reason or None
-                if not chunk.text and finish is None and not chunk.logprobs:
+                prompt = list(chunk.prompt_logprobs)  # a choice's first chunk, when asked for
+                if not chunk.text and finish is None and not chunk.logprobs and not prompt:
                     continue
-                logprobs = meta.render_logprobs(list(chunk.logprobs), offsets[chunk.index])
+                logprobs = meta.render_logprobs(list(chunk.logprobs), offsets[chunk.index], prompt)
                 offsets[chunk.index] += sum(len(p.chosen.token) for p in chunk.logprobs)
                 if finish is not None:
                     usage.add(chunk.usage, chunk.index)
@@ -223,7 +229,10 @@ class Serving:
                             finish = "tool_calls" if finish == "stop" else finish
                     if not text and finish is None and not logprobs:
                         continue
-                pending.append(sse(meta.chunk([meta.delta_choice(chunk.index, text, finish, logprobs)])))
+                choice = meta.delta_choice(chunk.index, text, finish, logprobs)
+                if prompt:
+                    meta.add_prompt_logprobs(choice, prompt)
+                pending.append(sse(meta.chunk([choice])))
                 if open_choices > 0:
                     yield "".join(pending)
                     pending.clear()

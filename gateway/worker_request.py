@@ -36,6 +36,9 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest) -> worker_pb
     num_logprobs = req.num_logprobs()
     if num_logprobs is not None:
         params.logprobs = num_logprobs
+    num_prompt_logprobs = req.num_prompt_logprobs()
+    if num_prompt_logprobs is not None:
+        params.prompt_logprobs = num_prompt_logprobs
     params.stop_token_ids.extend(req.stop_token_ids or [])
     for token, bias in (req.logit_bias or {}).items():
         params.logit_bias[int(token)] = bias

@@ -39,7 +39,8 @@ class RequestOutput:
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     usage: Usage | None = None
-    # Prompt positions 1..P-1 (position 0 has none), on the first output of a choice that asked for them.
+    # Every prompt position (position 0: its token only, rank 0), on the first output of a choice that
+    # asked for them.
     prompt_logprobs: list[PositionLogprobs] | None = None
 
     @property

@@ -78,8 +78,9 @@ def assert_prompt_logprobs(hf_model, prompt: list[int], choice_outputs: list[Req
     """Only the first output of the choice carries them, and they match transformers."""
     first, *rest = choice_outputs
     assert all(o.prompt_logprobs is None for o in rest)
-    got = first.prompt_logprobs
-    assert got is not None and len(got) == len(prompt) - 1
+    assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(prompt)
+    head, *got = first.prompt_logprobs
+    assert (head.chosen.token_id, head.chosen.rank, head.top) == (prompt[0], 0, [])
     with torch.no_grad():
         expected = hf_model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
     for position, entry in enumerate(got, start=1):
@@ -127,7 +128,8 @@ def test_prefix_cache_is_bypassed_until_they_are_out(hf_model) -> None:  # noqa:
 def test_single_token_prompt_and_max_tokens_one(hf_model) -> None:  # noqa: ANN001
     engine = make_engine(hf_model)
     outputs = run(engine, {"one": ([42], params(2, max_tokens=1)), "two": ([42, 7], params(2, max_tokens=1))})
-    assert outputs["one"][0].prompt_logprobs == [] and outputs["one"][0].finished
+    (only,) = outputs["one"][0].prompt_logprobs
+    assert only.chosen.token_id == 42 and only.chosen.rank == 0 and outputs["one"][0].finished
     assert_prompt_logprobs(hf_model, [42, 7], outputs["two"], 2)
 
 
