@@ -16,11 +16,9 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -34,11 +32,10 @@ from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key
 from gateway.cache_client import SemanticCacheClient, build_cache_key
+from services import launch
 from services.gen import cache_pb2, cache_pb2_grpc
-from tests.support.net import OWN_ENV_PREFIXES, ROOT, free_port, grpc_serving
-from tests.support.processes import redis_argv
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = launch.MODEL_NAME
 E2E_ROUNDS = 10  # each stored question and its rewording asked this many times: 100 semantic hits
 SCOPE = "bench-tenant"
 GREEDY = {"temperature": 0.0, "max_tokens": 32}
@@ -64,39 +61,6 @@ CONVERSATIONS = [
     ),
 ]
 MISSES = [f"Tell me something interesting about topic number {i} in astronomy" for i in range(40)]
-
-
-def wait(
-    ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout_s: float = 300
-) -> float:
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            if ready():
-                return time.perf_counter() - started
-        except Exception:  # not up yet
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} not ready after {timeout_s} s")
-
-
-def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(OWN_ENV_PREFIXES)}
-    full |= env | {"HF_HUB_OFFLINE": "1"}
-    with log.open("ab") as fh:
-        return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=fh, stderr=subprocess.STDOUT)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def chat_key(question: str, scope: str = SCOPE) -> cache_pb2.CacheKey:
@@ -192,16 +156,10 @@ def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     bulk_load(r, n, tenants)
-    port, mport = free_port(), free_port()
-    addr = f"127.0.0.1:{port}"
-    metrics_url = f"http://127.0.0.1:{mport}/metrics"
-    proc = spawn(
-        [sys.executable, "-m", "cache_service"],
-        {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": str(mport), "REDIS_URL": redis_url},
-        tmp / "cache.log",
-    )
+    service = launch.cache_service("cache", tmp, redis_url)
+    addr, metrics_url = service.addr, launch.metrics_url(service, "CACHE_METRICS_PORT")
     try:
-        startup = wait(lambda: grpc_serving(addr), proc, "cache service")
+        startup = service.start(timeout_s=300).startup_s
         with grpc.insecure_channel(addr) as ch:
             stub = cache_pb2_grpc.SemanticCacheStub(ch)
             for stored, _ in REAL:
@@ -218,7 +176,7 @@ def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str
             entries = stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5).entries
         cold = asyncio.run(cold_client_lookups(addr, 20))
     finally:
-        stop(proc)
+        service.stop()
     where = f"{entries:,} in {tenants} tenant{'s' if tenants > 1 else ''}"
     inside = {k: (after[k][0] - before[k][0]) / max(after[k][1] - before[k][1], 1) * 1000 for k in after}
     rows.append(
@@ -234,43 +192,18 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
     """Hit vs miss through the gateway: each question asked twice (miss, then hit), greedy, 32 tokens max."""
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
-    cport, wport, gport = free_port(), free_port(), free_port()
-    procs = []
+    started: list[launch.Service] = []
     try:
-        procs.append(
-            spawn(
-                [sys.executable, "-m", "cache_service"],
-                {"CACHE_PORT": str(cport), "CACHE_METRICS_PORT": "0", "REDIS_URL": redis_url},
-                tmp / "cache-e2e.log",
-            )
+        cache = launch.start_cache_service("cache-e2e", tmp, redis_url, CACHE_METRICS_PORT="0")
+        started.append(cache)
+        worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8")
+        started.append(worker)
+        gateway = launch.start_gateway(
+            "gateway", tmp, worker.addr, CACHE_ENABLED="true", CACHE_ADDR=cache.addr
         )
-        wait(lambda: grpc_serving(f"127.0.0.1:{cport}"), procs[-1], "cache service")
-        procs.append(
-            spawn(
-                [sys.executable, "-m", "worker"],
-                {
-                    "WORKER_PORT": str(wport),
-                    "WORKER_METRICS_PORT": str(free_port()),
-                    "WORKER_KV_CACHE_GB": "0.25",
-                    "WORKER_MAX_NUM_SEQS": "8",
-                },
-                tmp / "worker.log",
-            )
-        )
-        wait(lambda: grpc_serving(f"127.0.0.1:{wport}"), procs[-1], "worker")
-        procs.append(
-            spawn(
-                [sys.executable, "-m", "gateway"],
-                {
-                    "GATEWAY_PORT": str(gport),
-                    "WORKER_ADDR": f"127.0.0.1:{wport}",
-                    "CACHE_ADDR": f"127.0.0.1:{cport}",
-                },
-                tmp / "gateway.log",
-            )
-        )
-        base = f"http://127.0.0.1:{gport}"
-        wait(lambda: httpx.get(f"{base}/ready", timeout=1).status_code == 200, procs[-1], "gateway")
+        started.append(gateway)
+        gateway.wait_until(lambda: launch.http_ok(f"{gateway.addr}/ready"))
+        base = gateway.addr
         miss_t: list[float] = []
         hit_t: list[float] = []
         sem_t: list[float] = []
@@ -304,8 +237,8 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
                     hit_t.append(ask(question, "hit"))
                     sem_t.append(ask(paraphrase, "hit"))
     finally:
-        for p in reversed(procs):
-            stop(p)
+        for service in reversed(started):
+            service.stop()
     m_hit, m_miss, m_sem = statistics.median(hit_t), statistics.median(miss_t), statistics.median(sem_t)
     return [
         "| path | requests | p50 ms | p99 ms |",
@@ -392,11 +325,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        rport = free_port()
-        redis_url = f"redis://127.0.0.1:{rport}/0"
-        rproc = spawn(redis_argv(rport, tmp), {}, tmp / "redis.log")
+        rservice, redis_url = launch.start_redis(tmp)
         try:
-            wait(lambda: redis.Redis.from_url(redis_url).ping(), rproc, "redis")
             rows = [
                 "| entries | semantic hit p50 / p99 ms | miss (embed + scan) p50 / p99 ms "
                 "| exact hit p50 / p99 ms | first lookup of a new client p50 / max ms "
@@ -407,7 +337,7 @@ def main() -> None:
                 measure_size(n, tenants, redis_url, tmp, rows)
             e2e = [] if args.no_gateway else gateway_e2e(redis_url, tmp)
         finally:
-            stop(rproc)
+            rservice.stop()
     scan = scan_only(sorted({n // t for n, t in sizes}))
     embed = embed_only()
     lines = [

@@ -33,7 +33,7 @@ import psutil
 
 from bench.report import median, write_section
 from services.gen import worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import MODEL_NAME, Service, start_gateway, start_worker
+from services.launch import MODEL_NAME, Service, start_gateway, start_worker
 from worker.async_engine import AsyncEngine
 from worker.outputs import PromptInput
 from worker.sampling_params import SamplingParams

@@ -31,10 +31,9 @@ import redis
 
 from bench.report import write_section
 from services.gen import worker_pb2, worker_pb2_grpc
-from tests.support.net import free_port, grpc_serving
-from tests.support.processes import Service, redis_argv
+from services.launch import MODEL_NAME, Service, free_port, grpc_serving, redis_argv
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = MODEL_NAME
 TOPICS = ("rivers", "owls", "bread", "glaciers", "chess", "tides", "copper", "lanterns", "maps", "bees")
 # Asked again and again at temperature 0: after the first answer, the semantic cache serves them.
 REPEATED = tuple(f"In one sentence, what are {topic}?" for topic in TOPICS[:6])

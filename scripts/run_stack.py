@@ -12,26 +12,30 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import grpc
-import httpx
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ROOT = Path(__file__).resolve().parents[1]
+from services.launch import (
+    ROOT,
+    STOP_TIMEOUT_S,
+    StartError,
+    grpc_serving,
+    http_ok,
+    port_in_use,
+    stop_process,
+    wait_ready,
+)
+
 RUN_DIR = ROOT / ".run"
 PORT_STRIDE = 10  # worker i listens on WORKER_PORT + 10 i (metrics: WORKER_METRICS_PORT + 10 i)
 START_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 45.0  # longer than the services' 30 s drain
 WATCH_PERIOD_S = 0.2
 
 
@@ -108,54 +112,26 @@ class Child:
     def stop(self) -> None:
         if not self.alive:
             return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            say(f"{self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killing it")
-            self.proc.kill()
-            self.proc.wait()
+        started = time.monotonic()
+        stop_process(self.proc, STOP_TIMEOUT_S)
+        if time.monotonic() - started >= STOP_TIMEOUT_S:
+            say(f"{self.name} did not stop in {STOP_TIMEOUT_S:.0f}s; killed it")
 
 
 def say(message: str) -> None:
     print(f"[run] {message}", flush=True)
 
 
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def grpc_serving(addr: str) -> bool:
-    try:
-        with grpc.insecure_channel(addr) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
-    except grpc.RpcError:
-        return False
-
-
-def http_ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def wait_healthy(child: Child, check: Callable[[], bool], stopping: threading.Event) -> bool:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and not stopping.is_set():
-        if not child.alive:
-            say(f"{child.name} exited during start-up (code {child.proc.returncode if child.proc else '?'})")
-            return False
-        if check():
-            return True
-        time.sleep(0.3)
-    if not stopping.is_set():
-        say(f"{child.name} is not healthy after {START_TIMEOUT_S:.0f}s; leaving it running")
-    return False
+    """services/launch.py's wait; a child that is not healthy in time is left running (and said so)."""
+    assert child.proc is not None
+    try:
+        wait_ready(child.proc, check, child.name, START_TIMEOUT_S, stopping=stopping, poll_s=0.3)
+        return True
+    except StartError as exc:
+        if not stopping.is_set():
+            say(str(exc).strip() + ("; leaving it running" if child.alive else ""))
+        return False
 
 
 class Stack:

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
-
 from services.gen import worker_pb2, worker_pb2_grpc
+from services.grpc_server import GrpcServer, wait_for_stop_signal
 from services.logs import configure_logging
 from worker.async_engine import AsyncEngine
 from worker.metrics import start_metrics_server
-from worker.server import WorkerServicer
+from worker.servicer import WorkerServicer
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker")
@@ -32,27 +27,17 @@ HEALTH_POLL_S = 0.25
 DRAIN_POLL_S = 0.1
 SHUTDOWN_GRACE_S = 1.0  # after the drain: calls still open are cut after this
 MAX_CONNECTION_AGE_MS = 30_000  # see serve(): lets clients of a scaled service find new replicas
-SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def engine_serving(engine: AsyncEngine) -> bool:
     return engine.is_running and not engine.is_stalled
 
 
-async def _watch_engine(engine: AsyncEngine, health: HealthServicer) -> None:
-    """Follow the engine's state in grpc.health: NOT_SERVING when its loop dies or stalls, SERVING
-    again when a stalled loop moves, so health checks, run_stack and the gateway's /ready see it."""
-    serving = True
-    while True:
-        ok = engine_serving(engine)
-        if ok != serving:
-            status = SERVING if ok else NOT_SERVING
-            for name in ("", SERVICE_NAME):
-                await health.set(name, status)
-            if engine.is_running:
-                log.warning("engine %s", "moving again: SERVING" if ok else "stalled: NOT_SERVING")
-            serving = ok
-        await asyncio.sleep(HEALTH_POLL_S)
+def _log_engine_health(engine: AsyncEngine, serving: bool) -> None:
+    """Health follows the engine (services/grpc_server.py), so health checks, run_stack and the gateway's
+    /ready see a loop that died or stalled; a stall that clears is SERVING again."""
+    if engine.is_running:
+        log.warning("engine %s", "moving again: SERVING" if serving else "stalled: NOT_SERVING")
 
 
 async def drain(engine: AsyncEngine, timeout_s: float) -> int:
@@ -78,22 +63,14 @@ async def serve(settings: WorkerSettings) -> None:
     # max_connection_age: every client connection is closed (GOAWAY; calls in flight finish) after about
     # 30 s, so a gateway whose dns:/// target resolves to several replicas re-resolves and finds replicas
     # added since (`--scale worker=N`, a Deployment scaled up); without it, it asks DNS only after a failure.
-    server = grpc.aio.server(
-        options=[("grpc.so_reuseport", 0), ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS)]
+    server = GrpcServer(
+        SERVICE_NAME, [("grpc.so_reuseport", 0), ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS)]
     )
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, settings.stream_interval), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    for name in ("", SERVICE_NAME):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
+    servicer = WorkerServicer(engine, settings.stream_interval)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     address = f"{settings.host}:{settings.port}"
-    server.add_insecure_port(address)
-    await server.start()
-    watcher = asyncio.create_task(_watch_engine(engine, health))
+    await server.start(address)
+    server.watch(lambda: engine_serving(engine), HEALTH_POLL_S, lambda ok: _log_engine_health(engine, ok))
     info = engine.model_info
     log.info(
         "worker serving %s on %s (metrics :%d, %d KV blocks of %d tokens, max_model_len %d)",
@@ -105,19 +82,13 @@ async def serve(settings: WorkerSettings) -> None:
         info.max_model_len,
     )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-    watcher.cancel()
-    await health.enter_graceful_shutdown()
+    await wait_for_stop_signal()
+    await server.begin_shutdown()
     log.info("draining %d request(s) for up to %.0f s", engine.num_in_flight, settings.drain_timeout_s)
     left = await drain(engine, settings.drain_timeout_s)
     log.info("shutting down (%d request(s) cut off)", left)
     await engine.shutdown()  # fails what is left, so their calls end with UNAVAILABLE
-    await server.stop(SHUTDOWN_GRACE_S)
+    await server.server.stop(SHUTDOWN_GRACE_S)
     metrics.close()
 
 

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.net import free_port, grpc_serving
-from tests.support.processes import Service as Proc
-from tests.support.processes import redis_argv
+from services import launch
+from services.launch import Service as Proc
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, str]:
-    import redis
-
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    proc = Proc(
-        f"redis-{port}",
-        redis_argv(port, log_dir),
-        {},
-        log_dir / f"redis-{port}.log",
-        lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping()),
-    )
-    return proc.start(), url
+    return launch.start_redis(log_dir)
 
 
 @dataclass
@@ -34,19 +21,6 @@ class CacheService:
 
 
 def start_cache_service(log_dir: Path, redis_url: str, name: str = "cache", **env: str) -> CacheService:
-    port, metrics_port = free_port(), free_port()
-    addr = f"127.0.0.1:{port}"
-    full_env = {
-        "CACHE_PORT": str(port),
-        "CACHE_METRICS_PORT": str(metrics_port),
-        "REDIS_URL": redis_url,
-    } | env
-    proc = Proc(
-        name,
-        [sys.executable, "-m", "cache_service"],
-        full_env,
-        log_dir / f"{name}-{port}.log",
-        lambda: grpc_serving(addr),
-    )
-    proc.start()
-    return CacheService(proc, addr, f"http://127.0.0.1:{metrics_port}/metrics")
+    port = env.pop("CACHE_PORT", None) or str(launch.free_port())
+    proc = launch.start_cache_service(f"{name}-{port}", log_dir, redis_url, CACHE_PORT=port, **env)
+    return CacheService(proc, proc.addr, launch.metrics_url(proc, "CACHE_METRICS_PORT"))

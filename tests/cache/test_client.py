@@ -12,8 +12,8 @@ from gateway.cache_client import SemanticCacheClient, build_cache_key, params_fi
 from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.semantic import SemanticCacheGate, output_params
 from gateway.settings import GatewaySettings
+from services.launch import free_port
 from tests.cache.procs import CacheService
-from tests.support.net import free_port
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

@@ -16,7 +16,8 @@ import pytest
 
 from services.gen import worker_pb2 as pb
 from services.gen import worker_pb2_grpc
-from tests.e2e.conftest import MODEL_NAME, Service, start_gateway, wait_for_idle
+from services.launch import MODEL_NAME, Service, start_gateway
+from tests.e2e.conftest import wait_for_idle
 
 LONG = pb.SamplingParams(max_tokens=1500, ignore_eos=True, temperature=0.0)
 ERROR_TRAILER = "llmserve-error-bin"

@@ -22,17 +22,10 @@ import pytest
 
 from services.gen import worker_pb2 as pb
 from services.gen import worker_pb2_grpc
-from tests.e2e.conftest import (
-    MODEL_NAME,
-    Service,
-    http_ok,
-    start_gateway,
-    start_worker,
-    wait_for_idle,
-    wait_until,
-)
+from services.launch import MODEL_NAME, Service, grpc_serving, http_ok, start_gateway, start_worker
+from tests.e2e.conftest import wait_for_idle
 from tests.e2e.test_deadlines import reason_of
-from tests.support.net import grpc_serving, wait_for
+from tests.support.net import wait_for
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me a story."}]}
 EXIT_TIMEOUT_S = 30
@@ -89,7 +82,7 @@ def held_worker(log_dir: Path, stall_file: Path) -> Iterator[Service]:
 @pytest.fixture(scope="module")
 def draining_gateway(held_worker: Service, log_dir: Path) -> Iterator[Service]:
     service = start_gateway("gateway-drain", log_dir, held_worker.addr)
-    wait_until(service, lambda: http_ok(f"{service.addr}/ready"))
+    service.wait_until(lambda: http_ok(f"{service.addr}/ready"))
     yield service
     service.stop()
 

@@ -1,27 +1,20 @@
-"""The gateway's semantic cache wiring against a real Redis and a real cache service."""
+"""The gateway's semantic cache end to end: gateway + worker + cache service + Redis as real processes.
+Hit and miss headers, exact and reworded hits (plain and streamed), who never shares an answer (another
+tenant, a different question, hot sampling, n, logprobs, the bypass header), and the gateway serving from
+the worker while the cache service is down."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import (
-    MODEL_NAME,
-    ROOT,
-    Service,
-    free_port,
-    grpc_serving,
-    start_gateway,
-    start_service,
-    wait_until,
-)
+from services.launch import MODEL_NAME, Service, start_cache_service, start_gateway, start_redis
 
 QUESTION = {
     "model": MODEL_NAME,
@@ -32,38 +25,15 @@ QUESTION = {
 
 
 @pytest.fixture(scope="module")
-def redis_url(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    data_dir = tmp_path_factory.mktemp("redis")
-    args = [
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        str(data_dir),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    log_path = log_dir / "redis.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(ROOT / ".venv/bin/redis-server"), *args], stdout=log, stderr=subprocess.STDOUT
-        )
-    service = Service("redis", proc, log_path, f"127.0.0.1:{port}")
-    wait_until(service, lambda: redis.Redis(host="127.0.0.1", port=port).ping(), timeout_s=30)
-    yield f"redis://127.0.0.1:{port}/0"
+def redis_url(log_dir: Path) -> Iterator[str]:
+    service, url = start_redis(log_dir)
+    yield url
     service.stop()
 
 
 @pytest.fixture(scope="module")
 def cache_service(redis_url: str, log_dir: Path) -> Iterator[Service]:
-    port = free_port()
-    env = {"CACHE_PORT": str(port), "CACHE_METRICS_PORT": str(free_port()), "REDIS_URL": redis_url}
-    service = start_service("cache", "cache_service", env, f"127.0.0.1:{port}", log_dir)
-    wait_until(service, lambda: grpc_serving(service.addr))
+    service = start_cache_service("cache", log_dir, redis_url)
     yield service
     service.stop()
 
@@ -83,55 +53,93 @@ def cached_gateway(worker: Service, cache_service: Service, log_dir: Path) -> It
 
 
 def ask(gateway: Service, body: dict, headers: dict | None = None) -> httpx.Response:
-    response = httpx.post(f"{gateway.addr}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    response = httpx.post(f"{gateway.addr}/v1/chat/completions", json=body, headers=headers, timeout=120)
     assert response.status_code == 200, response.text
     return response
 
 
-def test_miss_then_hit(cached_gateway: Service) -> None:
-    first = ask(cached_gateway, QUESTION)
-    assert first.headers["x-semantic-cache"] == "miss"
-    deadline = time.monotonic() + 20  # the store runs in the background
-    while (again := ask(cached_gateway, QUESTION)).headers["x-semantic-cache"] != "hit":
+def question(text: str, **fields: object) -> dict:
+    return QUESTION | {"messages": [{"role": "user", "content": text}]} | fields
+
+
+def first_hit(gateway: Service, body: dict) -> httpx.Response:
+    """The store after a miss runs in the background: ask again (bounded) until it has landed."""
+    deadline = time.monotonic() + 20
+    while (again := ask(gateway, body)).headers["x-semantic-cache"] != "hit":
         assert time.monotonic() < deadline, "the answer was never stored"
         time.sleep(0.2)
+    return again
+
+
+def streamed_text(gateway: Service, body: dict) -> str:
+    with httpx.stream("POST", f"{gateway.addr}/v1/chat/completions", json=body, timeout=60) as streamed:
+        assert streamed.headers["x-semantic-cache"] == "hit"
+        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    return "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
+
+
+def test_miss_then_exact_reworded_and_streamed_hits(cached_gateway: Service) -> None:
+    first = ask(cached_gateway, QUESTION)
+    assert first.headers["x-semantic-cache"] == "miss"
+    again = first_hit(cached_gateway, QUESTION)
     assert float(again.headers["x-semantic-cache-similarity"]) > 0.99
     body, cached = first.json(), again.json()
     assert cached["choices"][0]["message"] == body["choices"][0]["message"]
     assert cached["choices"][0]["finish_reason"] == body["choices"][0]["finish_reason"]
     assert cached["usage"]["completion_tokens"] == body["usage"]["completion_tokens"]
     assert cached["object"] == "chat.completion" and cached["id"] != body["id"]
+    text = body["choices"][0]["message"]["content"]
 
-    with httpx.stream(
-        "POST", f"{cached_gateway.addr}/v1/chat/completions", json=QUESTION | {"stream": True}, timeout=60
-    ) as streamed:
-        assert streamed.headers["x-semantic-cache"] == "hit"
-        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    assert text == body["choices"][0]["message"]["content"]
+    reworded = ask(cached_gateway, question("Which city is the capital of France?"))
+    assert reworded.headers["x-semantic-cache"] == "hit"
+    assert 0 < float(reworded.headers["x-semantic-cache-similarity"]) < 1
+    assert reworded.json()["choices"][0]["message"]["content"] == text
+
+    assert streamed_text(cached_gateway, QUESTION | {"stream": True}) == text
 
 
 def test_bypass_cases(cached_gateway: Service) -> None:
     bypass = {"X-Semantic-Cache": "bypass"}
     assert ask(cached_gateway, QUESTION, bypass).headers["x-semantic-cache"] == "bypass"
     assert ask(cached_gateway, QUESTION | {"temperature": 1.0}).headers["x-semantic-cache"] == "bypass"
+    assert ask(cached_gateway, QUESTION | {"temperature": 0.8}).headers["x-semantic-cache"] == "bypass"
     assert ask(cached_gateway, QUESTION | {"n": 2}).headers["x-semantic-cache"] == "bypass"
     assert ask(cached_gateway, QUESTION | {"logprobs": True}).headers["x-semantic-cache"] == "bypass"
 
 
-def test_answers_are_scoped_per_user(cached_gateway: Service) -> None:
-    body = QUESTION | {"user": "someone-else"}
-    assert ask(cached_gateway, body).headers["x-semantic-cache"] == "miss"
+def test_hard_negative_and_other_tenants_go_to_the_worker(cached_gateway: Service) -> None:
+    dark_on = question("How do I turn on dark mode?", user="tester")
+    ask(cached_gateway, dark_on)
+    first_hit(cached_gateway, dark_on)
+    off = question("How do I turn off dark mode?", user="tester")
+    assert ask(cached_gateway, off).headers["x-semantic-cache"] == "miss"
+    assert ask(cached_gateway, dark_on | {"user": "someone-else"}).headers["x-semantic-cache"] == "miss"
+    assert ask(cached_gateway, QUESTION | {"user": "someone-else"}).headers["x-semantic-cache"] == "miss"
 
 
 def test_gateway_serves_without_the_cache(cached_gateway: Service, cache_service: Service) -> None:
+    first_hit(cached_gateway, QUESTION)  # a hit while the cache is up
     cache_service.stop()
+    started = time.monotonic()
     response = ask(cached_gateway, QUESTION | {"user": "after-the-cache-died"})
     assert response.headers["x-semantic-cache"] == "miss"
     assert response.json()["choices"][0]["message"]["content"]
-    metrics = httpx.get(f"{cached_gateway.addr}/metrics", timeout=30).text
-    assert 'llmserve_gateway_semantic_cache_requests_total{result="error"}' in metrics
-    assert 'llmserve_gateway_semantic_cache_requests_total{result="hit"}' in metrics
+    assert time.monotonic() - started < 60
+    again = ask(cached_gateway, QUESTION)  # a hit before: now answered by the worker
+    assert again.headers["x-semantic-cache"] != "hit"
+    assert cache_requests(cached_gateway, "error") >= 1
+    assert cache_requests(cached_gateway, "hit") >= 1
+
+
+def cache_requests(gateway: Service, result: str) -> float:
+    """The gateway's llmserve_gateway_semantic_cache_requests_total for one result (exported from 0)."""
+    text = httpx.get(f"{gateway.addr}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "llmserve_gateway_semantic_cache_requests_total":
+                if sample.labels.get("result") == result:
+                    return sample.value
+    raise AssertionError(f"no semantic cache series for result={result!r}")

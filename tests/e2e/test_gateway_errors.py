@@ -16,7 +16,8 @@ import pytest
 from gateway.worker_pool import DOWN_FOR_S
 from services.gen import worker_pb2 as pb
 from services.gen import worker_pb2_grpc
-from tests.e2e.conftest import MODEL_NAME, Service, start_gateway, start_worker, wait_for_idle
+from services.launch import MODEL_NAME, Service, start_gateway, start_worker
+from tests.e2e.conftest import wait_for_idle
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 LONG = {"model": MODEL_NAME, "prompt": "Write a long story.", "max_tokens": 1500, "ignore_eos": True}

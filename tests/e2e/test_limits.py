@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, Service, start_gateway
+from services.launch import MODEL_NAME, Service, start_gateway
 from tests.e2e.test_gateway_errors import assert_openai_error
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.e2e.conftest import MODEL_NAME, Service
+from services.launch import MODEL_NAME, Service
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_TOOL = {

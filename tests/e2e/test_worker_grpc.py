@@ -10,7 +10,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from services.gen import worker_pb2 as pb
 from services.gen import worker_pb2_grpc
-from tests.e2e.conftest import MODEL_NAME, Service, wait_for_idle
+from services.launch import MODEL_NAME, Service
+from tests.e2e.conftest import wait_for_idle
 
 GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from services.launch import redis_service
 from tests.observability.stack import (
     Cache,
     Gateway,
     Worker,
     cache_service,
     gateway_service,
-    redis_service,
     worker_service,
 )
 

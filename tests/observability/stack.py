@@ -1,30 +1,21 @@
-"""Real service processes on free loopback ports, and a Prometheus text scraper, for the live tests."""
+"""Real service processes on free loopback ports (started through services/launch.py), and a Prometheus
+text scraper, for the live tests."""
 
 from __future__ import annotations
 
-import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.healthcheck import check_grpc, check_http
-from tests.support.net import free_port
-from tests.support.processes import Service, redis_argv
-
-
-def redis_service(log_dir: Path) -> tuple[Service, str]:
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    ready = lambda: bool(redis.Redis.from_url(url).ping())  # noqa: E731
-    service = Service("redis", redis_argv(port, log_dir), {}, log_dir / "redis.log", ready)
-    return service, url
+from services.launch import Service, free_port, grpc_serving, http_ok, python_service
 
 
 @dataclass
-class Worker:
+class GrpcService:
+    """A worker or cache service: its gRPC port and its metrics port."""
+
     service: Service
     port: int
     metrics_port: int
@@ -36,64 +27,37 @@ class Worker:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+
+class Worker(GrpcService):
+    pass
+
+
+class Cache(GrpcService):
+    pass
+
+
+def _grpc_service(
+    kind: type[GrpcService], name: str, module: str, log_dir: Path, env: dict[str, str]
+) -> GrpcService:
+    """`python -m module` with PREFIX_HOST/PORT/METRICS_PORT on free ports; ready once both ports answer."""
+    port, metrics_port = free_port(), free_port()
+    prefix = "WORKER_" if kind is Worker else "CACHE_"
+    ports = {"HOST": "127.0.0.1", "PORT": str(port), "METRICS_PORT": str(metrics_port)}
+    full = {prefix + k: v for k, v in ports.items()} | env
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    ready = lambda: grpc_serving(f"127.0.0.1:{port}") and http_ok(metrics_url)  # noqa: E731
+    return kind(python_service(name, module, full, log_dir, ready, f"127.0.0.1:{port}"), port, metrics_port)
 
 
 def worker_service(log_dir: Path, name: str = "worker", **extra_env: str) -> Worker:
-    port, metrics_port = free_port(), free_port()
-    env = {
-        "WORKER_HOST": "127.0.0.1",
-        "WORKER_PORT": str(port),
-        "WORKER_METRICS_PORT": str(metrics_port),
-        "WORKER_KV_CACHE_GB": "0.25",
-        "WORKER_MAX_MODEL_LEN": "1024",
-        "WORKER_NUM_THREADS": "1",
-        **extra_env,
-    }
-    addr = f"127.0.0.1:{port}"
-    service = Service(
-        name,
-        [sys.executable, "-m", "worker"],
-        env,
-        log_dir / f"{name}.log",
-        lambda: (
-            check_grpc(addr, "", 1.0)[0] and check_http(f"http://127.0.0.1:{metrics_port}/metrics", 1.0)[0]
-        ),
-    )
-    return Worker(service, port, metrics_port)
-
-
-@dataclass
-class Cache:
-    service: Service
-    port: int
-    metrics_port: int
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+    env = {"WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_MODEL_LEN": "1024", "WORKER_NUM_THREADS": "1"}
+    return _grpc_service(Worker, name, "worker", log_dir, env | extra_env)  # type: ignore[return-value]
 
 
 def cache_service(log_dir: Path, redis_url: str) -> Cache:
-    port, metrics_port = free_port(), free_port()
-    env = {
-        "CACHE_HOST": "127.0.0.1",
-        "CACHE_PORT": str(port),
-        "CACHE_METRICS_PORT": str(metrics_port),
-        "REDIS_URL": redis_url,
-    }
-    addr = f"127.0.0.1:{port}"
-    service = Service(
-        "cache_service",
-        [sys.executable, "-m", "cache_service"],
-        env,
-        log_dir / "cache_service.log",
-        lambda: check_grpc(addr, "", 1.0)[0],
-    )
-    return Cache(service, port, metrics_port)
+    env = {"REDIS_URL": redis_url}
+    return _grpc_service(Cache, "cache_service", "cache_service", log_dir, env)  # type: ignore[return-value]
 
 
 @dataclass
@@ -117,13 +81,8 @@ def gateway_service(log_dir: Path, worker_addr: str, cache_addr: str | None) -> 
     }
     if cache_addr:
         env["CACHE_ADDR"] = cache_addr
-    service = Service(
-        "gateway",
-        [sys.executable, "-m", "gateway"],
-        env,
-        log_dir / "gateway.log",
-        lambda: check_http(f"http://127.0.0.1:{port}/ready", 1.0)[0],
-    )
+    url = f"http://127.0.0.1:{port}"
+    service = python_service("gateway", "gateway", env, log_dir, lambda: http_ok(f"{url}/ready"), url)
     return Gateway(service, port)
 
 

@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 from services.gen import worker_pb2, worker_pb2_grpc
+from services.launch import Service, free_port
 from tests.deploy.files import DASHBOARD, PROMETHEUS, prometheus_tool
-from tests.observability.stack import Cache, Gateway, Service, Worker
-from tests.support.net import free_port, wait_for
+from tests.observability.stack import Cache, Gateway, Worker
+from tests.support.net import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,11 @@ import httpx
 import pytest
 
 from services.gen import worker_pb2, worker_pb2_grpc
+from services.launch import ROOT
 from tests.deploy.files import DASHBOARD
 from tests.observability.conftest import PRICE_PER_HOUR_USD
 from tests.observability.stack import Cache, Gateway, Scrape, Worker, scrape
-from tests.support.net import ROOT, wait_for
+from tests.support.net import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from services.launch import free_port
 from services.logs import REQUEST_ID, configure_logging
-from tests.support.net import free_port
 
 
 def client(**settings: str) -> TestClient:
