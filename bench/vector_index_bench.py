@@ -42,10 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DIM = 384
 K = 4  # cache_service.core.TOP_K
 WORK = Path(os.environ.get("VECTOR_BENCH_DIR", "/tmp/vector_index_bench"))
-IMPLS = ("handwritten", "faiss-flat", "faiss-sq-fp16", "usearch-hnsw")
+IMPLS = ("handwritten", "handwritten-2t", "handwritten-fp16", "faiss-flat", "faiss-sq-fp16", "usearch-hnsw")
 LABELS = {
     "handwritten": "hand-written (float16 rows, int8 sketch >= 4k rows, float32 re-score)",
     "handwritten-2t": "hand-written, 2 scan threads (the service's setting)",
+    "handwritten-fp16": "hand-written without the int8 sketch (float16 scan only)",
     "faiss-flat": "FAISS IndexFlatIP (float32, exact) in IndexIDMap2",
     "faiss-sq-fp16": "FAISS IndexScalarQuantizer fp16 (exact on float16 rows) in IndexIDMap2",
     "usearch-hnsw": "usearch HNSW (float16, M=16, ef_add 128, ef_search 64)",
@@ -166,10 +167,10 @@ def make_data(n: int, per_kind: int) -> Path:
 
 
 class Handwritten:
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: int = 1, sketch: bool = True) -> None:
         from cache_service.index import VectorIndex
 
-        self.index = VectorIndex(DIM, scan_threads=threads)
+        self.index = VectorIndex(DIM, scan_threads=threads, sketch=sketch)
 
     def build(self, ids: list[str], rows: np.ndarray) -> None:
         for entry_id, v in zip(ids, rows, strict=True):
@@ -255,15 +256,26 @@ class Faiss(Keyed):
         pass
 
 
+class BuildTooLong(Exception):
+    pass
+
+
 class Usearch(Keyed):
-    def __init__(self) -> None:
+    def __init__(self, budget_s: float = float("inf")) -> None:
         super().__init__()
         from usearch.index import Index
 
         self.index = Index(ndim=DIM, metric="ip", dtype="f16")
+        self.budget_s = budget_s
 
     def build(self, ids: list[str], rows: np.ndarray) -> None:
+        started = time.perf_counter()
         for a in range(0, len(ids), 1000):
+            if time.perf_counter() - started > self.budget_s:
+                rate = a / (time.perf_counter() - started)
+                raise BuildTooLong(
+                    f"build over {self.budget_s:.0f} s: {a:,} of {len(ids):,} inserted ({rate:.0f}/s)"
+                )
             keys = np.array([self.key(i) for i in ids[a : a + 1000]], dtype=np.uint64)
             self.index.add(keys, rows[a : a + 1000], threads=2)  # the resync may use both cores
 
@@ -291,12 +303,14 @@ def make(impl: str) -> Any:
         return Handwritten(1)
     if impl == "handwritten-2t":
         return Handwritten(2)
+    if impl == "handwritten-fp16":
+        return Handwritten(1, sketch=False)
     if impl == "faiss-flat":
         return Faiss("flat")
     if impl == "faiss-sq-fp16":
         return Faiss("fp16")
     if impl == "usearch-hnsw":
-        return Usearch()
+        return Usearch(float(os.environ.get("VECTOR_BENCH_BUILD_BUDGET_S", "inf")))
     raise ValueError(impl)
 
 
@@ -337,7 +351,12 @@ def child(impls: list[str], path: Path) -> list[dict[str, Any]]:
         gc.collect()
         rss0 = rss()
         w0, c0 = time.perf_counter(), time.process_time()
-        index.build(ids, rows)
+        try:
+            index.build(ids, rows)
+        except BuildTooLong as exc:
+            out[impl] = {"impl": impl, "n": n, "error": str(exc)}
+            index.close()
+            continue
         build_wall, build_cpu = time.perf_counter() - w0, time.process_time() - c0
         gc.collect()
         out[impl] = {
@@ -374,8 +393,9 @@ def child(impls: list[str], path: Path) -> list[dict[str, Any]]:
         for impl in names:
             out[impl][f"recall_{kind}"] = hits[impl] / len(queries)
             out[impl][f"close_{kind}"] = close[impl] / len(queries)
+    writes = 200 if n <= 100_000 else 50
     fresh = normalized(
-        rows[:200] + 0.5 * np.random.default_rng(0).standard_normal((200, DIM), dtype=np.float32)
+        rows[:writes] + 0.5 * np.random.default_rng(0).standard_normal((writes, DIM), dtype=np.float32)
     )
     for impl in names:
         r = out[impl]
@@ -384,7 +404,7 @@ def child(impls: list[str], path: Path) -> list[dict[str, Any]]:
         r["search_cpu_p50_ms"] = pct(lat_cpu[impl], 50) * 1e3
         r["search_cpu_p99_ms"] = pct(lat_cpu[impl], 99) * 1e3
         r["queries"] = len(lat_wall[impl])
-        # Single writes after the build: 200 new entries, then their removal.
+        # Single writes after the build: `writes` new entries, then their removal.
         adds, removes = [], []
         for i, v in enumerate(fresh):
             w = time.perf_counter()
@@ -398,6 +418,25 @@ def child(impls: list[str], path: Path) -> list[dict[str, Any]]:
         r["remove_us"] = pct(removes, 50) * 1e6
         built[impl].close()
     return list(out.values())
+
+
+def memory_child(impl: str, path: Path) -> dict[str, Any]:
+    """RSS growth over one build, alone in a fresh process (in the shared one, a build reuses what the
+    previous one freed)."""
+    import torch
+
+    torch.set_num_threads(1)
+    rows = np.ascontiguousarray(np.load(path)["rows"])
+    ids = [f"e{i}" for i in range(len(rows))]
+    index = make(impl)
+    gc.collect()
+    rss0 = rss()
+    try:
+        index.build(ids, rows)
+    except BuildTooLong as exc:
+        return {"impl": impl, "n": len(rows), "kind": "memory", "error": str(exc)}
+    gc.collect()
+    return {"impl": impl, "n": len(rows), "kind": "memory", "rss_mb": (rss() - rss0) / 2**20}
 
 
 def partitions_child(impl: str, parts: int, per: int) -> dict[str, Any]:
@@ -456,8 +495,9 @@ def fmt_row(r: dict[str, Any]) -> str:
     return (
         f"| {r['n']:,} | {name} | {r['search_p50_ms']:.3f} / {r['search_p99_ms']:.3f} | "
         f"{r['search_cpu_p50_ms']:.3f} / {r['search_cpu_p99_ms']:.3f} | {r['bytes_per_entry']:.0f} | "
-        f"{r['rss_mb']:.0f} | {r['build_s']:.1f} ({r['build_cpu_s']:.1f}) | {r['add_us']:.0f} / "
-        f"{r['remove_us']:.0f} | {recall} | {close} |"
+        f"{r['rss_mb']:.0f}{'' if r.get('rss_fresh') else '*'} | "
+        f"{r['build_s']:.1f} ({r['build_cpu_s']:.1f}) | "
+        f"{r['add_us']:.0f} / {r['remove_us']:.0f} | {recall} | {close} |"
     )
 
 
@@ -481,10 +521,15 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true", help="render --results, run nothing")
     p.add_argument("--write-docs", action="store_true")
     p.add_argument("--child", nargs=2, metavar=("IMPLS", "DATA"), help=argparse.SUPPRESS)
+    p.add_argument("--memory", action="store_true", help="RSS growth per build, each in a fresh process")
+    p.add_argument("--memory-child", nargs=2, metavar=("IMPL", "DATA"), help=argparse.SUPPRESS)
     p.add_argument("--partitions-child", nargs=3, metavar=("IMPL", "PARTS", "PER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0].split(","), Path(args.child[1]))))
+        return
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child[0], Path(args.memory_child[1]))))
         return
     if args.partitions_child:
         impl, parts, per = args.partitions_child
@@ -496,6 +541,14 @@ def main() -> None:
             started = time.perf_counter()
             path = make_data(n, args.queries if n < 1_000_000 else args.big_queries)
             print(f"data {n:,}: {time.perf_counter() - started:.1f} s", flush=True)
+            if args.memory:
+                for impl in args.impls.split(","):
+                    r = run_child(["--memory-child", impl, str(path)], args.timeout)
+                    r |= {"impl": impl, "n": n, "kind": "memory"}
+                    print(json.dumps(r), flush=True)
+                    with args.results.open("a") as f:
+                        f.write(json.dumps(r) + "\n")
+                continue
             load = os.getloadavg()[0]
             got = run_child(["--child", args.impls, str(path)], args.timeout)
             results = (
@@ -523,8 +576,17 @@ def main() -> None:
 def render(results: Path) -> str:
     rows = [json.loads(line) for line in results.open()] if results.exists() else []
     latest: dict[tuple[str, Any], dict[str, Any]] = {}
+    memory: dict[tuple[str, int], float] = {}
     for r in rows:
+        if r.get("kind") == "memory":
+            if "rss_mb" in r:
+                memory[(r["impl"], r["n"])] = r["rss_mb"]
+            continue
         latest[(r["impl"], r.get("n") if r.get("kind") != "partitions" else "parts")] = r
+    for (impl, n), r in latest.items():
+        if (impl, n) in memory and "error" not in r:
+            r["rss_mb"] = memory[(impl, n)]
+            r["rss_fresh"] = True
     sized = sorted(
         (r for (_, n), r in latest.items() if n != "parts"),
         key=lambda r: (r["n"], IMPLS.index(r["impl"]) if r["impl"] in IMPLS else 9),
