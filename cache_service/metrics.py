@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from services.prometheus import init_labels  # also: no _created series
+
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -24,6 +26,8 @@ class CacheMetrics:
             registry=r,
         )
         self.errors = Counter("llmserve_cache_errors", "Requests that failed.", ["method"], registry=r)
+        init_labels(self.hits, ("exact", "semantic"))  # exported at 0 before the first hit
+        init_labels(self.errors, ("Lookup", "Store", "Invalidate"))
         self.entries = Gauge("llmserve_cache_entries", "Entries in this replica's vector index.", registry=r)
         self.embedding_seconds = Histogram(
             "llmserve_cache_embedding_seconds",

@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 
 from prometheus_client import Counter, Gauge, Histogram
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.http_io import HttpMiddleware
+from services.prometheus import init_labels
 
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics"})
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -40,6 +43,21 @@ CLIENT_DISCONNECTS = Counter(
     "Requests whose client went away before the answer was complete.",
 )
 
+# Label values the dashboard reads, exported at 0 before the first event (services/prometheus.py).
+CACHE_RESULTS = ("hit", "miss", "bypass", "error")
+CACHE_ERROR_KINDS = ("lookup", "timeout", "store")
+WORKER_ERROR_CODES = (
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "RESOURCE_EXHAUSTED",
+    "INVALID_ARGUMENT",
+    "INTERNAL",
+)
+init_labels(SEMANTIC_CACHE, CACHE_RESULTS)
+init_labels(SEMANTIC_CACHE_ERRORS, CACHE_ERROR_KINDS)
+init_labels(WORKER_ERRORS, WORKER_ERROR_CODES)
+init_labels(HTTP_REQUESTS, [(route, "POST", "200") for route in ("/v1/chat/completions", "/v1/completions")])
+
 
 def route_label(path: str) -> str:
     """Known routes by name; anything else collapses to one label so scanners can't explode cardinality."""
@@ -50,27 +68,19 @@ def route_label(path: str) -> str:
     return "other"
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Counts every HTTP response by route and status and times it to its last byte."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500
 
-        async def send_and_watch(message: Message) -> None:
+        def note_status(message: Message) -> None:
             nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
+            status = message["status"]
 
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.call_app(scope, receive, send, note_status)
         finally:
             route = route_label(scope["path"])
             HTTP_REQUESTS.labels(route, scope["method"], str(status)).inc()

@@ -26,6 +26,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from services.prometheus import init_labels  # also: no _created series
 from worker.outputs import FinishedRequestStats, StepStats
 
 PREFIX = "llmserve:"
@@ -125,8 +126,7 @@ class WorkerMetrics:
             registry=reg,
         )
         self._model_name = model_name
-        for reason in FINISH_REASONS:
-            self._request_success.labels(model_name, reason)
+        init_labels(self._request_success, [(model_name, reason) for reason in FINISH_REASONS])
 
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS

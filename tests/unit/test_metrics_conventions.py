@@ -1,0 +1,48 @@
+"""All three services export metrics as vLLM does: no `_created` series, and the label values dashboards
+read present at 0 before the first event (services/prometheus.py)."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cache_service.metrics import CacheMetrics
+from gateway import observability
+from worker.metrics import FINISH_REASONS, WorkerMetrics
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
+    text = generate_latest(registry).decode()
+    assert "_created" not in text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_gateway() -> None:
+    got = samples(REGISTRY)
+    for result in observability.CACHE_RESULTS:
+        key = ("llmserve_gateway_semantic_cache_requests_total", frozenset({("result", result)}))
+        assert key in got
+    for kind in observability.CACHE_ERROR_KINDS:
+        assert ("llmserve_gateway_semantic_cache_errors_total", frozenset({("kind", kind)})) in got
+    for code in observability.WORKER_ERROR_CODES:
+        assert ("llmserve_gateway_worker_errors_total", frozenset({("code", code)})) in got
+
+
+def test_cache_service() -> None:
+    got = samples(CacheMetrics().registry)
+    assert got[("llmserve_cache_hits_total", frozenset({("kind", "semantic")}))] == 0
+    assert got[("llmserve_cache_hits_total", frozenset({("kind", "exact")}))] == 0
+    for method in ("Lookup", "Store", "Invalidate"):
+        assert got[("llmserve_cache_errors_total", frozenset({("method", method)}))] == 0
+
+
+def test_worker() -> None:
+    metrics = WorkerMetrics("m")
+    got = samples(metrics.registry)
+    for reason in FINISH_REASONS:
+        labels = frozenset({("model_name", "m"), ("finished_reason", reason)})
+        assert got[("llmserve:request_success_total", labels)] == 0
