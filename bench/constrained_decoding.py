@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bench.report import median, write_section
+from bench.report import median, publish
 from worker.config import EngineConfig
 from worker.engine import LLMEngine, build_engine
 from worker.outputs import PromptInput
@@ -86,7 +86,8 @@ def main() -> None:
         )
     flags = f"--rounds {args.rounds} --max-tokens {args.max_tokens} --write-docs"
     threads = torch.get_num_threads()
-    body = "\n".join(
+    publish(
+        "constrained-decoding",
         [
             "## Constrained decoding",
             "",
@@ -103,11 +104,9 @@ def main() -> None:
             "",
             f"Load average of the machine when the run ended: {os.getloadavg()[0]:.1f} (1 min) on"
             f" {os.cpu_count()} CPUs; above the CPU count the figures are dominated by other processes.",
-        ]
+        ],
+        args.write_docs,
     )
-    print(body)
-    if args.write_docs:
-        write_section("constrained-decoding", body)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from transformers import AutoTokenizer
 
-from bench.report import median, write_section
+from bench.report import median, publish
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
 
@@ -224,7 +224,8 @@ def main() -> None:
     apply_1, apply_32 = apply_cost(vocab, 1), apply_cost(vocab, 32)
     print(f"apply bitmask: 1 row {apply_1:.0f} us, 32 rows {apply_32:.0f} us")
     command = f".venv/bin/python -m bench.grammar_libraries --rounds {args.rounds} --write-docs"
-    body = "\n".join(
+    publish(
+        "grammar-libraries",
         [
             "## Grammar libraries for constrained decoding",
             "",
@@ -239,11 +240,9 @@ def main() -> None:
             "",
             f"Masking the logits with the bitmask (worker/sampler.py, numpy): {apply_1:.0f} us for 1 row,"
             f" {apply_32:.0f} us for 32 rows.",
-        ]
+        ],
+        args.write_docs,
     )
-    print(body)
-    if args.write_docs:
-        write_section("grammar-libraries", body)
 
 
 if __name__ == "__main__":

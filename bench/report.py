@@ -22,6 +22,15 @@ def write_section(name: str, body: str, path: Path = DOCS) -> None:
     path.write_text(text)
 
 
+def publish(name: str, lines: list[str], write_docs: bool) -> str:
+    """Print a benchmark's section and, with --write-docs, make it section `name` of docs/BENCHMARKS.md."""
+    body = "\n".join(lines)
+    print(body)
+    if write_docs:
+        write_section(name, body)
+    return body
+
+
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2

@@ -13,7 +13,7 @@ import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -130,13 +130,8 @@ class Embedder:
             self._skip_ids = punct | set(self._tokenizer.all_special_ids)
         out: list[TokenStates] = []
         with torch.inference_mode():
-            batch = self._tokenizer(
-                texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
-            )
-            hidden = self._transformer(**batch).last_hidden_state.float()
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            sentences = torch.nn.functional.normalize(pooled, dim=1).numpy()
+            batch, hidden, vectors = self._forward(texts)
+            sentences = vectors.numpy()
             static_table = self._transformer.embeddings.word_embeddings.weight
             masks = batch["attention_mask"].tolist()
             for row, ids in enumerate(batch["input_ids"].tolist()):
@@ -156,16 +151,20 @@ class Embedder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Mean-pooled, L2-normalized token embeddings (the model's own pooling, as configured), float32."""
-        torch = self._torch
-        with torch.inference_mode():
-            batch = self._tokenizer(
-                texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
-            )
-            hidden = self._transformer(**batch).last_hidden_state.float()
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            vectors = torch.nn.functional.normalize(pooled, dim=1)
+        with self._torch.inference_mode():
+            _, _, vectors = self._forward(texts)
         return np.ascontiguousarray(vectors.numpy(), dtype=np.float32)
+
+    def _forward(self, texts: list[str]) -> tuple[Any, Any, Any]:
+        """One forward pass (inside inference_mode): the tokenized batch, the last hidden states in float32
+        and the sentence vectors (mean-pooled over real tokens, L2-normalized)."""
+        batch = self._tokenizer(
+            texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
+        )
+        hidden = self._transformer(**batch).last_hidden_state.float()
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return batch, hidden, self._torch.nn.functional.normalize(pooled, dim=1)
 
 
 class MicroBatcher:

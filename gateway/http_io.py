@@ -1,4 +1,5 @@
-"""Request plumbing shared by the routes: API key check, bounded body reads, racing client disconnects."""
+"""Request plumbing shared by the routes: API key check, bounded body reads, racing client disconnects, and
+the base of the gateway's pure-ASGI middlewares."""
 
 from __future__ import annotations
 
@@ -8,10 +9,39 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import APIError
 
 T = TypeVar("T")
+
+
+class HttpMiddleware:
+    """A pure-ASGI middleware (no BaseHTTPMiddleware: streamed bodies pass through untouched). Other scopes
+    (lifespan) go straight to the app; an HTTP request goes to `handle`, which runs the app through
+    `call_app` to see (and may change) the response's start message: status and headers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+    async def call_app(
+        self, scope: Scope, receive: Receive, send: Send, on_start: Callable[[Message], None]
+    ) -> None:
+        async def send_watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                on_start(message)
+            await send(message)
+
+        await self.app(scope, receive, send_watched)
 
 
 class ClientDisconnected(Exception):

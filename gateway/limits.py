@@ -7,33 +7,34 @@ GATEWAY_MAX_* setting and each refusal is a 400 in the OpenAI shape naming the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from gateway.errors import invalid_request
+from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from gateway.protocol import ChatCompletionRequest, CompletionRequest
-    from gateway.settings import GatewaySettings
+
+
+def _setting(name: str) -> int:
+    """The default of GATEWAY_<NAME>: gateway/settings.py is the one source."""
+    return GatewaySettings.model_fields[f"gateway_{name}"].default
 
 
 @dataclass(frozen=True)
 class RequestLimits:
-    max_stop: int = 4
-    max_stop_chars: int = 256
-    max_messages: int = 2048
-    max_prompt_chars: int = 1_000_000
-    max_total_tokens: int = 65536
+    """Each bound is the GATEWAY_MAX_* setting of the same name."""
+
+    max_stop: int = _setting("max_stop")
+    max_stop_chars: int = _setting("max_stop_chars")
+    max_messages: int = _setting("max_messages")
+    max_prompt_chars: int = _setting("max_prompt_chars")
+    max_total_tokens: int = _setting("max_total_tokens")
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RequestLimits:
-        return cls(
-            max_stop=settings.gateway_max_stop,
-            max_stop_chars=settings.gateway_max_stop_chars,
-            max_messages=settings.gateway_max_messages,
-            max_prompt_chars=settings.gateway_max_prompt_chars,
-            max_total_tokens=settings.gateway_max_total_tokens,
-        )
+        return cls(**{f.name: getattr(settings, f"gateway_{f.name}") for f in fields(cls)})
 
 
 def check_limits(

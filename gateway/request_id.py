@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 import uuid
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from gateway.http_io import HttpMiddleware
 from services.logs import REQUEST_ID
 
 HEADER = b"x-request-id"
@@ -20,24 +21,16 @@ def grpc_metadata() -> tuple[tuple[str, str], ...]:
     return ((METADATA_KEY, request_id),) if request_id else ()
 
 
-class RequestIdMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class RequestIdMiddleware(HttpMiddleware):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         sent = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")
         request_id = sent if _ACCEPTABLE.match(sent) else uuid.uuid4().hex
         token = REQUEST_ID.set(request_id)
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (HEADER, request_id.encode())]
-            await send(message)
+        def add_id(message: Message) -> None:
+            message["headers"] = [*message.get("headers", []), (HEADER, request_id.encode())]
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.call_app(scope, receive, send, add_id)
         finally:
             REQUEST_ID.reset(token)

@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -45,6 +46,18 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+@dataclass
+class Generation:
+    """One request's worker streams and what shaping its answer needs, streamed (_sse) or not (_collect)."""
+
+    meta: ResponseMeta
+    stream: MergedStream
+    decision: CacheDecision
+    n: int  # choices over all prompts
+    prompt_param: str  # the parameter a prompt error names
+    tools: ToolPlan | None = None
 
 
 class Serving:
@@ -126,28 +139,22 @@ class Serving:
             raise
         stream = MergedStream(streams, req.num_choices)
         n = req.num_choices * len(generates)
+        generation = Generation(meta, stream, decision, n, prompt_param, tools)
         if req.stream:
-            body = self._sse(meta, stream, decision, n, prompt_param, tools)
+            body = self._sse(generation)
             return ClosingStreamingResponse(
                 body, stream.cancel, media_type="text/event-stream", headers=headers | SSE_HEADERS
             )
         try:
             result = await until_disconnect(
-                raw, self._collect(meta, stream, decision, n, prompt_param, tools)
+                raw, self._collect(generation)
             )
         finally:
             stream.cancel()
         return JSONResponse(result, headers=headers)
 
-    async def _collect(
-        self,
-        meta: ResponseMeta,
-        stream: MergedStream,
-        decision: CacheDecision,
-        n: int,
-        prompt_param: str,
-        tools: ToolPlan | None = None,
-    ) -> dict[str, Any]:
+    async def _collect(self, generation: Generation) -> dict[str, Any]:
+        meta, stream, n, tools = generation.meta, generation.stream, generation.n, generation.tools
         choices = [ChoiceState() for _ in range(n)]
         usage = UsageTotals(choices_per_prompt=n // len(stream.streams))
         try:
@@ -164,7 +171,7 @@ class Serving:
                     usage.add(chunk.usage, chunk.index)
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
-            raise from_grpc(exc, prompt_param) from None
+            raise from_grpc(exc, generation.prompt_param) from None
         if tools is not None and tools.mode != "none":
             for state in choices:
                 parser = ToolCallParser(tools)
@@ -172,23 +179,16 @@ class Serving:
                 rest, state.tool_calls = parser.finish()
                 state.text_parts = [content + rest]
         if n == 1:
-            self.cache.store(decision, choices[0].text, choices[0].finish_reason, usage)
+            self.cache.store(generation.decision, choices[0].text, choices[0].finish_reason, usage)
         return meta.full(choices, usage.as_dict())
 
-    async def _sse(
-        self,
-        meta: ResponseMeta,
-        stream: MergedStream,
-        decision: CacheDecision,
-        n: int,
-        prompt_param: str,
-        tools: ToolPlan | None = None,
-    ) -> AsyncIterator[str]:
+    async def _sse(self, generation: Generation) -> AsyncIterator[str]:
         """Role chunks first (chat), then one chunk per worker chunk, the usage chunk, then [DONE].
 
         Events are coalesced into one write where no client could tell the difference: the role chunks
         go out with the first token (which the pool already waited for), the last token with [DONE].
         """
+        meta, stream, n, tools = generation.meta, generation.stream, generation.n, generation.tools
         observability.OPEN_STREAMS.inc()
         completed = False
         try:
@@ -242,11 +242,11 @@ class Serving:
             yield "".join(pending)
             completed = True
             if n == 1:
-                self.cache.store(decision, "".join(text_parts), finish, usage)
+                self.cache.store(generation.decision, "".join(text_parts), finish, usage)
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
             log.warning("worker stream %s failed mid-stream: %s", meta.id, exc.code().name)
-            yield sse(from_grpc(exc, prompt_param).body())
+            yield sse(from_grpc(exc, generation.prompt_param).body())
             yield SSE_DONE
             completed = True
         finally:
