@@ -105,7 +105,6 @@ class ChoiceState:
 
     text_parts: list[str] = field(default_factory=list)
     logprobs: list[worker_pb2.PositionLogprobs] = field(default_factory=list)
-    num_chars: int = 0
     finish_reason: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed from the text, OpenAI shape
     prompt_logprobs: list[worker_pb2.PositionLogprobs] = field(default_factory=list)  # every prompt position

@@ -1,12 +1,12 @@
 """Linear layers whose weights are packed once, at load time, for the CPU's matmul library.
 
 `F.linear` on a CPU tensor goes to MKL's sgemm/sgemv with the weight in its plain [out, in] layout,
-which on this machine reads a 135M model's weights at ~17 GB/s for one token and reaches about half
-of the machine's fp32 throughput at 32 rows. oneDNN, given the weight once and allowed to re-lay it
-out into its own blocked format (`_reorder_linear_weight`), runs the same products 2-3x faster in
-float32 and 1.3-2x in bfloat16 at every batch size the engine uses (`bench/engine_profile.py`
-measures both side by side). The packed weight is opaque, so the plain copy stays available to
-callers that need it (the tied embedding table).
+which on this machine reads the weights far below memory bandwidth for one token. oneDNN, given the
+weight once and allowed to re-lay it out into its own blocked format (`_reorder_linear_weight`), runs
+the same products markedly faster in float32 and bfloat16 at every batch size the engine uses
+(`bench/engine_profile.py` measures both side by side; the figures are in docs/BENCHMARKS.md). The
+packed weight is opaque, so the plain copy stays available to callers that need it (the tied embedding
+table).
 
 Backends: "onednn" (packed, CPU only), "torch" (plain `F.linear`, any device), "auto" (onednn where
 it is available for the weight's device and dtype, else torch).

@@ -10,8 +10,8 @@ Closing a stream early (client gone, task cancelled, deadline passed) aborts its
 KV blocks are freed at the next round of the loop.
 
 The engine thread also loads the model: torch work on a thread other than the one that allocated
-the weights ran about 1.6x slower per step on the CPU (26.6 vs 16.5 ms per bfloat16 decode
-step), so every tensor the steps touch is created by the thread that runs them.
+the weights ran clearly slower per step on the CPU (figures: docs/BENCHMARKS.md, engine notes,
+"Threading"), so every tensor the steps touch is created by the thread that runs them.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ class AsyncEngine:
     # ---- event loop side -----------------------------------------------------------------
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
-            stream = self._streams.get(output.request_id)
+            stream = self._streams.get(output.group_id)
             if stream is not None:
                 stream.put(output)
 

@@ -7,7 +7,7 @@ the same tuples (services/linear.py, worker/attention.py).
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 
 # auto: bfloat16 where the device computes it natively, else float32 on CPU and float16 on a CUDA GPU
 # without bf16 (worker/model_loader.py resolve_dtype). float16 is meant for such GPUs: on CPU it runs, but
@@ -50,11 +50,10 @@ class EngineConfig:
     quantization: str = "none"  # one of QUANTIZATIONS
     scheduler: SchedulerConfig | None = None
     kv_cache: KVCacheConfig | None = None
-    cache: InitVar[KVCacheConfig | None] = None  # old name of kv_cache, see CacheConfig below
 
-    def __post_init__(self, cache: KVCacheConfig | None) -> None:
+    def __post_init__(self) -> None:
         self.scheduler = self.scheduler or SchedulerConfig()
-        self.kv_cache = self.kv_cache or cache or KVCacheConfig()
+        self.kv_cache = self.kv_cache or KVCacheConfig()
         for what, value, allowed in (
             ("dtype", self.dtype, DTYPES),
             ("linear backend", self.linear_backend, LINEAR_BACKENDS),
@@ -63,7 +62,3 @@ class EngineConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"unsupported {what} {value!r}; expected one of {', '.join(allowed)}")
-
-
-# Old names, kept only while tests/engine/test_prompt_logprobs.py (being edited elsewhere) still uses them.
-CacheConfig = KVCacheConfig

@@ -22,7 +22,7 @@ def merge(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
     if earlier.logprobs is not None or later.logprobs is not None:
         logprobs = (earlier.logprobs or []) + (later.logprobs or [])
     return RequestOutput(
-        request_id=earlier.request_id,
+        group_id=earlier.group_id,
         index=earlier.index,
         text=earlier.text + later.text,
         token_ids=earlier.token_ids + later.token_ids,

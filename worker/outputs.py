@@ -30,9 +30,10 @@ class Usage:
 
 @dataclass
 class RequestOutput:
-    """A delta of one choice. The final one has finish_reason and usage set."""
+    """A delta of one choice (`index`) of a request (`group_id`: the id the request came in with, shared by
+    its n choices). The final one has finish_reason and usage set."""
 
-    request_id: str
+    group_id: str
     index: int
     text: str
     token_ids: list[int]
@@ -42,6 +43,11 @@ class RequestOutput:
     # Every prompt position (position 0: its token only, rank 0), on the first output of a choice that
     # asked for them.
     prompt_logprobs: list[PositionLogprobs] | None = None
+
+    @property
+    def request_id(self) -> str:
+        """Old name of group_id, kept only while tests/engine/test_prompt_logprobs.py still reads it."""
+        return self.group_id
 
     @property
     def finished(self) -> bool:

@@ -14,7 +14,7 @@ from services.gen import worker_pb2 as pb
 from worker.errors import InvalidRequestError
 from worker.request import Request
 from worker.sampler import build_batch, sample
-from worker.server import check_params_for_model, params_from_proto
+from worker.servicer import check_params_for_model, params_from_proto
 
 VOCAB = 64
 INT32 = st.integers(-(2**31), 2**31 - 1)

@@ -94,7 +94,7 @@ def check_params_for_model(params: SamplingParams, vocab_size: int) -> None:
 
 def output_to_proto(output: RequestOutput) -> worker_pb2.GenerateResponse:
     response = worker_pb2.GenerateResponse(
-        request_id=output.request_id,
+        request_id=output.group_id,
         index=output.index,
         text=output.text,
         token_ids=output.token_ids,
