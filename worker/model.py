@@ -7,6 +7,8 @@ matmul each.
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,15 +18,47 @@ from services.linear import Linear
 from services.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 from worker.attention import AttentionMetadata, paged_attention
 
+# What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
+# each model needs (`LlamaForPagedAttention.needs`); the loader refuses a model that needs anything not
+# listed here (worker/model_loader.py), so a family is served only once the forward computes it. Needs:
+#   qk_norm         RMSNorm of each head of q and of k (LayerWeights.q_norm / k_norm, [head_dim]) after
+#                   the QKV projection, before rotary
+#   sandwich_norms  LayerWeights.post_attn_norm on o_proj's output and post_mlp_norm on down's output, each
+#                   before its residual add (post_norm stays the norm in front of the MLP)
+#   gelu_tanh       the gated activation is gelu(gate, approximate="tanh") * up instead of silu(gate) * up
+#   per_layer_rope  LayerWeights.rope = (cos, sin) tables for that layer instead of the model's cos/sin
+#   sliding_window  LayerWeights.sliding_window = W: a query at position p sees keys at (p - W, p] only
+# Folded into the weights at load, so the forward needs nothing for them: Gemma's (1 + w) norm scales, the
+# embedding scale, Gemma's query_pre_attn_scalar.
+FORWARD_FEATURES: frozenset[str] = frozenset()
+
+# RMSNorms that scale by (1 + weight) (Gemma's); folded into plain weights at load.
+_UNIT_OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
+
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
     qkv: Linear  # hidden -> (H + 2 KV) * D
     o_proj: Linear
-    post_norm: torch.Tensor
+    post_norm: torch.Tensor  # the norm in front of the MLP
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear
+    # Only for families that need them (see FORWARD_FEATURES); None for Llama.
+    q_norm: torch.Tensor | None = None  # [head_dim]
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # on o_proj's output, before the residual add
+    post_mlp_norm: torch.Tensor | None = None  # on down's output, before the residual add
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # this layer's cos/sin; None: the model's
+    sliding_window: int | None = None  # keys at (p - W, p] only; None: all before p
+
+
+def _norm_weight(norm: torch.nn.Module) -> torch.Tensor:
+    """The multiplier of an RMSNorm's normalized input: its weight, or 1 + weight for Gemma's."""
+    weight = norm.weight.detach()
+    if type(norm).__name__ in _UNIT_OFFSET_NORMS:
+        return (1.0 + weight.float()).to(weight.dtype)
+    return weight
 
 
 @dataclass
@@ -60,18 +94,54 @@ class LlamaForPagedAttention:
             rms_norm_eps=config.rms_norm_eps,
         )
         inner = hf_model.model
+        self.needs: set[str] = set()  # forward features this model needs beyond Llama's (FORWARD_FEATURES)
         self.embed = inner.embed_tokens.weight.detach()
-        self.final_norm = inner.norm.weight.detach()
+        embed_scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma scales the embeddings
+        if embed_scale is not None:
+            self.embed = self.embed * embed_scale.to(self.embed.dtype)  # a copy: the LM head stays unscaled
+        self.final_norm = _norm_weight(inner.norm)
         self.quantization = quantization
         # The LM head is 8-bit in both quantized modes, as llama.cpp's Q4_1 file keeps it (Q8_0).
         head_quantization = "none" if quantization == "none" else "int8"
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         self.linear_backend = self.lm_head.backend
+        self.activation = self._activation(config)
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(config, name, None):
+                self.needs.add(name)
+        # SDPA scales scores by head_dim ** -0.5; a model that wants another scale gets it folded into q.
+        query_scalar = getattr(config, "query_pre_attn_scalar", None)
+        q_scale = math.sqrt(self.shape.head_dim / query_scalar) if query_scalar else 1.0
         self.layers = [
-            self._layer(layer, linear_backend, quantization, int4_groups or {}, f"model.layers.{i}.")
+            self._layer(layer, linear_backend, quantization, int4_groups or {}, f"model.layers.{i}.", q_scale)
             for i, layer in enumerate(inner.layers)
         ]
         self.cos, self.sin = self._rope_tables(inner, max_positions)
+        for layer in self.layers:
+            if layer.q_norm is not None:
+                self.needs.add("qk_norm")
+            if layer.post_attn_norm is not None:
+                self.needs.add("sandwich_norms")
+            if layer.rope is not None:
+                self.needs.add("per_layer_rope")
+            if layer.sliding_window is not None and layer.sliding_window < max_positions:
+                self.needs.add("sliding_window")
+            else:
+                layer.sliding_window = None  # a window as long as the context changes nothing
+
+    def missing_forward_features(self) -> list[str]:
+        """What this model needs that the forward pass does not compute yet (empty: it can be served)."""
+        return sorted(self.needs - FORWARD_FEATURES)
+
+    def _activation(self, config: object) -> str:
+        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+        if act == "silu":
+            return "silu"
+        if act in ("gelu_pytorch_tanh", "gelu_tanh"):
+            self.needs.add("gelu_tanh")
+            return "gelu_tanh"
+        self.needs.add(f"activation {act}")
+        return act
 
     @staticmethod
     def _layer(
@@ -80,35 +150,66 @@ class LlamaForPagedAttention:
         quantization: str,
         int4_groups: dict[str, Int4Groups],
         prefix: str,
+        q_scale: float = 1.0,
     ) -> LayerWeights:
         attn = layer.self_attn
+        q_norm = _norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
+        k_norm = _norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
+        if q_scale != 1.0 and q_norm is not None:
+            q_norm = q_norm * q_scale
+        scale_q = q_scale != 1.0 and q_norm is None  # else the q rows of the projection carry it
 
         def linear(names: list[str], bias: torch.Tensor | None = None) -> Linear | Int8Linear | Int4Linear:
             modules = [layer.get_submodule(name) for name in names]
             weights = [m.weight.detach() for m in modules]
+            if scale_q and names[0] == "self_attn.q_proj":
+                weights[0] = weights[0] * q_scale
             weight = torch.cat(weights) if len(weights) > 1 else weights[0]
             groups = [int4_groups.get(f"{prefix}{name}.weight") for name in names]
-            fused = Int4Groups.cat(groups) if quantization == "int4" and all(groups) else None
+            fused = Int4Groups.cat(groups) if quantization == "int4" and all(groups) and not scale_q else None
             return build_linear(weight, bias, backend, quantization, fused)
 
         bias = None
         if attn.q_proj.bias is not None:
-            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+            q_bias = attn.q_proj.bias * q_scale if scale_q else attn.q_proj.bias
+            bias = torch.cat([q_bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+        # Gemma's "sandwich": post_attention_layernorm is on the attention output, and the MLP has its own
+        # pre- and post-norms; in Llama post_attention_layernorm is the norm in front of the MLP.
+        sandwich = hasattr(layer, "pre_feedforward_layernorm")
         return LayerWeights(
-            input_norm=layer.input_layernorm.weight.detach(),
+            input_norm=_norm_weight(layer.input_layernorm),
             qkv=linear(["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], bias),
             o_proj=linear(["self_attn.o_proj"]),
-            post_norm=layer.post_attention_layernorm.weight.detach(),
+            post_norm=_norm_weight(
+                layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
+            ),
             gate_up=linear(["mlp.gate_proj", "mlp.up_proj"]),
             down=linear(["mlp.down_proj"]),
+            q_norm=q_norm,
+            k_norm=k_norm,
+            post_attn_norm=_norm_weight(layer.post_attention_layernorm) if sandwich else None,
+            post_mlp_norm=_norm_weight(layer.post_feedforward_layernorm) if sandwich else None,
+            sliding_window=getattr(attn, "sliding_window", None),
         )
 
     def _rope_tables(self, inner: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for every position, from transformers' own rotary module (any rope type)."""
+        """cos/sin for every position, from transformers' own rotary module (any rope type). A model whose
+        layer types have rotary tables of their own (Gemma 3: local and global) gets them per layer."""
         probe = self.embed[:1].unsqueeze(0)
         positions = torch.arange(max_positions, device=self.embed.device).unsqueeze(0)
+        layer_types = getattr(inner.config, "layer_types", None)
+        per_type = layer_types and "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters
         with torch.no_grad():
-            cos, sin = inner.rotary_emb(probe, positions)
+            if not per_type:
+                cos, sin = inner.rotary_emb(probe, positions)
+                return cos[0], sin[0]
+            tables = {t: inner.rotary_emb(probe, positions, t) for t in dict.fromkeys(layer_types)}
+        default = "full_attention" if "full_attention" in tables else layer_types[0]
+        for layer, layer_type in zip(self.layers, layer_types, strict=True):
+            if layer_type != default:
+                cos, sin = tables[layer_type]
+                layer.rope = (cos[0], sin[0])
+        cos, sin = tables[default]
         return cos[0], sin[0]
 
     # ---- forward -------------------------------------------------------------------------

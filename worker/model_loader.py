@@ -1,4 +1,4 @@
-"""Load a Hugging Face Llama-family directory (config, tokenizer, chat template, weights)."""
+"""Load a Hugging Face model directory (config, tokenizer, chat template, weights) of a supported family."""
 
 from __future__ import annotations
 
@@ -11,8 +11,29 @@ from worker.model import LlamaForPagedAttention
 
 log = logging.getLogger(__name__)
 
-# Decoder-only models with the Llama layer layout (RMSNorm, rotary, GQA, SwiGLU).
-SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2"}
+# Decoder-only families whose weights worker/model.py gathers (RMSNorm, rotary, GQA, gated MLP). Llama,
+# Mistral and Qwen2 run on the Llama forward pass; Gemma 3 (text) also needs what
+# FORWARD_FEATURES in worker/model.py lists, and is refused with the list of what is missing until then.
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "gemma3_text"}
+
+
+class UnsupportedModelError(ValueError):
+    """The model directory holds an architecture this engine cannot run (raised before serving starts)."""
+
+
+def check_model_type(path: str) -> str:
+    """The directory's model type, or UnsupportedModelError naming it and what is supported."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        architectures = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"
+        raise UnsupportedModelError(
+            f"{path}: model type {model_type!r} ({architectures}) is not supported by this engine; "
+            f"supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
+        )
+    return model_type
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -38,14 +59,9 @@ def load_tokenizer(path: str):  # a transformers tokenizer
 
 
 def load_hf_model(path: str, dtype: str, device: str) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path)
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model type {config.model_type!r} is not supported; "
-            f"expected one of {sorted(SUPPORTED_MODEL_TYPES)}"
-        )
+    check_model_type(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     return model.to(device).eval()
 
@@ -61,6 +77,12 @@ def load_model(
     hf_model = load_hf_model(path, dtype, device)
     int4_groups = gguf_int4_groups(path, hf_model) if quantization == "int4" else {}
     model = LlamaForPagedAttention(hf_model, max_positions, linear_backend, quantization, int4_groups)
+    missing = model.missing_forward_features()
+    if missing:
+        raise UnsupportedModelError(
+            f"{path}: model type {hf_model.config.model_type!r} needs what this engine's forward pass does "
+            f"not compute yet: {', '.join(missing)} (FORWARD_FEATURES in worker/model.py)"
+        )
     log.info(
         "loaded %s (%s, %s, %s linear layers, quantization %s)",
         path,
