@@ -27,7 +27,7 @@ import numpy as np
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.report import write_section
+from bench.report import publish
 from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key
@@ -355,10 +355,7 @@ def main() -> None:
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]
-    report = "\n".join(lines)
-    print(report)
-    if args.write_docs:
-        write_section("cache-latency", "## Semantic cache latency\n\n" + report)
+    publish("cache-latency", ["## Semantic cache latency", "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.report import write_section
+from bench.report import publish
 from cache_service.core import TOP_K
 from cache_service.embedder import Embedder
 from cache_service.index import VectorIndex
@@ -241,10 +241,7 @@ def main() -> None:
     for f in (0.80, 0.85, 0.90, 0.95):
         s, p, w, t = totals(tally(test_rows, test_lookups, f, None))
         lines.append(f"| {f:.2f} | {rate(s, p)} | {rate(w, t)} |")
-    report = "\n".join(lines)
-    print(report)
-    if args.write_docs:
-        write_section("cache-quality", "## Semantic cache quality\n\n" + report)
+    publish("cache-quality", ["## Semantic cache quality", "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":
