@@ -118,9 +118,12 @@ class SemanticCacheGate:
         return CacheDecision("miss", key)
 
     def may_reuse(self, req: ChatCompletionRequest | CompletionRequest) -> bool:
-        """One answer, no logprobs (they differ run to run), no tools (calls are parsed from the text), and
-        sampling no hotter than CACHE_MAX_TEMPERATURE (unset: the engine's default temperature)."""
-        if req.num_choices != 1 or req.num_logprobs() is not None or getattr(req, "tools", None):
+        """One answer, no logprobs of the output or the prompt (a stored text has none), no tools (calls are
+        parsed from the text), and sampling no hotter than CACHE_MAX_TEMPERATURE (unset: the engine's
+        default temperature)."""
+        if req.num_choices != 1 or req.num_logprobs() is not None or req.num_prompt_logprobs() is not None:
+            return False
+        if getattr(req, "tools", None):
             return False
         temperature = SamplingParams.temperature if req.temperature is None else req.temperature
         return temperature <= self.max_temperature + 1e-6

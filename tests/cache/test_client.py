@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.cache_client import SemanticCacheClient, build_cache_key, params_fingerprint
-from gateway.protocol import ChatCompletionRequest, parse_request
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.semantic import SemanticCacheGate, output_params
 from gateway.settings import GatewaySettings
 from services.launch import free_port
@@ -53,6 +53,13 @@ def chat(**fields: object) -> ChatCompletionRequest:
 )
 def test_requests_whose_answer_may_not_be_reused(fields: dict) -> None:
     assert not gate().may_reuse(chat(**fields))
+
+
+def test_prompt_logprobs_are_not_reused() -> None:
+    body = {"model": "m", "prompt": "Once upon a time", "temperature": 0}
+    assert gate().may_reuse(parse_request(CompletionRequest, json.dumps(body).encode()))
+    with_prompt_logprobs = json.dumps(body | {"prompt_logprobs": 1}).encode()
+    assert not gate().may_reuse(parse_request(CompletionRequest, with_prompt_logprobs))
 
 
 def test_the_gateway_owns_the_temperature_rule(monkeypatch: pytest.MonkeyPatch) -> None:
