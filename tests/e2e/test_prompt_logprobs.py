@@ -92,6 +92,23 @@ def test_echo_with_logprobs_leads_with_the_prompt(client: openai.OpenAI, gateway
     assert "prompt_logprobs" not in (choice.model_extra or {})
 
 
+def test_scoring_token_id_prompts_as_eval_harnesses_do(client: openai.OpenAI, gateway: Service) -> None:
+    """lm-eval's loglikelihood request: token-id prompts in one call, echo, logprobs=1, max_tokens=1."""
+    contexts = [prompt_ids(gateway, PROMPT + " Paris"), prompt_ids(gateway, "One, two, three")]
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt=contexts, max_tokens=1, temperature=0, echo=True, logprobs=1
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    for ids, choice in zip(contexts, reply.choices, strict=True):
+        lp = choice.logprobs
+        assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None
+        scored = lp.token_logprobs[1 : len(ids)]
+        assert all(isinstance(v, float) and v <= 0 for v in scored)
+        pairs = zip(lp.tokens[1:], lp.top_logprobs[1:], strict=True)
+        greedy = [max(top, key=top.get) == token for token, top in pairs]
+        assert len(greedy) == len(ids) and greedy[-1]  # the sampled token is the top one at temperature 0
+
+
 def choice_of(reply):  # noqa: ANN001, ANN201
     assert len(reply.choices) == 1
     return reply.choices[0]
