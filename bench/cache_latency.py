@@ -199,10 +199,9 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
         worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8")
         started.append(worker)
         gateway = launch.start_gateway(
-            "gateway", tmp, worker.addr, CACHE_ENABLED="true", CACHE_ADDR=cache.addr
+            "gateway", tmp, worker.addr, ready=True, CACHE_ENABLED="true", CACHE_ADDR=cache.addr
         )
         started.append(gateway)
-        gateway.wait_until(lambda: launch.http_ok(f"{gateway.addr}/ready"))
         base = gateway.addr
         miss_t: list[float] = []
         hit_t: list[float] = []

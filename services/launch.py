@@ -167,11 +167,14 @@ def worker_service(name: str, log_dir: Path, **env: str) -> Service:
     return python_service(name, "worker", full, log_dir, lambda: grpc_serving(addr), addr)
 
 
-def gateway_service(name: str, log_dir: Path, worker_addr: str, **env: str) -> Service:
+def gateway_service(
+    name: str, log_dir: Path, worker_addr: str, route: str = "/health", **env: str
+) -> Service:
+    """A gateway, up once `route` answers 200 (/health: the process; /ready: a worker answers too)."""
     port = int(env.get("GATEWAY_PORT") or free_port())
     url = f"http://127.0.0.1:{port}"
     full = {"GATEWAY_PORT": str(port), "WORKER_ADDR": worker_addr, "CACHE_ENABLED": "false"} | env
-    return python_service(name, "gateway", full, log_dir, lambda: http_ok(f"{url}/health"), url)
+    return python_service(name, "gateway", full, log_dir, lambda: http_ok(url + route), url)
 
 
 def cache_service(name: str, log_dir: Path, redis_url: str, **env: str) -> Service:
@@ -186,9 +189,11 @@ def start_worker(name: str, log_dir: Path, **env: str) -> Service:
     return worker_service(name, log_dir, **env).start()
 
 
-def start_gateway(name: str, log_dir: Path, worker_addr: str, **env: str) -> Service:
-    """A gateway (semantic cache off unless `env` turns it on), up once /health answers; `.addr`: its URL."""
-    return gateway_service(name, log_dir, worker_addr, **env).start()
+def start_gateway(name: str, log_dir: Path, worker_addr: str, ready: bool = False, **env: str) -> Service:
+    """A gateway (semantic cache off unless `env` turns it on), up once /health answers (with `ready`: once
+    /ready does, a worker answering too); `.addr`: its URL."""
+    route = "/ready" if ready else "/health"
+    return gateway_service(name, log_dir, worker_addr, route, **env).start()
 
 
 def start_cache_service(name: str, log_dir: Path, redis_url: str, **env: str) -> Service:

@@ -19,7 +19,7 @@ from services.gen import worker_pb2, worker_pb2_grpc
 # tests/e2e/test_prompt_logprobs.py, which still import it (and Service, start_worker, start_gateway) from
 # here; all of them belong to services.launch: drop the alias once those files import from there.
 from services.launch import MODEL_NAME as MODEL_NAME
-from services.launch import Service, free_port, http_ok, start_gateway, start_worker
+from services.launch import Service, free_port, start_gateway, start_worker
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +42,7 @@ def worker_stub(worker: Service) -> Iterator[worker_pb2_grpc.WorkerStub]:
 
 @pytest.fixture(scope="session")
 def gateway(worker: Service, log_dir: Path) -> Iterator[Service]:
-    service = start_gateway("gateway", log_dir, worker.addr)
-    service.wait_until(lambda: http_ok(f"{service.addr}/ready"))
+    service = start_gateway("gateway", log_dir, worker.addr, ready=True)
     yield service
     service.stop()
 

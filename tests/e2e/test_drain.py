@@ -22,7 +22,7 @@ import pytest
 
 from services.gen import worker_pb2 as pb
 from services.gen import worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, grpc_serving, http_ok, start_gateway, start_worker
+from services.launch import MODEL_NAME, Service, grpc_serving, start_gateway, start_worker
 from tests.e2e.conftest import wait_for_idle
 from tests.e2e.test_deadlines import reason_of
 from tests.support.net import wait_for
@@ -52,13 +52,6 @@ def finish_reasons(events: list[str]) -> list[str]:
     return [r for r in reasons if r]
 
 
-def worker_state(addr: str) -> bool:
-    try:
-        return grpc_serving(addr)
-    except grpc.RpcError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def stall_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("stall") / "stall"
@@ -81,8 +74,7 @@ def held_worker(log_dir: Path, stall_file: Path) -> Iterator[Service]:
 
 @pytest.fixture(scope="module")
 def draining_gateway(held_worker: Service, log_dir: Path) -> Iterator[Service]:
-    service = start_gateway("gateway-drain", log_dir, held_worker.addr)
-    service.wait_until(lambda: http_ok(f"{service.addr}/ready"))
+    service = start_gateway("gateway-drain", log_dir, held_worker.addr, ready=True)
     yield service
     service.stop()
 
@@ -102,14 +94,14 @@ def test_a_hung_engine_turns_readiness_off_and_back_on(
     with ThreadPoolExecutor(2) as pool:
         (stream,) = start_streams(pool, draining_gateway.addr, 1, 8)
         stall_file.touch()
-        wait_for(lambda: not worker_state(held_worker.addr), 20, "the worker's health to turn NOT_SERVING")
+        wait_for(lambda: not grpc_serving(held_worker.addr), 20, "the worker's health to turn NOT_SERVING")
         wait_for(lambda: httpx.get(ready_url, timeout=30).status_code == 503, 10, "/ready to turn 503")
         refused = httpx.post(
             f"{draining_gateway.addr}/v1/chat/completions", json=CHAT | {"max_tokens": 2}, timeout=30
         )
         assert refused.status_code == 503, refused.text
         stall_file.unlink()
-        wait_for(lambda: worker_state(held_worker.addr), 20, "the worker's health to turn SERVING again")
+        wait_for(lambda: grpc_serving(held_worker.addr), 20, "the worker's health to turn SERVING again")
         wait_for(lambda: httpx.get(ready_url, timeout=30).status_code == 200, 10, "/ready to turn 200 again")
         events = stream.result(timeout=120)
     assert events[-1] == "[DONE]" and finish_reasons(events) == ["length"]
@@ -178,7 +170,7 @@ def test_worker_sigterm_drains_streams_in_flight_then_exits_0(held_worker: Servi
         assert all(e.wait(60) for e in started)
         stall_file.touch()
         held_worker.proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: not worker_state(held_worker.addr), 10, "health to turn NOT_SERVING")
+        wait_for(lambda: not grpc_serving(held_worker.addr), 10, "health to turn NOT_SERVING")
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.Generate(pb.GenerateRequest(text="hi"), timeout=10))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
