@@ -218,7 +218,10 @@ def redis_service(log_dir: Path, name: str | None = None) -> tuple[Service, str]
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     name = name or f"redis-{port}"
-    ready = lambda: bool(redis.Redis.from_url(url, socket_timeout=1).ping())  # noqa: E731
+
+    def ready() -> bool:
+        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+
     return Service(name, redis_argv(port, log_dir), {}, log_dir / f"{name}.log", ready, url), url
 
 

@@ -46,7 +46,10 @@ def _grpc_service(
     ports = {"HOST": "127.0.0.1", "PORT": str(port), "METRICS_PORT": str(metrics_port)}
     full = {prefix + k: v for k, v in ports.items()} | env
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    ready = lambda: grpc_serving(f"127.0.0.1:{port}") and http_ok(metrics_url)  # noqa: E731
+
+    def ready() -> bool:
+        return grpc_serving(f"127.0.0.1:{port}") and http_ok(metrics_url)
+
     return kind(python_service(name, module, full, log_dir, ready, f"127.0.0.1:{port}"), port, metrics_port)
 
 
