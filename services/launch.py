@@ -18,13 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from services.healthcheck import check_grpc, check_http
+from worker.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_SERVER = Path(sys.executable).parent / "redis-server"
-MODEL_NAME = "SmolLM2-135M-Instruct"  # what `make model` fetches and the worker serves by default
+MODEL_NAME = PurePath(EngineConfig.model).name  # what `make model` fetches and the worker serves by default
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 45.0  # longer than the services' 30 s drain
 # Environment variables of ours: a child gets only the ones its starter sets.

@@ -6,6 +6,7 @@ settings (addresses, drain, stall, price) have their defaults here.
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Literal
 
 from pydantic import Field
@@ -26,7 +27,7 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WORKER_", cli_parse_args=False, extra="ignore")
 
     model: str = EngineConfig.model
-    served_model_name: str = "SmolLM2-135M-Instruct"
+    served_model_name: str = PurePath(EngineConfig.model).name  # the name clients send as `model`
     dtype: Literal[DTYPES] = EngineConfig.dtype  # type: ignore[valid-type]
     device: str = EngineConfig.device
     num_threads: int | None = EngineConfig.num_threads
