@@ -7,12 +7,11 @@ import urllib.request
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from services.gen import cache_pb2
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService
+from tests.support.grpc_checks import serving_with_reflection
 
 
 def test_exact_hit_and_miss(stub) -> None:
@@ -161,17 +160,8 @@ def test_completion_prompts_are_cached_apart_from_chat(stub) -> None:
 
 
 def test_health_and_reflection(cache_service: CacheService) -> None:
-    with grpc.insecure_channel(cache_service.addr) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "llmserve.cache.v1.SemanticCache"):
-            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(
-            refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
-        )
-        names = {s.name for s in replies[0].list_services_response.service}
-        assert {"llmserve.cache.v1.SemanticCache", "grpc.health.v1.Health"} <= names
+    methods = serving_with_reflection(cache_service.addr, "llmserve.cache.v1.SemanticCache")
+    assert methods == {"Lookup", "Store", "Invalidate", "GetStats"}
 
 
 def test_stats_and_metrics(stub, cache_service: CacheService) -> None:

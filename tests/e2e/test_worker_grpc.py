@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from services.gen import worker_pb2 as pb
 from services.gen import worker_pb2_grpc
 from services.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
+from tests.support.grpc_checks import serving_with_reflection
 
 GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
 
@@ -26,24 +25,14 @@ def text_of(chunks: list[pb.GenerateResponse], index: int = 0) -> str:
 
 
 def test_health_and_reflection(worker: Service) -> None:
-    with grpc.insecure_channel(worker.addr) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "llmserve.worker.v1.Worker"):
-            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        database = ProtoReflectionDescriptorDatabase(channel)
-        services = database.get_services()
-        assert "llmserve.worker.v1.Worker" in services
-        assert "grpc.health.v1.Health" in services
-        proto_file = database.FindFileContainingSymbol("llmserve.worker.v1.Worker")
-        assert {m.name for m in proto_file.service[0].method} == {
-            "Generate",
-            "Abort",
-            "GetModelInfo",
-            "GetStats",
-            "Tokenize",
-            "Detokenize",
-        }
+    assert serving_with_reflection(worker.addr, "llmserve.worker.v1.Worker") == {
+        "Generate",
+        "Abort",
+        "GetModelInfo",
+        "GetStats",
+        "Tokenize",
+        "Detokenize",
+    }
 
 
 def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
