@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
 from services.gen import worker_pb2, worker_pb2_grpc
@@ -45,6 +46,13 @@ def gateway(worker: Service, log_dir: Path) -> Iterator[Service]:
     service = start_gateway("gateway", log_dir, worker.addr, ready=True)
     yield service
     service.stop()
+
+
+@pytest.fixture(scope="module")
+def http(gateway: Service) -> Iterator[httpx.Client]:
+    """A client of the shared gateway."""
+    with httpx.Client(base_url=gateway.addr, timeout=60) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

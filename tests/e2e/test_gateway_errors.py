@@ -33,12 +33,6 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     return error
 
 
-@pytest.fixture(scope="module")
-def http(gateway: Service) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.addr, timeout=60) as client:
-        yield client
-
-
 @pytest.mark.parametrize(
     ("change", "param"),
     [

@@ -3,8 +3,6 @@ defaults and GATEWAY_MAX_* settings decide where the bounds are."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
@@ -12,12 +10,6 @@ from services.launch import MODEL_NAME, Service, start_gateway
 from tests.e2e.test_gateway_errors import assert_openai_error
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-
-
-@pytest.fixture(scope="module")
-def http(gateway: Service) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.addr, timeout=60) as client:
-        yield client
 
 
 @pytest.mark.parametrize(
