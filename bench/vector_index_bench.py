@@ -634,14 +634,11 @@ def notes(sized: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
         " real paraphrases of stored questions, synthetic near-duplicates of stored rows (cosine"
         " ~0.85-0.96), and"
         " novel vectors (nothing close stored). RSS without `*`: one build alone in a fresh process; with"
-        " `*`: growth inside the shared process (reuses what an earlier build freed: a floor, not a figure)."
-        " The usearch row at 100k is from a separate interleaved run with `handwritten` and"
-        " `faiss-sq-fp16` (its first build stopped at a 600 s budget at 97k entries).",
+        " `*`: growth inside the shared process (reuses what an earlier build freed: a floor, not a figure).",
         "",
-        "**Decision: the hand-written index stays.** Against FAISS's exact indexes it is as fast at 100k"
-        f" ({v(hw, 100_000, 'search_cpu_p50_ms'):.1f} vs {v(sq, 100_000, 'search_cpu_p50_ms'):.1f} ms CPU p50"
-        f" for float16 storage) and faster at 1M ({v(hw, 1_000_000, 'search_cpu_p50_ms'):.0f} vs"
-        f" {v(sq, 1_000_000, 'search_cpu_p50_ms'):.0f} ms; float32 IndexFlatIP"
+        "**Decision: the hand-written index stays.** Against FAISS's exact indexes it searches faster from"
+        f" 100k ({v(hw, 100_000, cpu):.1f} vs {v(sq, 100_000, cpu):.1f} ms CPU p50 at 100k with float16"
+        f" storage, {v(hw, 1_000_000, cpu):.0f} vs {v(sq, 1_000_000, cpu):.0f} ms at 1M; float32 IndexFlatIP"
         f" {v('faiss-flat', 1_000_000, 'search_cpu_p50_ms'):.0f} ms), and it removes or re-stores an entry in"
         f" {v(hw, 1_000_000, 'remove_us'):.0f} us where FAISS's IndexIDMap2 compacts its whole array"
         f" ({v(sq, 100_000, 'remove_us') / 1e3:.0f} ms at 100k,"
@@ -657,7 +654,7 @@ def notes(sized: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
         "",
         "usearch's HNSW is the one real rival: at 100k it searches"
         f" {v(hw, k100, cpu) / v(us, k100, cpu):.1f}x faster ({v(us, k100, cpu):.1f} vs"
-        f" {v(hw, k100, cpu):.1f} ms CPU in its own interleaved run; on an idle machine that is about 1.3 ms"
+        f" {v(hw, k100, cpu):.1f} ms CPU, same run; on an idle machine that is about 1.3 ms"
         " of a ~7 ms semantic hit), and the gap grows with size. It loses on everything else the cache needs:"
         f" it is approximate (recall@1 at 100k {v(us, k100, 'recall_paraphrase'):.3f} on real paraphrases,"
         f" {v(us, k100, 'recall_near-dup'):.3f} on near-duplicates, {v(us, k100, 'recall_novel'):.3f} on"
@@ -669,6 +666,9 @@ def notes(sized: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
         f" grows, over {1e6 / (1e5 / v(us, k100, 'build_s')) / 3600:.1f} hours); one index per partition"
         " also costs far more than a small partition's rows (below). Worth revisiting if single partitions"
         " grow toward 1M entries, where no exact scan fits a lookup's budget.",
+        "",
+        "`cache_service/sync.py` (load at start, pub/sub events, periodic diff against Redis, expiry) is not"
+        " what these libraries do: any of them would sit behind the same resync.",
     ]
 
 
