@@ -47,8 +47,20 @@ class AttentionMetadata:
         torch.Tensor | None
     )  # torch backend: [1, num_decodes, 1, max_blocks * bs] bool, True = masked
     prefills: list[PrefillChunk]
-    decode_context_lens: torch.Tensor | None = None  # native backend: [num_decodes] long
+    decode_context_lens: torch.Tensor | None = None  # [num_decodes] long
     native_decode: bool = False  # decode through the native kernel (else the gather path)
+    _window_masks: dict[int, torch.Tensor] | None = None
+
+    def decode_window_mask(self, window: int) -> torch.Tensor:
+        """The torch decode mask for a sliding-window layer: also masks keys at or before ctx - 1 - window
+        (built once per step for each window size)."""
+        if self._window_masks is None:
+            self._window_masks = {}
+        if window not in self._window_masks:
+            span = torch.arange(self.decode_mask.shape[-1], device=self.decode_mask.device)
+            old = span.unsqueeze(0) <= (self.decode_context_lens - 1 - window).unsqueeze(1)
+            self._window_masks[window] = self.decode_mask | old.view(self.decode_mask.shape)
+        return self._window_masks[window]
 
 
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -87,12 +99,17 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
+    window: int | None = None,  # sliding window: a query at position p sees keys at (p - window, p] only
 ) -> torch.Tensor:
     write_kv(k_cache, meta.slot_mapping, k)
     write_kv(v_cache, meta.slot_mapping, v)
     out = torch.empty_like(q)
     group = q.shape[1] // k.shape[1]
     if meta.num_decodes and meta.native_decode:
+        if window is not None:
+            raise ValueError(
+                "the native decode kernel has no sliding window: use the torch attention backend"
+            )
         native_ops().decode_attention(
             q[: meta.num_decodes].contiguous(),
             k_cache,
@@ -103,14 +120,20 @@ def paged_attention(
             out[: meta.num_decodes],
         )
     elif meta.num_decodes:
-        out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta, group)
+        mask = meta.decode_mask if window is None else meta.decode_window_mask(window)
+        out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, mask, meta, group)
     for chunk in meta.prefills:
-        _prefill(q, k, v, k_cache, v_cache, chunk, out, group)
+        _prefill(q, k, v, k_cache, v_cache, chunk, out, group, window)
     return out
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, group: int
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    mask: torch.Tensor,
+    meta: AttentionMetadata,
+    group: int,
 ) -> torch.Tensor:
     num, num_heads, head_dim = q.shape
     num_kv = num_heads // group
@@ -120,27 +143,29 @@ def _decode(
     keys = gather_kv(k_cache, meta.decode_block_tables)
     values = gather_kv(v_cache, meta.decode_block_tables)
     scores = torch.matmul(q_grouped, keys.transpose(-1, -2)) * (head_dim**-0.5)
-    probs = scores.float().masked_fill_(meta.decode_mask, float("-inf")).softmax(dim=-1).to(q.dtype)
+    probs = scores.float().masked_fill_(mask, float("-inf")).softmax(dim=-1).to(q.dtype)
     attn = torch.matmul(probs, values)  # [KV, B, group, D]
     return attn.transpose(0, 1).reshape(num, num_heads, head_dim)
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int) -> None:
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, window: int | None) -> None:
     s, n = chunk.token_start, chunk.num_tokens
     q_seq = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-    if chunk.context_len == n:
-        # Nothing earlier in the cache: attend to this chunk's own K/V, plain causal.
+    fresh = chunk.context_len == n  # nothing earlier in the cache: this chunk's own K/V is all there is
+    if fresh:
         keys = k[s : s + n].transpose(0, 1).unsqueeze(0)
         values = v[s : s + n].transpose(0, 1).unsqueeze(0)
-        attn = F.scaled_dot_product_attention(q_seq, keys, values, is_causal=True, enable_gqa=group > 1)
     else:
         table = chunk.block_table.unsqueeze(0)
         keys = gather_kv(k_cache, table)[:, :, : chunk.context_len].transpose(0, 1)  # [1, KV, L, D]
         values = gather_kv(v_cache, table)[:, :, : chunk.context_len].transpose(0, 1)
-        offset = chunk.context_len - n
-        rows = torch.arange(n, device=q.device).unsqueeze(1) + offset
+    if fresh and window is None:
+        attn = F.scaled_dot_product_attention(q_seq, keys, values, is_causal=True, enable_gqa=group > 1)
+    else:
+        rows = torch.arange(n, device=q.device).unsqueeze(1) + (chunk.context_len - n)
         cols = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
-        attn = F.scaled_dot_product_attention(
-            q_seq, keys, values, attn_mask=cols <= rows, enable_gqa=group > 1
-        )
+        visible = cols <= rows
+        if window is not None:
+            visible &= cols > rows - window
+        attn = F.scaled_dot_product_attention(q_seq, keys, values, attn_mask=visible, enable_gqa=group > 1)
     out[s : s + n] = attn.squeeze(0).transpose(0, 1)

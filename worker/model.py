@@ -30,7 +30,9 @@ from worker.attention import AttentionMetadata, paged_attention
 #   sliding_window  LayerWeights.sliding_window = W: a query at position p sees keys at (p - W, p] only
 # Folded into the weights at load, so the forward needs nothing for them: Gemma's (1 + w) norm scales, the
 # embedding scale, Gemma's query_pre_attn_scalar.
-FORWARD_FEATURES: frozenset[str] = frozenset()
+FORWARD_FEATURES: frozenset[str] = frozenset(
+    {"qk_norm", "sandwich_norms", "gelu_tanh", "per_layer_rope", "sliding_window"}
+)
 
 # RMSNorms that scale by (1 + weight) (Gemma's); folded into plain weights at load.
 _UNIT_OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
@@ -59,6 +61,24 @@ def _norm_weight(norm: torch.nn.Module) -> torch.Tensor:
     if type(norm).__name__ in _UNIT_OFFSET_NORMS:
         return (1.0 + weight.float()).to(weight.dtype)
     return weight
+
+
+class _PositionTables:
+    """cos/sin rows for one step's positions, selected once per table (layers share the model's table;
+    Gemma's local layers share theirs)."""
+
+    def __init__(self, positions: torch.Tensor) -> None:
+        self.positions = positions
+        self.selected: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def select(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = id(cos)
+        if key not in self.selected:
+            self.selected[key] = (
+                cos.index_select(0, self.positions).unsqueeze(1),  # [T, 1, D]
+                sin.index_select(0, self.positions).unsqueeze(1),
+            )
+        return self.selected[key]
 
 
 @dataclass
@@ -226,8 +246,18 @@ class LlamaForPagedAttention:
         return x * cos + rotated * sin
 
     def use_native_kernels(self, ops: object | None) -> None:
-        """Run norms, rotary and the gated activation through the compiled kernels (`torch.ops.llmserve`)."""
+        """Run norms, rotary and the gated activation through the compiled kernels (`torch.ops.llmserve`).
+        The fused path is the plain Llama layer; a model needing more (FORWARD_FEATURES) keeps the torch
+        forward, and the runner keeps its attention on the torch backend (`supports_native_kernels`)."""
+        if ops is not None and not self.supports_native_kernels:
+            raise ValueError(
+                f"the native kernels run the Llama layer only; this model needs {sorted(self.needs)}"
+            )
         self.native_ops = ops
+
+    @property
+    def supports_native_kernels(self) -> bool:
+        return not self.needs
 
     @torch.inference_mode()
     def forward(
@@ -243,23 +273,33 @@ class LlamaForPagedAttention:
         s = self.shape
         num_tokens = input_ids.shape[0]
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
-        sin = self.sin.index_select(0, positions).unsqueeze(1)
+        rope = _PositionTables(positions)
         hidden = F.embedding(input_ids, self.embed)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            cos, sin = rope.select(*(layer.rope or (self.cos, self.sin)))
             residual = hidden
             x = self._rms_norm(hidden, layer.input_norm)
             qkv = layer.qkv(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = self._rotate(q.view(num_tokens, s.num_heads, s.head_dim), cos, sin)
-            k = self._rotate(k.view(num_tokens, s.num_kv_heads, s.head_dim), cos, sin)
+            q = q.view(num_tokens, s.num_heads, s.head_dim)
+            k = k.view(num_tokens, s.num_kv_heads, s.head_dim)
+            if layer.q_norm is not None:
+                q, k = self._rms_norm(q, layer.q_norm), self._rms_norm(k, layer.k_norm)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             v = v.reshape(num_tokens, s.num_kv_heads, s.head_dim)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta)
-            hidden = residual + layer.o_proj(attn.view(num_tokens, q_size))
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, layer.sliding_window)
+            out = layer.o_proj(attn.view(num_tokens, q_size))
+            if layer.post_attn_norm is not None:
+                out = self._rms_norm(out, layer.post_attn_norm)
+            hidden = residual + out
             residual = hidden
             x = self._rms_norm(hidden, layer.post_norm)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden = residual + layer.down(F.silu(gate) * up)
+            act = F.gelu(gate, approximate="tanh") if self.activation == "gelu_tanh" else F.silu(gate)
+            out = layer.down(act * up)
+            if layer.post_mlp_norm is not None:
+                out = self._rms_norm(out, layer.post_mlp_norm)
+            hidden = residual + out
         if logits_indices is not None:
             hidden = hidden.index_select(0, logits_indices)
         hidden = self._rms_norm(hidden, self.final_norm)

@@ -45,6 +45,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = model.embed.device
         self.dtype = model.embed.dtype
+        if not model.supports_native_kernels:
+            if attention_backend == "native":
+                raise ValueError(
+                    f"the native kernels run the Llama layer only; this model needs {sorted(model.needs)}"
+                )
+            attention_backend = "torch"
         self.attention_backend = resolve_attention_backend(attention_backend, self.device, self.dtype)
         model.use_native_kernels(native_ops() if self.attention_backend == "native" else None)
         s = model.shape
@@ -91,9 +97,9 @@ class ModelRunner:
             dec_ctx = context_lens[:num_decodes]
             dec_blocks = int((dec_ctx.max() + bs - 1) // bs)
             meta.decode_block_tables = block_tables[:num_decodes, :dec_blocks].contiguous().to(dev)
+            meta.decode_context_lens = dec_ctx.contiguous().to(dev)
             if self.attention_backend == "native":
                 meta.native_decode = True
-                meta.decode_context_lens = dec_ctx.contiguous().to(dev)
             else:
                 span = torch.arange(dec_blocks * bs)
                 mask = span.unsqueeze(0) >= dec_ctx.unsqueeze(1)

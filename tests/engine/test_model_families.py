@@ -5,9 +5,8 @@
 - Gemma 3 (text): the gathered weights (Gemma's (1 + w) norms and embedding scale folded, q/k norms,
   sandwich norms, local and global rotary tables, sliding window, query_pre_attn_scalar folded into q)
   are checked by `reference_logits`, a plain full-sequence forward over exactly those weights, against
-  transformers. That function is also the spec of what the paged forward still has to compute (the
-  `needs` listed in FORWARD_FEATURES, worker/model.py); until it does, loading refuses the model by
-  naming them, and the paged comparison is skipped with that list.
+  transformers, and the paged forward (torch attention backend: the native kernels run the Llama layer
+  only) against transformers' logits, prompts longer than the window, chunked prefill included.
 - Any other architecture is refused before anything loads, naming its type, also by a worker process.
 - `models/gemma-3-270m` (`python -m worker.fetch_model --model gemma-3-270m`), when present: the real
   weights through `reference_logits` against transformers' logits and greedy generate.
@@ -216,3 +215,7 @@ def test_gemma3_270m_weights_against_transformers() -> None:
     for _ in range(8):
         tokens.append(int(reference_logits(model, tokens)[-1].argmax()))
     assert tokens == expected
+    # And through the engine's own paged forward (scheduler + runner), greedy == generate.
+    request = make_request(prompt=prompt, max_tokens=8)
+    run_collecting_logits(hf_model, [request], block_size=16, num_blocks=64, budget=512)
+    assert request.all_token_ids == expected
