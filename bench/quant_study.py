@@ -130,25 +130,37 @@ def engine_perplexity(row: Row, tokens: list[int]) -> tuple[float, float]:
         plan = scheduler.schedule()
         _, logits = runner.all_logits(plan)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        half = PPL_CONTEXT // 2
-        targets = torch.tensor(chunk[half:], dtype=torch.long)
-        nll -= float(logprobs[half - 1 : PPL_CONTEXT - 1].gather(1, targets[:, None]).sum())
+        half = PPL_CONTEXT // 2  # llama-perplexity's convention: tokens half+1 .. end, from logits half ..
+        targets = torch.tensor(chunk[half + 1 :], dtype=torch.long)
+        nll -= float(logprobs[half : PPL_CONTEXT - 1].gather(1, targets[:, None]).sum())
         count += len(targets)
         scheduler.update_from_output(plan, {request.request_id: 0})
         runner.release(request.request_id)
     return float(torch.exp(torch.tensor(nll / count))), load_s
 
 
-def llama_perplexity(row: Row) -> float | None:
+def llama_perplexity(row: Row, num_chunks: int) -> float | None:
+    """llama.cpp's own tool over the same chunks the engine scores (`num_chunks` of PPL_CONTEXT tokens)."""
     tool = LLAMA_BIN / "llama-perplexity"
     if not tool.exists():
         return None
-    done = subprocess.run(
-        [str(tool), "-m", str(row.gguf), "-f", str(TEXT), "-c", str(PPL_CONTEXT), "-t", str(os.cpu_count())],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    command = [
+        str(tool),
+        "-m",
+        str(row.gguf),
+        "-f",
+        str(TEXT),
+        "-c",
+        str(PPL_CONTEXT),
+        "--chunks",
+        str(num_chunks),
+    ]
+    try:
+        done = subprocess.run(
+            [*command, "-t", str(os.cpu_count())], capture_output=True, text=True, timeout=1800
+        )
+    except subprocess.TimeoutExpired:
+        return None
     found = re.search(r"Final estimate: PPL = ([0-9.]+)", done.stdout + done.stderr)
     return float(found.group(1)) if found else None
 
@@ -392,7 +404,7 @@ def measure(rows: list[Row], tokens: list[int], quick: bool) -> None:
         if row.kind == "engine":
             row.figures["perplexity"], row.figures["load_s"] = engine_perplexity(row, tokens)
         else:
-            row.figures["perplexity"] = llama_perplexity(row)
+            row.figures["perplexity"] = llama_perplexity(row, len(tokens) // PPL_CONTEXT)
         print(f"  perplexity {row.figures['perplexity']}", flush=True)
         serve_and_measure(row, log_dir, quick)
         RESULTS.mkdir(parents=True, exist_ok=True)  # kept row by row: a long run that fails keeps its figures
