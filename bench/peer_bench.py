@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from bench.report import write_section
-from tests.e2e.conftest import MODEL_NAME, Service, start_gateway, start_worker
+from services.launch import MODEL_NAME, Service, start_gateway, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_SCRIPT = ROOT.parent / "shared" / "peers" / "vllm-cpu.sh"
@@ -238,7 +238,7 @@ def plot(results: dict[str, dict[str, dict]], label: str, tag: str) -> list[Path
 
 def render(
     results: dict[str, dict[str, dict]], servers: dict[str, Server], label: str, args: str, pngs
-) -> str:  # noqa: ANN001
+) -> str:
     ours, vllm = results.get("ours"), results.get("vllm")
     lines = [
         "## Side by side with vLLM's CPU build (vLLM's own client)",
@@ -259,7 +259,7 @@ def render(
         o = ours.get(name) if ours else None  # a run that did not finish shows as "-"
         v = vllm.get(name) if vllm else None
 
-        def cell(r, key):  # noqa: ANN001, ANN202
+        def cell(r, key):
             return f"{r['median_' + key]:.0f} / {r['p99_' + key]:.0f}" if r else "-"
 
         ratio = f"{o['output_throughput'] / v['output_throughput']:.2f}x" if o and v else "-"

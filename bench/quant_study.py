@@ -35,8 +35,7 @@ import torch
 
 from bench.peer_bench import MemorySampler, Server, peer
 from bench.report import write_section
-from tests.e2e.conftest import MODEL_NAME, start_gateway, start_worker
-from tests.support.net import free_port
+from services.launch import MODEL_NAME, free_port, start_gateway, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -260,7 +259,7 @@ def accuracy(base_url: str) -> float:
     return right / len(QUESTIONS)
 
 
-def agreement(texts: list[str], reference: list[str], tokenizer) -> float:  # noqa: ANN001
+def agreement(texts: list[str], reference: list[str], tokenizer) -> float:
     """Mean share of the reference's tokens matched before the first difference."""
     shares = []
     for text, ref in zip(texts, reference, strict=True):

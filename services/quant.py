@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from services.linear import Linear
+from worker.config import QUANTIZATIONS
 
-QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
 
 

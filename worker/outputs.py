@@ -45,11 +45,6 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs] | None = None
 
     @property
-    def request_id(self) -> str:
-        """Old name of group_id, kept only while tests/engine/test_prompt_logprobs.py still reads it."""
-        return self.group_id
-
-    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 

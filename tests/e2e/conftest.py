@@ -15,11 +15,6 @@ import httpx
 import pytest
 
 from services.gen import worker_pb2, worker_pb2_grpc
-
-# MODEL_NAME is re-exported only for bench/peer_bench.py, bench/quant_study.py and
-# tests/e2e/test_prompt_logprobs.py, which still import it (and Service, start_worker, start_gateway) from
-# here; all of them belong to services.launch: drop the alias once those files import from there.
-from services.launch import MODEL_NAME as MODEL_NAME
 from services.launch import Service, free_port, start_gateway, start_worker
 
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, Service
+from services.launch import MODEL_NAME, Service
 
 PROMPT = "The capital of France is"
 
@@ -109,7 +109,7 @@ def test_scoring_token_id_prompts_as_eval_harnesses_do(client: openai.OpenAI, ga
         assert len(greedy) == len(ids) and greedy[-1]  # the sampled token is the top one at temperature 0
 
 
-def choice_of(reply):  # noqa: ANN001, ANN201
+def choice_of(reply):
     assert len(reply.choices) == 1
     return reply.choices[0]
 

@@ -27,7 +27,8 @@ def _reference(q, k_cache, v_cache, tables, context_lens):
     span = torch.arange(tables.shape[1] * block_size)
     mask = (span.unsqueeze(0) >= context_lens.unsqueeze(1)).view(1, len(q), 1, -1)
     meta = AttentionMetadata(None, len(q), tables, mask, [])
-    return _decode(q.float(), k_cache.float(), v_cache.float(), meta, q.shape[1] // k_cache.shape[0])
+    group = q.shape[1] // k_cache.shape[0]
+    return _decode(q.float(), k_cache.float(), v_cache.float(), mask, meta, group)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -40,7 +40,7 @@ def hf_model():
     return tiny_llama(seed=1, vocab_size=VOCAB)
 
 
-def make_engine(hf_model, budget: int = 64, num_blocks: int = 128, max_num_seqs: int = 8) -> LLMEngine:  # noqa: ANN001
+def make_engine(hf_model, budget: int = 64, num_blocks: int = 128, max_num_seqs: int = 8) -> LLMEngine:
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
     config = EngineConfig(scheduler=sched)  # the KV pool's shape is the block manager's and runner's
     scheduler = Scheduler(sched, BlockManager(num_blocks, BLOCK, True))
@@ -60,7 +60,7 @@ def run(
         if not engine.has_unfinished():
             break
         for output in engine.step().outputs:
-            outputs[output.request_id].append(output)
+            outputs[output.group_id].append(output)
     assert not engine.has_unfinished()
     assert engine.scheduler.block_manager.num_used_blocks == 0
     return outputs
@@ -74,7 +74,7 @@ def prompt_of(length: int, salt: int = 0) -> list[int]:
     return [(11 * i + 5 + salt) % (VOCAB - 1) + 1 for i in range(length)]
 
 
-def assert_prompt_logprobs(hf_model, prompt: list[int], choice_outputs: list[RequestOutput], k: int) -> None:  # noqa: ANN001
+def assert_prompt_logprobs(hf_model, prompt: list[int], choice_outputs: list[RequestOutput], k: int) -> None:
     """Only the first output of the choice carries them, and they match transformers."""
     first, *rest = choice_outputs
     assert all(o.prompt_logprobs is None for o in rest)
@@ -97,7 +97,7 @@ def assert_prompt_logprobs(hf_model, prompt: list[int], choice_outputs: list[Req
         )
 
 
-def test_chunked_prefill_beside_other_requests(hf_model) -> None:  # noqa: ANN001
+def test_chunked_prefill_beside_other_requests(hf_model) -> None:
     engine = make_engine(hf_model, budget=10)
     prompt = prompt_of(37)
     outputs = run(
@@ -113,7 +113,7 @@ def test_chunked_prefill_beside_other_requests(hf_model) -> None:  # noqa: ANN00
     assert_prompt_logprobs(hf_model, prompt, outputs["k0"], 0)
 
 
-def test_prefix_cache_is_bypassed_until_they_are_out(hf_model) -> None:  # noqa: ANN001
+def test_prefix_cache_is_bypassed_until_they_are_out(hf_model) -> None:
     engine = make_engine(hf_model)
     prompt = prompt_of(30, salt=7)
     warm = run(engine, {"warm": (prompt, params(None))})
@@ -125,7 +125,7 @@ def test_prefix_cache_is_bypassed_until_they_are_out(hf_model) -> None:  # noqa:
     assert again[-1].usage.cached_tokens == 28
 
 
-def test_single_token_prompt_and_max_tokens_one(hf_model) -> None:  # noqa: ANN001
+def test_single_token_prompt_and_max_tokens_one(hf_model) -> None:
     engine = make_engine(hf_model)
     outputs = run(engine, {"one": ([42], params(2, max_tokens=1)), "two": ([42, 7], params(2, max_tokens=1))})
     (only,) = outputs["one"][0].prompt_logprobs
@@ -133,7 +133,7 @@ def test_single_token_prompt_and_max_tokens_one(hf_model) -> None:  # noqa: ANN0
     assert_prompt_logprobs(hf_model, [42, 7], outputs["two"], 2)
 
 
-def test_every_choice_and_after_preemption(hf_model) -> None:  # noqa: ANN001
+def test_every_choice_and_after_preemption(hf_model) -> None:
     engine = make_engine(hf_model, budget=16, num_blocks=24)
     prompts = {f"r{i}": (prompt_of(13 + i, salt=i), params(2, max_tokens=20, n=2)) for i in range(3)}
     outputs = run(engine, prompts)
