@@ -666,8 +666,8 @@ def notes(sized: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
         f" 100k entries, which a replica does at every start, took {v(us, k100, 'build_s'):.0f} s instead of"
         f" {v(hw, k100, 'build_s'):.0f} s (1M: not attempted; at that rate, which only falls as the graph"
         f" grows, over {10 * v(us, k100, 'build_s') / 60:.0f} minutes); one index per partition"
-        " also costs far more than a small partition's rows (below). Worth revisiting if single partitions"
-        " grow toward 1M entries, where no exact scan fits a lookup's budget.",
+        " also costs far more than a small partition's rows (the partitions line above). Worth revisiting"
+        " if single partitions grow toward 1M entries, where no exact scan fits a lookup's budget.",
         "",
         "`cache_service/sync.py` (load at start, pub/sub events, periodic diff against Redis, expiry) is not"
         " what these libraries do: any of them would sit behind the same resync.",
