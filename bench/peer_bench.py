@@ -91,19 +91,20 @@ class Server:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
 
 
-def start_ours(dtype: str, log_dir: Path) -> Server:
+def start_ours(dtype: str, log_dir: Path, quantization: str = "none") -> Server:
     from worker.model_loader import resolve_dtype
     from worker.settings import WorkerSettings
 
     defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
     worker = start_worker(
-        "worker",
+        f"worker-{quantization}",
         log_dir,
         WORKER_DTYPE=dtype,
+        WORKER_QUANTIZATION=quantization,
         WORKER_KV_CACHE_GB=str(defaults["kv_cache_gb"].default),
         WORKER_MAX_NUM_SEQS=str(defaults["max_num_seqs"].default),
     )
-    gateway = start_gateway("gateway", log_dir, worker.addr)
+    gateway = start_gateway(f"gateway-{quantization}", log_dir, worker.addr)
     services: list[Service] = [gateway, worker]
 
     def stop() -> None:
@@ -114,7 +115,8 @@ def start_ours(dtype: str, log_dir: Path) -> Server:
         return "\n".join(f"--- {s.name}\n{s.log_tail(3000)}" for s in services)
 
     pids = {"worker": worker.proc.pid, "gateway": gateway.proc.pid}
-    return Server("ours", resolve_dtype(dtype, "cpu"), gateway.addr, pids, stop, logs)
+    name = "ours" if quantization == "none" else f"ours-{quantization}"
+    return Server(name, resolve_dtype(dtype, "cpu"), gateway.addr, pids, stop, logs)
 
 
 def start_vllm(dtype: str) -> Server:
@@ -270,6 +272,31 @@ def render(
             f"| {label} | {ours_tps} | {vllm_tps} | {ratio} | {cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | "
             f"{cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
         )
+    for variant in [name for name in results if name.startswith("ours-")]:
+        q = results[variant]
+        lines += [
+            "",
+            f"{variant} (the same stack with weight-only {variant[5:]} linear layers, issue 11; not the same",
+            "arithmetic as vLLM's row, so a separate table), same client and workloads:",
+            "",
+            f"| workload | {variant} tok/s | ratio to vLLM | ratio to ours | TTFT p50 / p99 (ms) "
+            "| TPOT p50 / p99 (ms) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in [f"c{c}" for c in CONCURRENCY] + ["prefix"]:
+            r, v, o = q.get(name), (vllm or {}).get(name), (ours or {}).get(name)
+            if not r:
+                continue
+
+            def ratio(other: dict | None, r: dict = r) -> str:
+                return f"{r['output_throughput'] / other['output_throughput']:.2f}x" if other else "-"
+
+            label = "shared prefix, c8" if name == "prefix" else f"random, concurrency {name[1:]}"
+            lines.append(
+                f"| {label} | {r['output_throughput']:.0f} | {ratio(v)} | {ratio(o)} | "
+                f"{r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
+                f"{r['median_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} |"
+            )
     lines += ["", "Peak resident memory while serving (the process and its children):", ""]
     for server in servers.values():
         parts = ", ".join(f"{name} {mb:.0f} MB" for name, mb in server.peak_rss_mb.items())
@@ -284,7 +311,9 @@ def main() -> None:
     )
     parser.add_argument("--ours-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--vllm-dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "vllm"])
+    parser.add_argument(
+        "--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "ours-int8", "ours-int4", "vllm"]
+    )
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
     parser.add_argument("--c1-prompts", type=int, default=64, help="prompts at concurrency 1 (the slow row)")
     parser.add_argument("--write-docs", action="store_true")
@@ -297,8 +326,9 @@ def main() -> None:
     servers: dict[str, Server] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.servers:
-            if name == "ours":
-                server = start_ours(args.ours_dtype, Path(tmp))
+            if name.startswith("ours"):
+                quantization = name.partition("-")[2] or "none"
+                server = start_ours(args.ours_dtype, Path(tmp), quantization)
             else:
                 server = start_vllm(args.vllm_dtype)
             servers[name] = server
