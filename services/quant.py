@@ -1,14 +1,15 @@
-"""Weight-only quantized linear layers on torch's own kernels (activations stay floating point).
+"""Weight-only quantized linear layers (activations stay floating point).
 
-- int8: one symmetric scale per output channel, `aten._weight_int8pack_mm` (torch's int8 kernel takes
-  per-channel scales only).
+- int8: one symmetric scale per output channel. On CPU the project's own kernel (worker/kernels/
+  int8_linear.cpp, float32 products straight from the int8 rows: faster than float32 oneDNN at every batch
+  size measured, see docs/BENCHMARKS.md); elsewhere, or before `make kernels`, `aten._weight_int8pack_mm`.
 - int4: asymmetric groups of 32 input features, `aten._weight_int4pack_mm_for_cpu` over the layout
   `_convert_weight_to_int4pack_for_cpu` packs. A group holds 4-bit codes q in 0..15, a scale s and an
   offset z, and the kernel computes w = (q - 8) * s + z. llama.cpp's Q4_1 block (w = d * q + m, 32
   weights) is the same thing with s = d, z = m + 8 d, and Q4_0 (w = d * (q - 8)) with z = 0, so a GGUF
   file's 4-bit blocks load without a round trip through float (`Int4Groups`).
 
-Why bfloat16 inside: on this AVX2 CPU both kernels are vectorized only for bfloat16 inputs; in float32
+Why bfloat16 inside torch's kernels: on this AVX2 CPU both are vectorized only for bfloat16 inputs; in float32
 they fall back to a scalar loop, orders of magnitude slower at 8-32 rows (bench/quant_kernels.py). A
 float32 model therefore feeds these layers bfloat16 and takes float32 back; the rest of its forward
 pass (norms, attention, residuals) stays float32. Groups of 32 rather than 64: the same speed
@@ -76,17 +77,23 @@ class Int4Groups:
 
 
 class Int8Linear:
-    """y = x @ (q * s).T (+ b): int8 weights, one scale per output channel."""
+    """y = x @ (q * s).T (+ b): int8 weights, one scale per output channel.
+
+    On CPU with the compiled kernels (worker/kernels/int8_linear.cpp) the products run in float32 straight
+    from the int8 rows; elsewhere through torch's `_weight_int8pack_mm` (bfloat16 rows on CPU)."""
 
     quantization = "int8"
-    backend = "int8pack"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
-        self.compute_dtype = compute_dtype(w.device, weight.dtype)
-        # Codes are rounded against the scale as the kernel will see it (bfloat16 on CPU), so the scale's
-        # own rounding (up to half a step at the largest codes) does not add to the codes' rounding.
+        self.native = _native_int8(w.device)
+        self.backend = "native-int8" if self.native is not None else "int8pack"
+        self.compute_dtype = (
+            torch.float32 if self.native is not None else compute_dtype(w.device, weight.dtype)
+        )
+        # Codes are rounded against the scale as the kernel will see it (bfloat16 for int8pack on CPU), so the
+        # scale's own rounding (up to half a step at the largest codes) does not add to the codes' rounding.
         self.scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).to(self.compute_dtype)
         codes = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127)
         self.weight = codes.to(torch.int8).contiguous()
@@ -95,8 +102,23 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.to(self.compute_dtype).contiguous()
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).to(x.dtype)
+        if self.native is not None:
+            y = rows.new_empty(rows.shape[0], self.out_features)
+            self.native.int8_linear(rows, self.weight, self.scales, y)
+            y = y.to(x.dtype)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales).to(x.dtype)
         return y + self.bias if self.bias is not None else y
+
+
+def _native_int8(device: torch.device) -> object | None:
+    """The compiled int8 kernel where it runs (CPU, `make kernels` done), else None."""
+    if device.type != "cpu":
+        return None
+    from worker.kernels import native_ops
+
+    ops = native_ops()
+    return ops if ops is not None and hasattr(ops, "int8_linear") else None
 
 
 class Int4Linear:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # onednn: weights prepacked (CPU); torch: plain F.linear
 ATTENTION_BACKENDS = ("auto", "native", "torch")  # native: compiled CPU decode kernel; torch: gather + matmul
-QUANTIZATIONS = ("none", "int8", "int4")  # weight-only, linear layers (services/quant.py)
+QUANTIZATIONS = ("auto", "none", "int8", "int4")  # weight-only, linear layers (services/quant.py); auto: see
+# worker/model_loader.py resolve_quantization
 
 
 @dataclass
@@ -47,7 +48,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: torch's default
     linear_backend: str = "auto"  # one of LINEAR_BACKENDS
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
-    quantization: str = "none"  # one of QUANTIZATIONS
+    quantization: str = "auto"  # one of QUANTIZATIONS
     scheduler: SchedulerConfig | None = None
     kv_cache: KVCacheConfig | None = None
 

@@ -365,7 +365,14 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     from transformers import GenerationConfig
 
     from worker.block_manager import BlockManager
-    from worker.model_loader import check_model_type, load_model, load_tokenizer, resolve_dtype, torch_dtype
+    from worker.model_loader import (
+        check_model_type,
+        load_model,
+        load_tokenizer,
+        resolve_dtype,
+        resolve_quantization,
+        torch_dtype,
+    )
     from worker.model_runner import ModelRunner, kv_bytes_per_block
 
     if config.num_threads:
@@ -375,11 +382,10 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.kv_cache
     dtype = resolve_dtype(config.dtype, device)
+    quantization = resolve_quantization(config.quantization, device)
     check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
     tokenizer = load_tokenizer(config.model)
-    model = load_model(
-        config.model, dtype, device, sched.max_model_len, config.linear_backend, config.quantization
-    )
+    model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30
@@ -396,7 +402,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         num_kv_blocks=num_blocks,
         dtype=dtype,
         device=device,
-        quantization=config.quantization,
+        quantization=quantization,
         max_num_seqs=sched.max_num_seqs,
         vocab_size=model.shape.vocab_size,
     )

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from services.prometheus import init_labels  # also: no _created series
-from worker.outputs import FinishedRequestStats, StepStats
+from worker.outputs import FinishedRequestStats, ModelInfo, StepStats
 
 PREFIX = "llmserve:"
 FINISH_REASONS = ("stop", "length", "abort")
@@ -47,13 +47,15 @@ class _Engine(Protocol):
 
     def add_finished_listener(self, listener: Callable[[FinishedRequestStats], None]) -> None: ...
 
+    @property
+    def model_info(self) -> ModelInfo: ...
+
 
 class _Settings(Protocol):
     host: str
     metrics_port: int
     served_model_name: str
     price_per_hour_usd: float
-    quantization: str
 
 
 class WorkerMetrics:
@@ -272,7 +274,7 @@ class _QuietHandler(WSGIRequestHandler):
 def start_metrics_server(engine: _Engine, settings: _Settings) -> WorkerMetrics:
     """Attach the metrics to the engine's listeners and serve them on settings.metrics_port."""
     metrics = WorkerMetrics(
-        settings.served_model_name, settings.price_per_hour_usd, quantization=settings.quantization
+        settings.served_model_name, settings.price_per_hour_usd, quantization=engine.model_info.quantization
     )
     engine.add_step_listener(metrics.on_step)
     engine.add_finished_listener(metrics.on_request_finished)

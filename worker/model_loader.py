@@ -52,6 +52,20 @@ def resolve_dtype(name: str, device: str) -> str:
     return "bfloat16" if probe is not None and bool(probe()) else "float32"
 
 
+def resolve_quantization(name: str, device: str) -> str:
+    """`auto`: int8 weights on a CPU with the compiled int8 kernel (`make kernels`), else none. On CPU the
+    int8 kernel measured faster than float32 at every batch size, with perplexity within 1% of it
+    (docs/BENCHMARKS.md, quantization study); GPUs serve the unquantized weights."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        return "none"
+    from worker.kernels import native_ops
+
+    ops = native_ops()
+    return "int8" if ops is not None and hasattr(ops, "int8_linear") else "none"
+
+
 def load_tokenizer(path: str):  # a transformers tokenizer
     from transformers import AutoTokenizer
 

@@ -1,6 +1,6 @@
 """Weight-only int8/int4 linear layers and GGUF 4-bit loading (services/quant.py, worker/gguf_weights.py).
 
-Tolerances: the kernels run in bfloat16 (8 bits of mantissa, relative rounding 2^-9 per element), so a
+Tolerances: torch's kernels run in bfloat16 (8 bits of mantissa, relative rounding 2^-9 per element), so a
 layer is compared with F.linear over its own de-quantized weights at a relative error of 1%; the
 quantization error itself is bounded per weight (half a step of its channel or group).
 """
@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from services.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 from tests.engine.factories import tiny_llama
 from worker.gguf_weights import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
+from worker.kernels import native_ops
 from worker.model import LlamaForPagedAttention
+from worker.model_loader import resolve_quantization
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -33,6 +35,30 @@ def test_int8_layer_computes_x_times_its_dequantized_weight(rows):
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows, 96)
     assert relative_error(got, F.linear(x, dequantized, bias)) < 1e-2
+
+
+@pytest.mark.parametrize("in_features", [64, 40, 1536])  # whole 16-wide steps, a tail, the MLP's width
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])  # every row tile and remainder of the kernel
+def test_native_int8_kernel_is_float32_x_times_dequantized_weight(rows, in_features):
+    ops = native_ops()
+    if ops is None:
+        pytest.skip("native kernels not built (make kernels)")
+    gen = torch.Generator().manual_seed(rows * 1000 + in_features)
+    weight = torch.randn(200, in_features, generator=gen)  # 200 channels: uneven split over threads
+    layer = Int8Linear(weight)
+    assert layer.backend == "native-int8" and layer.scales.dtype == torch.float32
+    x = torch.randn(rows, in_features, generator=gen)
+    expected = x.double() @ (layer.weight.double() * layer.scales.double()[:, None]).T
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)
+    # a bfloat16 model feeds bfloat16 rows and gets bfloat16 back
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_auto_quantization_is_int8_on_a_cpu_with_the_kernel_and_none_on_cuda():
+    expected = "int8" if native_ops() is not None else "none"
+    assert resolve_quantization("auto", "cpu") == expected
+    assert resolve_quantization("auto", "cuda:0") == "none"
+    assert resolve_quantization("int4", "cpu") == "int4"
 
 
 @pytest.mark.parametrize("rows", [1, 7, 40])

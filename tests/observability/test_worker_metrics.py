@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.metrics import WorkerMetrics, start_metrics_server
-from worker.outputs import FinishedRequestStats, StepStats
+from worker.outputs import FinishedRequestStats, ModelInfo, StepStats
 from worker.settings import WorkerSettings
 
 MODEL = "test-model"
@@ -208,6 +208,8 @@ class ListenerRecorder:
     def __init__(self) -> None:
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.finished_listeners: list[Callable[[FinishedRequestStats], None]] = []
+        # What the engine resolved (WORKER_QUANTIZATION=auto becomes int8 or none): the metric reports it.
+        self.model_info = ModelInfo(MODEL, 2048, 16, 64, "float32", "cpu", 16, 49152, quantization="int8")
 
     def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
         self.step_listeners.append(listener)
@@ -242,6 +244,8 @@ def test_start_metrics_server_attaches_listeners_and_serves_http() -> None:
         assert samples[("llmserve:generation_tokens_total", (("model_name", MODEL),))] == 9
         key = ("llmserve:request_success_total", (("finished_reason", "abort"), ("model_name", MODEL)))
         assert samples[key] == 1
+        info_key = ("llmserve:model_quantization_info", (("model_name", MODEL), ("quantization", "int8")))
+        assert samples[info_key] == 1
     finally:
         metrics.close()
     with pytest.raises(OSError):

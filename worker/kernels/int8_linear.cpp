@@ -1,0 +1,87 @@
+// y = x @ (codes * scale).T for int8 weights with one float32 scale per output channel (weight-only int8).
+//
+// torch's own `_weight_int8pack_mm` takes bfloat16 rows on this kind of CPU and reads the weights at about a
+// third of the memory bandwidth for a single row, so a one-stream decode step spent most of its time there.
+// Here each output channel's int8 row is widened to float32 eight at a time and multiplied into up to four
+// activation rows while it is in registers: a decode step (1-8 rows) is bound by reading the int8 weights,
+// and larger batches reuse each weight row from cache. Activations and sums are float32.
+//
+// Layouts: x [M, K] float32, contiguous; codes [N, K] int8, contiguous; scales [N] float32; out [M, N]
+// float32, written. Work is split over output channels on torch's intra-op threads.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "vec.h"
+
+namespace {
+
+constexpr int64_t kRowTile = 4;  // activation rows sharing one pass over a weight row
+
+// Rows [0, R) of x against one weight row; writes out[r * ldo] for each row.
+template <int R>
+void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* out, int64_t ldo) {
+  int64_t k = 0;
+#ifdef LLMSERVE_AVX2
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k))));
+    const __m256 w1 =
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8))));
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * K + k + 8), acc[r][1]);
+    }
+  }
+  float sums[R];
+  for (int r = 0; r < R; ++r) sums[r] = llmserve::hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+#else
+  float sums[R] = {};
+#endif
+  for (; k < K; ++k) {
+    for (int r = 0; r < R; ++r) sums[r] += static_cast<float>(w[k]) * x[r * K + k];
+  }
+  for (int r = 0; r < R; ++r) out[r * ldo] = sums[r] * scale;
+}
+
+void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out) {
+  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu(), "int8_linear runs on CPU tensors");
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && out.dim() == 2, "int8_linear: x [M, K], codes [N, K], out [M, N]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "int8_linear: float32 x and out");
+  TORCH_CHECK(codes.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat, "int8_linear: int8 codes, float32 scales");
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(codes.size(1) == K && scales.numel() == N && out.size(0) == M && out.size(1) == N, "int8_linear: shapes differ");
+  TORCH_CHECK(x.is_contiguous() && codes.is_contiguous() && scales.is_contiguous() && out.is_contiguous(),
+              "int8_linear: contiguous tensors only");
+  const float* xp = x.data_ptr<float>();
+  const int8_t* wp = codes.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // Enough channels per task that a thread streams a long run of weight rows.
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowTile) {
+      const int64_t rows = std::min(kRowTile, M - m0);
+      const float* xr = xp + m0 * K;
+      float* orow = op + m0 * N;
+      for (int64_t n = n0; n < n1; ++n) {
+        const int8_t* w = wp + n * K;
+        switch (rows) {
+          case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N); break;
+          case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N); break;
+          case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N); break;
+          default: dot_rows<4>(xr, K, w, sp[n], orow + n, N); break;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmserve, m) { m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()"); }
+
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int8_linear", &int8_linear); }
