@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,8 +93,8 @@ def all_rows() -> dict[str, Row]:
     return {
         "float32": Row("float32", "engine", "float32"),
         "bfloat16": Row("bfloat16", "engine", "bfloat16"),
-        "int8": Row("int8", "engine", "bfloat16", "int8"),
-        "int4": Row("int4", "engine", "bfloat16", "int4"),
+        "int8": Row("int8", "engine", "float32", "int8"),  # what WORKER_QUANTIZATION=auto runs on this CPU
+        "int4": Row("int4", "engine", "float32", "int4"),
         "llama-q4_1": Row("llama-q4_1", "llama", gguf=GGUF_Q4_1),
         "llama-q8_0": Row("llama-q8_0", "llama", gguf=LLAMA_DIR / "model-q8_0.gguf"),
     }
@@ -315,15 +316,24 @@ def serve_and_measure(row: Row, log_dir: Path, quick: bool) -> None:
 
 
 # ---- report ----------------------------------------------------------------------------------------
+SETUP = """(one run, one server at a time, on this 2-core machine with nothing else running; counts are
+small, so compare rows within this table). Client: `vllm bench serve`, completions, 128 random prompt
+tokens, 64 output tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are
+unquantized weights in that dtype; int8 is float32 activations with int8 weights (one scale per channel)
+through the project's kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU; int4 is a float32 model whose
+linear layers run torch's int4 kernel (bfloat16 inside) on the GGUF file's own Q4_1 blocks. The package
+ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the same
+weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized (its
+perplexity cannot be better than Q4_1's)."""
+
+
 def render(
     rows: list[Row], skipped: dict[str, str], command: str, png: str | None, len_tokens: int, reference: str
 ) -> str:
     lines = [
         "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF)",
         "",
-        f"Command: `{command}` (one run, one server at a time, on this 2-core machine while other work ran:",
-        "figures are noisy; compare rows within this table only). Client: `vllm bench serve`, completions,",
-        "128 random prompt tokens, 64 output tokens. Decode tok/s: 1000 / TPOT p50 at one stream.",
+        *textwrap.wrap(f"Command: `{command}` " + " ".join(SETUP.split()), 105),
         f"Perplexity: bench/data/quant_text.txt (Shakespeare, public domain; the first {len_tokens} tokens),",
         "512-token chunks,",
         "second half scored. Agreement: identical tokens before the first difference from float32,",
@@ -352,9 +362,33 @@ def render(
         )
     for name, why in skipped.items():
         lines.append(f"\n{name}: not measured ({why}).")
+    lines += ["", *recommendation(rows)]
     if png:
         lines += ["", f"![quantization study]({png})"]
     return "\n".join(lines)
+
+
+def recommendation(rows: list[Row]) -> list[str]:
+    """The CPU default that follows from the table: among engine rows within 1% of float32's perplexity,
+    the fastest at one stream, and how it does at 32."""
+    engine = {r.name: r.figures for r in rows if r.kind == "engine" and "speed" in r.figures}
+    if "float32" not in engine or not engine["float32"].get("perplexity"):
+        return ["Recommendation: needs the float32 row."]
+    limit = engine["float32"]["perplexity"] * 1.01
+
+    def decode(f: dict) -> float:
+        return 1000 / f["speed"]["c1"]["median_tpot_ms"]
+
+    ok = {n: f for n, f in engine.items() if f.get("perplexity") and f["perplexity"] <= limit}
+    best = max(ok, key=lambda n: decode(ok[n]))
+    f32, chosen = engine["float32"], ok[best]
+    at32 = chosen["speed"]["c32"]["output_throughput"] / f32["speed"]["c32"]["output_throughput"]
+    text = f"""**Recommendation (CPU):** within 1% of float32's perplexity ({limit:.2f}), `{best}` decodes
+    fastest at one stream ({decode(chosen):.1f} tok/s, {decode(chosen) / decode(f32):.2f}x float32) and makes
+    {at32:.2f}x float32's tok/s at concurrency 32; `WORKER_QUANTIZATION=auto` resolves to int8 on a CPU with
+    the compiled kernels. **GPU:** `none` (bfloat16 weights); torch's CUDA int8 path was not measured here
+    (no GPU in this session), so `auto` does not quantize there."""
+    return textwrap.wrap(" ".join(text.split()), 105)
 
 
 def plot(rows: list[Row]) -> str | None:
