@@ -213,6 +213,7 @@ def _engine(
     config = EngineConfig(
         model=MODEL_DIR,
         dtype=dtype,
+        quantization="none",  # the ladder's rungs are unquantized; the quantization study covers int8/int4
         linear_backend=linear_backend,
         attention_backend=attention_backend,
         scheduler=SchedulerConfig(

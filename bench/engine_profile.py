@@ -73,14 +73,15 @@ def weight_bandwidth(dtype: torch.dtype) -> None:
 
 def _build(dtype: str, linear_backend: str = "auto"):
     config = EngineConfig(
-        dtype=dtype, linear_backend=linear_backend, kv_cache=KVCacheConfig(kv_cache_memory_gb=0.5)
+        dtype=dtype,
+        quantization="none",
+        linear_backend=linear_backend,
+        kv_cache=KVCacheConfig(kv_cache_memory_gb=0.5),
     )
     return build_engine(config)
 
 
-def decode_steps(
-    dtype: str, num_seqs: int, profile_top: int = 0, engine=None, linear_backend: str = "auto"
-):
+def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0, engine=None, linear_backend: str = "auto"):
     engine = engine or _build(dtype, linear_backend)
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     for i in range(num_seqs):

