@@ -362,10 +362,49 @@ def render(
         )
     for name, why in skipped.items():
         lines.append(f"\n{name}: not measured ({why}).")
-    lines += ["", *recommendation(rows)]
+    lines += ["", *recommendation(rows), "", *targets(rows)]
     if png:
         lines += ["", f"![quantization study]({png})"]
     return "\n".join(lines)
+
+
+def targets(rows: list[Row]) -> list[str]:
+    """Issue 11's targets, checked against this run's figures."""
+    f = {r.name: r.figures for r in rows if "speed" in r.figures}
+
+    def decode(name: str) -> float:
+        return 1000 / f[name]["speed"]["c1"]["median_tpot_ms"]
+
+    def at32(name: str) -> float:
+        return f[name]["speed"]["c32"]["output_throughput"]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    out = ["Against the targets:", ""]
+    if {"int8", "bfloat16"} <= f.keys():
+        ratio = decode("int8") / decode("bfloat16")
+        ppl = f["int8"]["perplexity"] / f["bfloat16"]["perplexity"] - 1
+        out.append(
+            f"- int8 single-stream decode {ratio:.2f}x bfloat16's (target 1.5x: {verdict(ratio >= 1.5)}), "
+            f"perplexity {ppl:+.2%} against bfloat16 (target within 1%: {verdict(abs(ppl) <= 0.01)})."
+        )
+    if {"int4", "llama-q4_1"} <= f.keys():
+        ratio = decode("int4") / decode("llama-q4_1")
+        ours, theirs = f["int4"]["perplexity"], f["llama-q4_1"]["perplexity"]
+        out.append(
+            f"- int4 single-stream decode {ratio:.2f}x llama-server's on the same Q4_1 file (target 1x: "
+            f"{verdict(ratio >= 1)}); perplexity {ours:.3f} against llama.cpp's {theirs:.3f} (target no "
+            f"worse: {verdict(ours <= theirs)})."
+        )
+    if {"int8", "int4", "bfloat16"} <= f.keys():
+        slowest = min(at32("int8"), at32("int4"))
+        out.append(
+            f"- concurrency 32: int8 {at32('int8'):.1f} and int4 {at32('int4'):.1f} tok/s against bfloat16's "
+            f"{at32('bfloat16'):.1f} (target not slower: {verdict(slowest >= at32('bfloat16'))}); "
+            "bfloat16 is slow on this CPU, which has no native bfloat16 (its matmuls are emulated)."
+        )
+    return out
 
 
 def recommendation(rows: list[Row]) -> list[str]:
@@ -489,7 +528,8 @@ def main() -> None:
             )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
-    command = "python -m bench.quant_study " + " ".join(os.sys.argv[1:])
+    measured_with = [a for a in os.sys.argv[1:] if a != "--from-figures"]  # the run that measured them
+    command = "python -m bench.quant_study " + " ".join(measured_with)
     body = render(rows, skipped, command, plot(rows), len(tokens), reference.name if reference else "float32")
     print(body)
     if args.write_docs:
