@@ -86,13 +86,15 @@ def main() -> None:
         )
     flags = f"--rounds {args.rounds} --max-tokens {args.max_tokens} --write-docs"
     threads = torch.get_num_threads()
+    info = engine.model_info
     publish(
         "constrained-decoding",
         [
             "## Constrained decoding",
             "",
-            f"`.venv/bin/python -m bench.constrained_decoding {flags}`: the engine in one process (float32,"
-            f" default settings, {threads} torch threads), chat prompts, {args.max_tokens} tokens a request,"
+            f"`.venv/bin/python -m bench.constrained_decoding {flags}`: the engine in one process (default"
+            f" settings: {info.dtype}, quantization {info.quantization}, {threads} torch threads),"
+            f" chat prompts, {args.max_tokens} tokens a request,"
             " all requests admitted together;"
             " tokens/s from admission to the last token, medians over rounds that alternate free text and a"
             " JSON schema (llguidance; an object with one long string field, so both modes generate the same"
