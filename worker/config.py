@@ -49,6 +49,7 @@ class EngineConfig:
     linear_backend: str = "auto"  # one of LINEAR_BACKENDS
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
     quantization: str = "auto"  # one of QUANTIZATIONS
+    enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (worker/decode_graphs.py)
     scheduler: SchedulerConfig | None = None
     kv_cache: KVCacheConfig | None = None
 

@@ -391,7 +391,16 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         * 2**30
         // kv_bytes_per_block(model.shape, cache.block_size, torch_dtype(dtype))
     )
-    runner = ModelRunner(model, num_blocks, cache.block_size, config.attention_backend)
+    graphs = "capture" if device.startswith("cuda") and not config.enforce_eager else "off"
+    runner = ModelRunner(
+        model,
+        num_blocks,
+        cache.block_size,
+        config.attention_backend,
+        decode_graphs=graphs,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=sched.max_model_len,
+    )
     block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
     scheduler = Scheduler(sched, block_manager)
     eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.attention import AttentionMetadata, PrefillChunk, resolve_attention_backend
+from worker.decode_graphs import DecodeGraphs
 from worker.kernels import native_ops
 from worker.model import LlamaForPagedAttention, ModelShape
 from worker.request import Request
@@ -36,9 +37,19 @@ class StepInputs:
     prompt_targets: list[int] = field(default_factory=list)
 
 
+DECODE_GRAPH_MODES = ("off", "eager", "capture")  # eager: the graphs' padded path without capture (tests)
+
+
 class ModelRunner:
     def __init__(
-        self, model: LlamaForPagedAttention, num_blocks: int, block_size: int, attention_backend: str = "auto"
+        self,
+        model: LlamaForPagedAttention,
+        num_blocks: int,
+        block_size: int,
+        attention_backend: str = "auto",
+        decode_graphs: str = "off",
+        max_num_seqs: int = 256,
+        max_model_len: int = 2048,
     ) -> None:
         self.model = model
         self.block_size = block_size
@@ -53,8 +64,12 @@ class ModelRunner:
             attention_backend = "torch"
         self.attention_backend = resolve_attention_backend(attention_backend, self.device, self.dtype)
         model.use_native_kernels(native_ops() if self.attention_backend == "native" else None)
+        if decode_graphs not in DECODE_GRAPH_MODES:
+            raise ValueError(f"decode_graphs must be one of {DECODE_GRAPH_MODES}, not {decode_graphs!r}")
         s = model.shape
-        cache_shape = (s.num_kv_heads, num_blocks, block_size, s.head_dim)
+        # Decode graphs pad their batches with rows that write into one scratch block past the pool.
+        pool_blocks = num_blocks + (decode_graphs != "off")
+        cache_shape = (s.num_kv_heads, pool_blocks, block_size, s.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
@@ -63,6 +78,17 @@ class ModelRunner:
             for _ in range(s.num_layers)
         ]
         self.generators: dict[str, torch.Generator] = {}
+        self.decode_graphs = None
+        if decode_graphs != "off":
+            self.decode_graphs = DecodeGraphs(
+                model,
+                self.kv_caches,
+                block_size,
+                scratch_block=num_blocks,
+                max_batch=max_num_seqs,
+                max_blocks=-(-max_model_len // block_size),
+                capture=decode_graphs == "capture",
+            )
 
     # ---- inputs --------------------------------------------------------------------------
     def prepare(self, plan: SchedulerOutput) -> StepInputs:
@@ -143,8 +169,27 @@ class ModelRunner:
         )
 
     # ---- execution -----------------------------------------------------------------------
+    def _graph_decode(self, plan: SchedulerOutput) -> torch.Tensor | None:
+        """Logits of a step that only decodes, one token per sequence, through the decode graphs;
+        None when the step needs the general path (prefill, drafts, prompt logprobs, a shape too large)."""
+        graphs, items = self.decode_graphs, plan.scheduled
+        if graphs is None or not items:
+            return None
+        for s in items:
+            if s.num_new_tokens != 1 or not s.samples or s.request.wants_prompt_logprobs:
+                return None
+        positions = [s.start for s in items]
+        if not graphs.fits(len(items), max(positions) // self.block_size + 1):
+            return None
+        tokens = [s.token_ids()[0] for s in items]
+        return graphs.run(tokens, positions, [s.request.block_ids for s in items])
+
     def execute(self, plan: SchedulerOutput) -> tuple[list[Request], SamplerOutput]:
         """Run one step; return the requests that produced a token and what they produced."""
+        logits = self._graph_decode(plan)
+        if logits is not None:
+            requests = [s.request for s in plan.scheduled]
+            return requests, self._sample(requests, logits.float())
         inputs = self.prepare(plan)
         logits = self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
@@ -157,24 +202,29 @@ class ModelRunner:
         requests = inputs.sampling_requests
         if not requests:
             return [], SamplerOutput([], [], prompt_logprobs)
-        for request in requests:
-            self._ensure_generator(request)
-        batch = build_batch(requests, self.generators, self.model.shape.vocab_size, self.device)
         logits = logits.float()
         if len(logits) == len(requests):
-            out = sample(logits, batch)
+            out = self._sample(requests, logits)
             out.prompt_logprobs = prompt_logprobs
             return requests, out
         # Some requests ran draft tokens: sample every request at its last row; a drafting request
         # (always greedy) also gets the argmax at each draft position, for verification.
         ends = torch.tensor(inputs.rows_per_request).cumsum(0)
-        out = sample(logits.index_select(0, (ends - 1).to(logits.device)), batch)
+        out = self._sample(requests, logits.index_select(0, (ends - 1).to(logits.device)))
         greedy = logits.argmax(dim=-1).tolist()
         for i, (end, rows) in enumerate(zip(ends.tolist(), inputs.rows_per_request, strict=True)):
             if rows > 1:
                 out.token_ids[i] = greedy[end - rows : end]
         out.prompt_logprobs = prompt_logprobs
         return requests, out
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor) -> SamplerOutput:
+        """One token per request from its row of float logits."""
+        for request in requests:
+            self._ensure_generator(request)
+        return sample(
+            logits, build_batch(requests, self.generators, self.model.shape.vocab_size, self.device)
+        )
 
     def _prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs) -> list:
         """(request, first position, entries) per request whose prompt rows ran this step."""
@@ -191,6 +241,9 @@ class ModelRunner:
 
     def all_logits(self, plan: SchedulerOutput) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Logits of every token in the step, in the runner's order (for tests against transformers)."""
+        logits = self._graph_decode(plan)
+        if logits is not None:  # a view of the graphs' output buffer, which the next step overwrites
+            return list(plan.scheduled), logits.float().clone()
         inputs = self.prepare(plan)
         logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, None)
         return inputs.items, logits.float()

@@ -34,6 +34,7 @@ class WorkerSettings(BaseSettings):
     linear_backend: Literal[LINEAR_BACKENDS] = EngineConfig.linear_backend  # type: ignore[valid-type]
     attention_backend: Literal[ATTENTION_BACKENDS] = EngineConfig.attention_backend  # type: ignore[valid-type]
     quantization: Literal[QUANTIZATIONS] = EngineConfig.quantization  # type: ignore[valid-type]
+    enforce_eager: bool = EngineConfig.enforce_eager
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9101
@@ -67,6 +68,7 @@ class WorkerSettings(BaseSettings):
             linear_backend=self.linear_backend,
             attention_backend=self.attention_backend,
             quantization=self.quantization,
+            enforce_eager=self.enforce_eager,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,

@@ -82,9 +82,13 @@ def paged_runner(
     block_size: int,
     linear_backend: str = "auto",
     attention_backend: str = "auto",
+    decode_graphs: str = "off",
+    max_num_seqs: int = 256,
 ) -> ModelRunner:
     model = LlamaForPagedAttention(hf_model, max_positions=512, linear_backend=linear_backend)
-    return ModelRunner(model, num_blocks, block_size, attention_backend)
+    return ModelRunner(
+        model, num_blocks, block_size, attention_backend, decode_graphs, max_num_seqs, max_model_len=512
+    )
 
 
 def drive(scheduler: Scheduler, runner, max_steps: int = 10_000) -> list[SchedulerOutput]:

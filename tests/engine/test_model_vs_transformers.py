@@ -27,6 +27,7 @@ def run_collecting_logits(
     max_num_seqs=8,
     linear_backend="auto",
     attention_backend="auto",
+    runner=None,
 ):
     """Greedy-decode the requests through scheduler + runner; return per-request {position: logits}."""
     scheduler = make_scheduler(
@@ -36,7 +37,7 @@ def run_collecting_logits(
         prefix_caching=prefix_caching,
         max_num_seqs=max_num_seqs,
     )
-    runner = paged_runner(hf_model, num_blocks, block_size, linear_backend, attention_backend)
+    runner = runner or paged_runner(hf_model, num_blocks, block_size, linear_backend, attention_backend)
     arrivals = arrivals or [0] * len(requests)
     logits_by_request = {r.request_id: {} for r in requests}
     plans, step = [], 0
