@@ -1,8 +1,9 @@
 """Bounds on what one request may ask for, so no single request costs the stack unbounded work.
 
-Each stop string is searched for on every generated token, every message is rendered and tokenized,
-and n x max_tokens is the worst-case generation a request buys; each bound comes from a
-GATEWAY_MAX_* setting and each refusal is a 400 in the OpenAI shape naming the parameter.
+Each stop string is searched for on every generated token, every message (or prompt of a list) is
+rendered and tokenized, and n x max_tokens over all prompts is the worst-case generation a request
+buys; each bound comes from a GATEWAY_MAX_* setting and each refusal is a 400 in the OpenAI shape
+naming the parameter.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RequestLimits:
     max_stop: int = _setting("max_stop")
     max_stop_chars: int = _setting("max_stop_chars")
     max_messages: int = _setting("max_messages")
+    max_prompts: int = _setting("max_prompts")
     max_prompt_chars: int = _setting("max_prompt_chars")
     max_total_tokens: int = _setting("max_total_tokens")
 
@@ -59,20 +61,27 @@ def check_limits(
         if len(messages) > limits.max_messages:
             message = f"messages: at most {limits.max_messages} messages are allowed, got {len(messages)}"
             raise invalid_request(message, "messages")
-        chars, param = sum(len(m.text()) for m in messages), "messages"
+        chars, param, num_prompts = sum(len(m.text()) for m in messages), "messages", 1
     else:
-        chars, param = len(req.single_prompt()), "prompt"
+        prompts = req.prompts()  # a list of prompts runs each one: all of them count
+        num_prompts, param = len(prompts), "prompt"
+        if num_prompts > limits.max_prompts:
+            message = f"prompt: at most {limits.max_prompts} prompts are allowed in a list, got {num_prompts}"
+            raise invalid_request(message, param)
+        chars = sum(len(p) for p in prompts)
     if chars > limits.max_prompt_chars:
         message = f"{param}: the prompt may have at most {limits.max_prompt_chars} characters, got {chars}"
         raise invalid_request(message, param)
-    if req.num_choices == 1:
+    choices = req.num_choices * num_prompts
+    if choices == 1:
         return  # one choice is bounded by the model's context already
     asked = req.completion_limit()
     per_choice = asked if max_model_len is None else min(asked or max_model_len, max_model_len)
-    if per_choice is not None and req.num_choices * per_choice > limits.max_total_tokens:
-        param = "n" if asked is None else "max_tokens"
+    if per_choice is not None and choices * per_choice > limits.max_total_tokens:
+        param = "n" if asked is None and req.num_choices > 1 else "max_tokens"
+        per_prompt = f" for each of {num_prompts} prompts" if num_prompts > 1 else ""
         message = (
-            f"{param}: n x max_tokens = {req.num_choices} x {per_choice} exceeds the limit of "
+            f"{param}: n x max_tokens = {req.num_choices} x {per_choice}{per_prompt} exceeds the limit of "
             f"{limits.max_total_tokens} generated tokens per request"
         )
         raise invalid_request(message, param)

@@ -9,11 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from gateway.errors import APIError, invalid_request
 from gateway.limits import RequestLimits, check_limits
+from worker.sampling_params import MAX_N
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_TOP_LOGPROBS = 20
-MAX_N = 128
 
 Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
 MAX_LOGIT_BIAS = 100.0

@@ -29,8 +29,9 @@ class GatewaySettings(BaseSettings):
     gateway_max_stop: int = Field(default=4, ge=0)  # stop strings per request (OpenAI allows 4)
     gateway_max_stop_chars: int = Field(default=256, ge=1)  # characters per stop string
     gateway_max_messages: int = Field(default=2048, ge=1)
-    gateway_max_prompt_chars: int = Field(default=1_000_000, ge=1)  # all messages' text, or the prompt
-    gateway_max_total_tokens: int = Field(default=65536, ge=1)  # n x max_tokens
+    gateway_max_prompts: int = Field(default=128, ge=1)  # prompts in one /v1/completions list
+    gateway_max_prompt_chars: int = Field(default=1_000_000, ge=1)  # all messages' text, or all prompts
+    gateway_max_total_tokens: int = Field(default=65536, ge=1)  # n x max_tokens, over all prompts
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_TOP_LOGPROBS = 20
+MAX_N = 128  # choices per request: each one is a sequence of its own in the engine
 MAX_LOGIT_BIAS = 100.0
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
@@ -46,7 +47,7 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise ValueError with a user-facing message for out-of-range values."""
         checks = [
-            (self.n >= 1, "n must be at least 1"),
+            (1 <= self.n <= MAX_N, f"n must be between 1 and {MAX_N}"),
             (self.temperature >= 0.0, "temperature must be non-negative"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k must be 0 (off) or positive"),

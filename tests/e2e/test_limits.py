@@ -30,6 +30,18 @@ def test_refused_with_the_parameter_named(http: httpx.Client, change: dict, para
     assert_openai_error(http.post("/v1/chat/completions", json=body), 400, param)
 
 
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"prompt": ["a"] * 129}, "prompt"),  # GATEWAY_MAX_PROMPTS: each prompt of a list runs
+        ({"prompt": ["a"] * 64, "max_tokens": 2048}, "max_tokens"),  # 64 x 2048 > 65536: all prompts count
+    ],
+)
+def test_a_list_of_prompts_is_bounded_as_a_whole(http: httpx.Client, change: dict, param: str) -> None:
+    body = {"model": MODEL_NAME, "max_tokens": 2} | change
+    assert_openai_error(http.post("/v1/completions", json=body), 400, param)
+
+
 def test_an_assistant_message_may_have_no_content(http: httpx.Client) -> None:
     messages = [
         {"role": "user", "content": "Hi"},
@@ -51,6 +63,7 @@ def test_limits_follow_the_settings(worker: Service, log_dir) -> None:
         "GATEWAY_MAX_MESSAGES": "2",
         "GATEWAY_MAX_PROMPT_CHARS": "10",
         "GATEWAY_MAX_TOTAL_TOKENS": "4",
+        "GATEWAY_MAX_PROMPTS": "2",
     }
     gateway = start_gateway("gateway-small-limits", log_dir, worker.addr, **env)
     try:
@@ -65,5 +78,9 @@ def test_limits_follow_the_settings(worker: Service, log_dir) -> None:
             assert_openai_error(client.post(chat, json=CHAT | {"n": 3}), 400, "max_tokens")
             prompt = {"model": MODEL_NAME, "prompt": "y" * 11, "max_tokens": 1}
             assert_openai_error(client.post("/v1/completions", json=prompt), 400, "prompt")
+            split = prompt | {"prompt": ["y" * 6, "y" * 5]}  # 11 characters over two prompts
+            assert_openai_error(client.post("/v1/completions", json=split), 400, "prompt")
+            three = prompt | {"prompt": ["a", "b", "c"]}
+            assert_openai_error(client.post("/v1/completions", json=three), 400, "prompt")
     finally:
         gateway.stop()

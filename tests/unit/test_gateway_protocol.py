@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gateway.errors import APIError
+from gateway.limits import RequestLimits
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.semantic import scope_of
 from gateway.worker_request import chat_request, completion_request
@@ -79,6 +80,33 @@ def test_completion_prompt_forms() -> None:
         assert req.prompts() == batch
     for bad in ([], [1, -1], 5):
         assert refused(CompletionRequest, {"model": "m", "prompt": bad}).param == "prompt"
+
+
+SMALL = RequestLimits(max_prompts=3, max_prompt_chars=10, max_total_tokens=8)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        # Each prompt of a list runs: the limits count all of them, not the first one alone.
+        ({"prompt": ["y" * 6, "y" * 6], "max_tokens": 1}, "prompt", "got 12"),
+        ({"prompt": [[1] * 6, [2] * 6], "max_tokens": 1}, "prompt", "got 12"),  # token ids count one each
+        ({"prompt": ["a"] * 4, "max_tokens": 1}, "prompt", "at most 3 prompts"),
+        ({"prompt": ["a", "b"], "max_tokens": 5}, "max_tokens", "for each of 2 prompts"),
+        ({"prompt": ["a", "b"]}, "max_tokens", "1 x 2048 for each"),  # unset: the whole context per choice
+        ({"prompt": ["a", "b"], "n": 2, "max_tokens": 3}, "max_tokens", "2 x 3 for each of 2 prompts"),
+    ],
+)
+def test_a_list_of_prompts_counts_every_prompt(fields: dict, param: str, words: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse_request(CompletionRequest, json.dumps({"model": "m"} | fields).encode(), SMALL, 2048)
+    assert (info.value.status, info.value.param) == (400, param)
+    assert words in info.value.message
+
+
+def test_a_list_of_prompts_within_the_limits_is_accepted() -> None:
+    body = {"model": "m", "prompt": ["abc", "def", "ghi"], "max_tokens": 2}
+    assert len(parse_request(CompletionRequest, json.dumps(body).encode(), SMALL, 2048).prompts()) == 3
 
 
 def test_text_parts_are_joined() -> None:

@@ -1,6 +1,6 @@
 """Hypothesis on the worker's parameter path: any proto a client can send is either refused as a
-parameter error or samples a valid token. An exception anywhere else would be raised on the engine
-thread at the next step and take the whole worker down."""
+parameter error or samples a valid token, and becomes a bounded number of engine requests. An exception
+anywhere else would be raised on the engine thread at the next step and take the whole worker down."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.gen import worker_pb2 as pb
-from worker.errors import InvalidRequestError
+from tests.engine.factories import ScriptedRunner
+from tests.unit.test_async_engine import CharTokenizer
+from worker.block_manager import BlockManager
+from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
+from worker.engine import LLMEngine
+from worker.errors import ContextLengthError, InvalidRequestError
+from worker.outputs import ModelInfo, PromptInput
 from worker.request import Request
 from worker.sampler import build_batch, sample
+from worker.sampling_params import MAX_N
+from worker.scheduler import Scheduler
 from worker.servicer import check_params_for_model, params_from_proto
 
 VOCAB = 64
@@ -36,7 +44,7 @@ INT_FIELDS = {
     "max_tokens": st.integers(1, 50),
     "min_tokens": st.integers(0, 5),
     "logprobs": st.integers(0, 20),
-    "n": st.integers(1, 4),
+    "n": st.one_of(st.integers(1, 4), st.sampled_from([MAX_N, MAX_N + 1])),
 }
 
 
@@ -54,6 +62,11 @@ def proto_params(draw: st.DrawFn) -> pb.SamplingParams:
     fields["ignore_eos"] = draw(st.booleans())
     fields["stop"] = draw(st.lists(st.text(max_size=5), max_size=3))
     fields["stop_token_ids"] = draw(st.lists(st.one_of(st.integers(0, VOCAB - 1), INT32), max_size=3))
+    token = st.one_of(st.integers(0, VOCAB - 1), INT32)
+    bias = st.one_of(st.floats(-100, 100, width=32), EDGE_FLOATS, st.floats(width=32))
+    fields["logit_bias"] = draw(st.dictionaries(token, bias, max_size=3))
+    if draw(st.booleans()):
+        fields["prompt_logprobs"] = draw(st.one_of(st.integers(0, 20), INT32))
     return pb.SamplingParams(**fields)
 
 
@@ -87,6 +100,36 @@ def test_accepted_params_sample_a_valid_token(proto: pb.SamplingParams, num_outp
     assert 0 <= out.token_ids[0] < VOCAB
 
 
+def char_engine() -> LLMEngine:
+    """The real LLMEngine (admission, scheduler, block manager) with a scripted runner; no model."""
+    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
+    config = EngineConfig(scheduler=sched, kv_cache=KVCacheConfig(block_size=4, num_blocks=512))
+    info = ModelInfo("char", 256, 4, 512, "float32", "cpu", 8, VOCAB)
+    return LLMEngine(
+        config, Scheduler(sched, BlockManager(512, 4, True)), ScriptedRunner(), CharTokenizer(), info, 0
+    )
+
+
+ENGINE = char_engine()
+
+
+@FUZZ
+@given(proto_params())
+def test_accepted_params_become_a_bounded_number_of_requests(proto: pb.SamplingParams) -> None:
+    """What the worker admits costs at most MAX_N sequences, each within the context (a proto's n was
+    unbounded: n = 2**31 - 1 built that many requests on one call, past the queue's bound)."""
+    params = accepted(proto)
+    if params is None:
+        return
+    assert params.n <= MAX_N  # before building them: an unbounded n would hang here, not fail
+    try:
+        requests = ENGINE.make_requests("r", PromptInput(text="hello"), params)
+    except (InvalidRequestError, ContextLengthError):
+        return
+    assert 1 <= len(requests) == params.n <= MAX_N
+    assert all(r.num_prompt_tokens + r.max_tokens <= 256 for r in requests)
+
+
 def test_regressions_found_by_the_fuzzer_are_refused() -> None:
     """Each of these reached the engine thread and broke a step before it was refused up front."""
     for proto in (
@@ -94,5 +137,10 @@ def test_regressions_found_by_the_fuzzer_are_refused() -> None:
         pb.SamplingParams(frequency_penalty=math.nan),
         pb.SamplingParams(stop_token_ids=[VOCAB], min_tokens=1),
         pb.SamplingParams(stop_token_ids=[-1], min_tokens=1),
+        pb.SamplingParams(n=2**31 - 1),
+        pb.SamplingParams(n=MAX_N + 1),
+        pb.SamplingParams(logit_bias={1: math.nan}),
+        pb.SamplingParams(logit_bias={VOCAB: 1.0}),
     ):
         assert accepted(proto) is None, proto
+    assert accepted(pb.SamplingParams(n=MAX_N)) is not None
