@@ -520,6 +520,9 @@ def _render_speed(dtype: str, speed: dict) -> list[str]:
             )
     lines += [
         "",
+        "Each (batch, blocks) shape is captured the first time a step needs it, so a step at a new shape "
+        "also pays for its capture; one warm-up request ran before the table.",
+        "",
         f"Peak GPU memory allocated: {graphs['max_memory_allocated_gb']:.1f} GiB (8 GiB of it the KV pool); "
         f"KV blocks held after the run: {graphs['blocks_left']}.",
         "",
