@@ -29,6 +29,7 @@ from tests.support.net import wait_for
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me a story."}]}
 EXIT_TIMEOUT_S = 30
+WORKER_DRAIN_TIMEOUT_S = 6  # the held worker's: short streams finish within it, a long one is cut
 
 
 def stream_chat(url: str, max_tokens: int, started: threading.Event) -> list[str]:
@@ -65,6 +66,7 @@ def held_worker(log_dir: Path, stall_file: Path) -> Iterator[Service]:
         "WORKER_STALL_TIMEOUT_S": "2",
         "WORKER_DEBUG_STALL_FILE": str(stall_file),
         "WORKER_STREAM_INTERVAL": "1",
+        "WORKER_DRAIN_TIMEOUT_S": str(WORKER_DRAIN_TIMEOUT_S),
     }
     service = start_worker("worker-held", log_dir, **env)
     yield service
@@ -151,25 +153,71 @@ def test_gateway_sigterm_drains_streams_in_flight_then_exits_0(
     assert draining_gateway.proc.wait(timeout=EXIT_TIMEOUT_S) == 0, draining_gateway.log_tail()
 
 
-def generate_to_end(stub: worker_pb2_grpc.WorkerStub, request_id: str, started: threading.Event) -> str:
-    params = pb.SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+def test_gateway_drain_timeout_ends_what_is_still_open_then_exits_0(
+    held_worker: Service, log_dir: Path, stall_file: Path
+) -> None:
+    """Past GATEWAY_DRAIN_TIMEOUT_S a stream ends with an error event and [DONE] and a request with no
+    answer yet gets a 503 (not a cut connection); their worker calls are cancelled; the gateway exits 0."""
+    gateway = start_gateway("gateway-drain-timeout", log_dir, held_worker.addr, GATEWAY_DRAIN_TIMEOUT_S="1")
+    try:
+        with ThreadPoolExecutor(2) as pool, grpc.insecure_channel(held_worker.addr) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            (stream,) = start_streams(pool, gateway.addr, 1, 1500)
+            body = CHAT | {"max_tokens": 1500, "ignore_eos": True}
+            plain = pool.submit(httpx.post, f"{gateway.addr}/v1/chat/completions", json=body, timeout=60)
+            wait_for(lambda: stub.GetStats(pb.StatsRequest()).num_running == 2, 30, "both requests to run")
+            stall_file.touch()  # neither can finish now
+            gateway.proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            events = stream.result(timeout=30)
+            response = plain.result(timeout=30)
+            assert gateway.proc.wait(timeout=EXIT_TIMEOUT_S) == 0, gateway.log_tail()
+            assert time.monotonic() - signalled < 10  # 1 s of drain, then the requests are ended at once
+            assert events[-1] == "[DONE]", events[-3:]
+            error = json.loads(events[-2])["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["code"] == "service_unavailable" and "drain timeout" in error["message"]
+            assert response.status_code == 503, response.text
+            assert "drain timeout" in response.json()["error"]["message"]
+            stall_file.unlink()
+            stats = wait_for_idle(stub, timeout_s=30)
+        assert (stats.num_running, stats.num_kv_blocks_used) == (0, 0)  # both calls were cancelled
+    finally:
+        stall_file.unlink(missing_ok=True)
+        gateway.stop()
+
+
+def generate_to_end(
+    stub: worker_pb2_grpc.WorkerStub, request_id: str, started: threading.Event, max_tokens: int = 8
+) -> str:
+    """The finish reason, or the status code name the call ended with."""
+    params = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
     finish = ""
-    for chunk in stub.Generate(
-        pb.GenerateRequest(request_id=request_id, text="Count to ten.", params=params)
-    ):
-        started.set()
-        finish = chunk.finish_reason or finish
+    try:
+        for chunk in stub.Generate(
+            pb.GenerateRequest(request_id=request_id, text="Count to ten.", params=params)
+        ):
+            started.set()
+            finish = chunk.finish_reason or finish
+    except grpc.RpcError as exc:
+        return exc.code().name
     return finish
 
 
 def test_worker_sigterm_drains_streams_in_flight_then_exits_0(held_worker: Service, stall_file: Path) -> None:
-    with grpc.insecure_channel(held_worker.addr) as channel, ThreadPoolExecutor(2) as pool:
+    """Short streams finish within WORKER_DRAIN_TIMEOUT_S; a long one is ended at it with UNAVAILABLE."""
+    with grpc.insecure_channel(held_worker.addr) as channel, ThreadPoolExecutor(3) as pool:
         stub = worker_pb2_grpc.WorkerStub(channel)
-        started = [threading.Event(), threading.Event()]
-        calls = [pool.submit(generate_to_end, stub, f"drain-{i}", e) for i, e in enumerate(started)]
+        started = [threading.Event() for _ in range(3)]
+        lengths = [3, 3, 1500]  # two steps left once the stall is lifted; 1500 take far longer than 6 s
+        calls = [
+            pool.submit(generate_to_end, stub, f"drain-{i}", event, n)
+            for i, (event, n) in enumerate(zip(started, lengths, strict=True))
+        ]
         assert all(e.wait(60) for e in started)
         stall_file.touch()
         held_worker.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         wait_for(lambda: not grpc_serving(held_worker.addr), 10, "health to turn NOT_SERVING")
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.Generate(pb.GenerateRequest(text="hi"), timeout=10))
@@ -178,7 +226,8 @@ def test_worker_sigterm_drains_streams_in_flight_then_exits_0(held_worker: Servi
         time.sleep(0.5)
         assert held_worker.proc.poll() is None  # still draining
         stall_file.unlink()
-        assert [call.result(timeout=60) for call in calls] == ["length", "length"]
+        assert [call.result(timeout=60) for call in calls] == ["length", "length", "UNAVAILABLE"]
+        assert time.monotonic() - signalled >= WORKER_DRAIN_TIMEOUT_S - 0.5  # the long one ran to the timeout
     assert held_worker.proc.wait(timeout=EXIT_TIMEOUT_S) == 0, held_worker.log_tail()
 
 
