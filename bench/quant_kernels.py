@@ -1,17 +1,24 @@
-"""Torch's weight-only int8/int4 CPU kernels against the engine's prepacked oneDNN `Linear`, at the model's
-shapes and the batch sizes the engine runs (1, 8, 32 rows), in bfloat16 and float32 inputs, side by side.
+"""Weight-only int8/int4 linear kernels against the engine's prepacked oneDNN `Linear`, at the model's shapes
+and the batch sizes the engine runs, side by side.
 
-Why it exists: it chose services/quant.py's design (kernels fed bfloat16; groups of 32). Medians of
-interleaved repetitions, microseconds per call.
+Columns: oneDNN float32 and bfloat16; the native int8 kernel (worker/kernels/int8_linear.cpp, float32 in);
+the native 4-bit kernel (int4_linear.cpp, float32 in); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
+(its only vectorized input on AVX2) and fed float32 (its scalar fallback). Each shape is timed alone (its
+weights stay in the last-level cache) and, in the `stack` rows, as the 30 layers of a decode step with
+distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
+microseconds per call; on a shared machine only the minimum is worth comparing.
 
-    .venv/bin/python -m bench.quant_kernels [--threads 2] [--write-docs]
+Why it exists: it chose services/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
+groups of 32).
+
+    .venv/bin/python -m bench.quant_kernels [--threads 2] [--rows 1,4,8,32] [--reps 15] [--write-docs]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from functools import partial
+from collections.abc import Callable
 
 import torch
 
@@ -26,10 +33,21 @@ SHAPES = {
     "down": (576, 1536),
     "lm_head": (49152, 576),
 }
-ROWS = (1, 8, 32)
+LAYER_SHAPES = ("qkv", "o_proj", "gate_up", "down")  # one decoder layer, for the stack rows
+NUM_LAYERS = 30
+COLUMNS = ("fp32", "bf16", "int8", "int4", "int4pack", "int4pack_fp32")
+HEADERS = (
+    "oneDNN fp32",
+    "oneDNN bf16",
+    "int8 native",
+    "int4 native",
+    "int4pack (bf16 in)",
+    "int4pack (fp32 in)",
+)
 
 
-def time_us(fns: dict[str, callable], reps: int) -> dict[str, float]:
+def time_us(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, tuple[float, float]]:
+    """(min, median) microseconds per call of each function, repetitions interleaved."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -38,55 +56,89 @@ def time_us(fns: dict[str, callable], reps: int) -> dict[str, float]:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: median(t) * 1e6 for name, t in times.items()}
+    return {name: (min(t) * 1e6, median(t) * 1e6) for name, t in times.items()}
 
 
-def int4_with_float32_inputs(weight: torch.Tensor) -> callable:
-    """The same kernel fed float32 (its scalar fallback on AVX2), for the table's last column."""
-    layer = Int4Linear(weight, groups=Int4Groups.from_float(weight))
-    pairs = layer.scales_and_offsets.float()
-    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.weight, layer.group_size, pairs)
+def int4pack_layer(weight: torch.Tensor, groups: Int4Groups, dtype: torch.dtype) -> Callable:
+    """torch's int4 kernel over the same groups, fed `dtype` rows (what Int4Linear runs without the native
+    kernel is the bfloat16 one)."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes.to(torch.int32), 1)
+    pairs = torch.stack([groups.scales, groups.mins + 8 * groups.scales], -1).transpose(0, 1)
+    pairs = pairs.to(dtype).contiguous()
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(dtype), packed, groups.group_size, pairs)
+
+
+def layers_for(weight: torch.Tensor, with_fp32_fallback: bool) -> dict[str, Callable]:
+    groups = Int4Groups.from_float(weight)
+    layers = {
+        "fp32": Linear(weight),
+        "bf16": Linear(weight.bfloat16()),  # fed bfloat16 rows (`inputs`)
+        "int8": Int8Linear(weight),
+        "int4": Int4Linear(weight, groups=groups),
+        "int4pack": int4pack_layer(weight, groups, torch.bfloat16),
+    }
+    if with_fp32_fallback:
+        layers["int4pack_fp32"] = int4pack_layer(weight, groups, torch.float32)
+    return layers
+
+
+def inputs(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each column's rows: bfloat16 for the bfloat16 layer, float32 for the rest (what a float32 model feeds;
+    int4pack converts inside, as Int4Linear does without the native kernel)."""
+    return {c: x.bfloat16() if c == "bf16" else x for c in COLUMNS}
+
+
+def cells(t: dict[str, tuple[float, float]]) -> str:
+    return " | ".join(f"{t[c][0]:.0f} / {t[c][1]:.0f}" if c in t else "n/a" for c in COLUMNS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--rows", default="1,4,8,32")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--no-stack", action="store_true", help="skip the 30-layer rows")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    row_counts = [int(r) for r in args.rows.split(",")]
+    probe = Int4Linear(torch.randn(8, 32))
     lines = [
         "## Quantized linear kernels (bench/quant_kernels.py)",
         "",
-        f"Command: `python -m bench.quant_kernels --threads {args.threads}`; CPU capability "
-        f"{torch.backends.cpu.get_cpu_capability()}; median microseconds per call, interleaved.",
+        f"Command: `python -m bench.quant_kernels --threads {args.threads} --rows {args.rows}`; CPU "
+        f"capability {torch.backends.cpu.get_cpu_capability()}; int4 layers on {probe.backend}; min / median "
+        f"microseconds per call over {args.reps} interleaved repetitions.",
         "",
-        "| shape (out x in) | rows | oneDNN fp32 | oneDNN bf16 | int8 (bf16 in) | int4 g32 (bf16 in) "
-        "| int4 g32 (fp32 in) |",
-        "|---|---|---|---|---|---|---|",
+        "| shape (out x in) | rows | " + " | ".join(HEADERS) + " |",
+        "|---|---|" + "---|" * len(HEADERS),
     ]
     for name, (n, k) in SHAPES.items():
         weight = torch.randn(n, k) * 0.05
-        dense32, dense16 = Linear(weight), Linear(weight.bfloat16())
-        int8, int4 = Int8Linear(weight.bfloat16()), Int4Linear(weight.bfloat16())
-        int4_fp32 = int4_with_float32_inputs(weight)
-        for rows in ROWS:
-            x32 = torch.randn(rows, k)
-            x16 = x32.bfloat16()
-            fns = {
-                "fp32": partial(dense32, x32),
-                "bf16": partial(dense16, x16),
-                "int8": partial(int8, x16),
-                "int4": partial(int4, x16),
-            }
-            if name != "lm_head":  # the scalar fallback takes seconds on the head
-                fns["int4_fp32"] = partial(int4_fp32, x32)
-            reps = 9 if name == "lm_head" else 31
-            t = time_us(fns, reps)
-            cells = [
-                f"{t[c]:.0f}" if c in t else "n/a" for c in ("fp32", "bf16", "int8", "int4", "int4_fp32")
-            ]
-            lines.append(f"| {name} {n}x{k} | {rows} | " + " | ".join(cells) + " |")
+        layers = layers_for(weight, with_fp32_fallback=name != "lm_head")  # the fallback takes seconds there
+        for rows in row_counts:
+            x = inputs(torch.randn(rows, k))
+            t = time_us({c: (lambda f=f, x=x[c]: f(x)) for c, f in layers.items()}, args.reps)
+            lines.append(f"| {name} {n}x{k} | {rows} | {cells(t)} |")
+            print(lines[-1], flush=True)
+    if not args.no_stack:
+        # A decode step's linear layers: 30 layers of distinct weights, so they stream from memory.
+        stack = [
+            {s: layers_for(torch.randn(*SHAPES[s]) * 0.05, with_fp32_fallback=False) for s in LAYER_SHAPES}
+            for _ in range(NUM_LAYERS)
+        ]
+        for rows in row_counts:
+            xs = {s: inputs(torch.randn(rows, SHAPES[s][1])) for s in LAYER_SHAPES}
+
+            def step(column: str, xs: dict[str, dict[str, torch.Tensor]] = xs) -> None:
+                for layer in stack:
+                    for s in LAYER_SHAPES:
+                        layer[s][column](xs[s][column])
+
+            columns = [c for c in COLUMNS if c != "int4pack_fp32"]
+            t = time_us({c: (lambda c=c: step(c)) for c in columns}, max(3, args.reps // 3))
+            lines.append(f"| stack: {NUM_LAYERS} layers | {rows} | {cells(t)} |")
             print(lines[-1], flush=True)
     body = "\n".join(lines)
     if args.write_docs:

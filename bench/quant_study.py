@@ -321,7 +321,7 @@ small, so compare rows within this table). Client: `vllm bench serve`, completio
 tokens, 64 output tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are
 unquantized weights in that dtype; int8 is float32 activations with int8 weights (one scale per channel)
 through the project's kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU; int4 is a float32 model whose
-linear layers run torch's int4 kernel (bfloat16 inside) on the GGUF file's own Q4_1 blocks. The package
+linear layers run the project's 4-bit kernel (float32 inside) on the GGUF file's own Q4_1 blocks. The package
 ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the same
 weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized (its
 perplexity cannot be better than Q4_1's)."""

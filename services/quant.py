@@ -3,17 +3,20 @@
 - int8: one symmetric scale per output channel. On CPU the project's own kernel (worker/kernels/
   int8_linear.cpp, float32 products straight from the int8 rows: faster than float32 oneDNN at every batch
   size measured, see docs/BENCHMARKS.md); elsewhere, or before `make kernels`, `aten._weight_int8pack_mm`.
-- int4: asymmetric groups of 32 input features, `aten._weight_int4pack_mm_for_cpu` over the layout
-  `_convert_weight_to_int4pack_for_cpu` packs. A group holds 4-bit codes q in 0..15, a scale s and an
-  offset z, and the kernel computes w = (q - 8) * s + z. llama.cpp's Q4_1 block (w = d * q + m, 32
-  weights) is the same thing with s = d, z = m + 8 d, and Q4_0 (w = d * (q - 8)) with z = 0, so a GGUF
-  file's 4-bit blocks load without a round trip through float (`Int4Groups`).
+- int4: asymmetric groups of 32 input features (`Int4Groups`): 4-bit codes q in 0..15, a scale d and a
+  min m per group, w = d q + m. That is llama.cpp's Q4_1 block exactly (its float16 d and m widen to float32
+  without rounding) and Q4_0 (w = d (q - 8)) with m = -8 d, so a GGUF file's 4-bit blocks load without a
+  round trip through float. On CPU the project's own kernel (worker/kernels/int4_linear.cpp: float32
+  activations and sums, the weights d q + m formed in registers); elsewhere, or before `make kernels`,
+  `aten._weight_int4pack_mm_for_cpu` over the layout `_convert_weight_to_int4pack_for_cpu` packs, which
+  computes (q - 8) s + z, i.e. s = d, z = m + 8 d (in bfloat16).
 
 Why bfloat16 inside torch's kernels: on this AVX2 CPU both are vectorized only for bfloat16 inputs; in float32
 they fall back to a scalar loop, orders of magnitude slower at 8-32 rows (bench/quant_kernels.py). A
 float32 model therefore feeds these layers bfloat16 and takes float32 back; the rest of its forward
-pass (norms, attention, residuals) stays float32. Groups of 32 rather than 64: the same speed
-(quant_kernels), half the rounding error, and llama.cpp's block size.
+pass (norms, attention, residuals) stays float32. The native kernels take float32 rows (a bfloat16 model's
+rows are widened). Groups of 32 rather than 64: the same speed (quant_kernels), half the rounding error,
+and llama.cpp's block size.
 """
 
 from __future__ import annotations
@@ -35,14 +38,14 @@ def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 
 @dataclass
 class Int4Groups:
-    """4-bit codes with one scale and offset per group of `group_size` input features, for [N, K] weights.
+    """4-bit codes with one scale and min per group of `group_size` input features, for [N, K] weights.
 
-    codes: uint8 [N, K] in 0..15; scales, offsets: float32 [N, K // group_size]; w = (q - 8) * s + z.
+    codes: uint8 [N, K] in 0..15; scales, mins: float32 [N, K // group_size]; w = q * s + m (Q4_1's form).
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
-    offsets: torch.Tensor
+    mins: torch.Tensor
     group_size: int = INT4_GROUP_SIZE
 
     @classmethod
@@ -56,7 +59,7 @@ class Int4Groups:
         scales = (high - low) / 15
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         codes = torch.round((groups - low.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp(0, 15)
-        return cls(codes.to(torch.uint8).reshape(n, k), scales, low + 8 * scales, group_size)
+        return cls(codes.to(torch.uint8).reshape(n, k), scales, low, group_size)
 
     @staticmethod
     def cat(parts: list[Int4Groups]) -> Int4Groups:
@@ -66,14 +69,29 @@ class Int4Groups:
         return Int4Groups(
             torch.cat([p.codes for p in parts]),
             torch.cat([p.scales for p in parts]),
-            torch.cat([p.offsets for p in parts]),
+            torch.cat([p.mins for p in parts]),
             parts[0].group_size,
         )
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.codes.shape
-        q = self.codes.float().reshape(n, k // self.group_size, self.group_size) - 8
-        return (q * self.scales.unsqueeze(-1) + self.offsets.unsqueeze(-1)).reshape(n, k)
+        q = self.codes.float().reshape(n, k // self.group_size, self.group_size)
+        return (q * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).reshape(n, k)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [N, K] in 0..15 -> [N, K / 2] bytes in the native kernel's layout (int4_linear.cpp).
+
+    Per group of 32, eight little-endian 16-bit words: word j holds weights j, j + 8, j + 16, j + 24 in its
+    nibbles from the lowest up, i.e. byte 2 j = q[j] | q[j + 8] << 4 and byte 2 j + 1 = q[j + 16] |
+    q[j + 24] << 4.
+    """
+    n, k = codes.shape
+    if k % INT4_GROUP_SIZE:
+        raise ValueError(f"int4 needs in_features divisible by {INT4_GROUP_SIZE}, got {k}")
+    q = codes.to(torch.uint8).reshape(n, k // INT4_GROUP_SIZE, 4, 8)  # [N, group, t, j]: weight 8 t + j
+    low, high = q[:, :, 0] | (q[:, :, 1] << 4), q[:, :, 2] | (q[:, :, 3] << 4)  # [N, group, j]
+    return torch.stack([low, high], dim=-1).reshape(n, k // 2).contiguous()
 
 
 class Int8Linear:
@@ -113,43 +131,65 @@ class Int8Linear:
 
 def _native_int8(device: torch.device) -> object | None:
     """The compiled int8 kernel where it runs (CPU, `make kernels` done), else None."""
-    if device.type != "cpu":
-        return None
+    return _native_op("int8_linear") if device.type == "cpu" else None
+
+
+def _native_op(name: str) -> object | None:
+    """`torch.ops.llmserve` when the compiled kernels are loaded and have `name` (a build from before that
+    kernel existed does not), else None."""
     from worker.kernels import native_ops
 
     ops = native_ops()
-    return ops if ops is not None and hasattr(ops, "int8_linear") else None
+    return ops if ops is not None and hasattr(ops, name) else None
 
 
 class Int4Linear:
-    """y = x @ W.T (+ b) with W held as `Int4Groups` in the CPU kernel's packed layout."""
+    """y = x @ W.T (+ b) with W held as `Int4Groups`.
+
+    On CPU with the compiled kernels (worker/kernels/int4_linear.cpp) the groups are kept as they are (codes
+    two per byte, float32 scales and mins, so a GGUF file's blocks stay exact) and the products run in
+    float32; otherwise through torch's `_weight_int4pack_mm_for_cpu` (bfloat16 rows and groups)."""
 
     quantization = "int4"
-    backend = "int4pack"
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, groups: Int4Groups | None = None
     ) -> None:
         if weight.device.type != "cpu":
             raise ValueError(
-                f"int4 weights run on torch's CPU kernel only; got a weight on {weight.device} "
+                f"int4 weights run on CPU kernels only; got a weight on {weight.device} "
                 "(use WORKER_QUANTIZATION=int8 or none there)"
             )
         groups = groups or Int4Groups.from_float(weight)
         self.out_features, self.in_features = groups.codes.shape
         self.group_size = groups.group_size
-        self.compute_dtype = compute_dtype(weight.device, weight.dtype)
-        self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes.to(torch.int32), 1)
-        # [K / group, N, 2]: the kernel's layout of (scale, offset) pairs
-        pairs = torch.stack([groups.scales, groups.offsets], dim=-1).transpose(0, 1)
-        self.scales_and_offsets = pairs.to(self.compute_dtype).contiguous()
+        self.native = _native_op("int4_linear") if self.group_size == INT4_GROUP_SIZE else None
         self.bias = bias.detach() if bias is not None else None
+        if self.native is not None:
+            self.backend = "native-int4"
+            self.compute_dtype = torch.float32
+            self.weight = pack_int4(groups.codes)
+            self.scales = groups.scales.float().contiguous()
+            self.mins = groups.mins.float().contiguous()
+        else:
+            self.backend = "int4pack"
+            self.compute_dtype = compute_dtype(weight.device, weight.dtype)
+            self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes.to(torch.int32), 1)
+            # [K / group, N, 2]: the kernel's layout of (scale, offset) pairs, w = (q - 8) s + z
+            offsets = groups.mins + 8 * groups.scales
+            pairs = torch.stack([groups.scales, offsets], dim=-1).transpose(0, 1)
+            self.scales_and_offsets = pairs.to(self.compute_dtype).contiguous()
         _probe(self)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(self.compute_dtype).contiguous(), self.weight, self.group_size, self.scales_and_offsets
-        )
+        rows = x.to(self.compute_dtype).contiguous()
+        if self.native is not None:
+            y = rows.new_empty(rows.shape[0], self.out_features)
+            self.native.int4_linear(rows, self.weight, self.scales, self.mins, y)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows, self.weight, self.group_size, self.scales_and_offsets
+            )
         y = y.to(x.dtype)
         return y + self.bias if self.bias is not None else y
 

@@ -127,9 +127,9 @@ def decode_q4_blocks(raw: np.ndarray, kind: str) -> Int4Groups:
     nibbles = blocks[..., header:]
     codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1)
     scales = torch.from_numpy(d)
-    # Q4_1: w = d q + m = (q - 8) d + (m + 8 d);  Q4_0: w = d (q - 8)
-    offsets = torch.from_numpy(m) + 8 * scales if m is not None else torch.zeros_like(scales)
-    return Int4Groups(torch.from_numpy(np.ascontiguousarray(codes)), scales, offsets, INT4_GROUP_SIZE)
+    # Q4_1: w = d q + m, Int4Groups' own form;  Q4_0: w = d (q - 8) = d q - 8 d (8 d is exact in float32)
+    mins = torch.from_numpy(m) if m is not None else -8 * scales
+    return Int4Groups(torch.from_numpy(np.ascontiguousarray(codes)), scales, mins, INT4_GROUP_SIZE)
 
 
 def undo_rotary_permutation(groups: Int4Groups, num_heads: int) -> Int4Groups:
@@ -137,7 +137,7 @@ def undo_rotary_permutation(groups: Int4Groups, num_heads: int) -> Int4Groups:
     rows = groups.codes.shape[0]
     half = rows // num_heads // 2
     order = torch.arange(rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(rows)
-    return Int4Groups(groups.codes[order], groups.scales[order], groups.offsets[order], groups.group_size)
+    return Int4Groups(groups.codes[order], groups.scales[order], groups.mins[order], groups.group_size)
 
 
 def load_int4_groups(
@@ -177,12 +177,13 @@ def _gguf_name(hf_name: str) -> str | None:
 
 def _same_weights(groups: Int4Groups, weight: torch.Tensor, row_stride: int = 16) -> bool:
     """De-quantized blocks equal the float weights, up to the rounding of the weights' own dtype (a
-    bfloat16 model holds them to 8 bits) and float32's rounding of d q + m vs (q - 8) d + z.
+    bfloat16 model holds them to 8 bits) and float32's rounding of d q + m (the conversion may have
+    computed it in another order or precision).
 
     Every 16th row is compared: a wrong tensor or row order shows in any of them, at 1/16 of the cost.
     """
     rows = slice(0, None, row_stride)
-    sample = Int4Groups(groups.codes[rows], groups.scales[rows], groups.offsets[rows], groups.group_size)
+    sample = Int4Groups(groups.codes[rows], groups.scales[rows], groups.mins[rows], groups.group_size)
     reference = weight.detach()[rows].float()
     dequantized = sample.dequantize()
     tolerance = torch.finfo(weight.dtype).eps * dequantized.abs() + 1e-3 * sample.scales.abs().max() + 1e-6

@@ -150,6 +150,8 @@ def test_quantized_model_logits_stay_close_to_float(quantization):
     quantized = LlamaForPagedAttention(hf, 64, quantization=quantization)
     kind = Int8Linear if quantization == "int8" else Int4Linear
     assert all(type(layer.gate_up) is kind for layer in quantized.layers)
+    if quantization == "int4" and hasattr(native_ops() or object(), "int4_linear"):
+        assert all(layer.gate_up.backend == "native-int4" for layer in quantized.layers)
     assert isinstance(quantized.lm_head, Int8Linear)  # 8-bit head in both modes
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     layer_f, layer_q = float_model.layers[0], quantized.layers[0]

@@ -16,7 +16,12 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 BUILD_DIR = SOURCE_DIR / "build"
 MODULE_NAME = "llmserve_paged_attention"
-SOURCES = [SOURCE_DIR / "paged_attention.cpp", SOURCE_DIR / "fused_ops.cpp", SOURCE_DIR / "int8_linear.cpp"]
+SOURCES = [
+    SOURCE_DIR / "paged_attention.cpp",
+    SOURCE_DIR / "fused_ops.cpp",
+    SOURCE_DIR / "int8_linear.cpp",
+    SOURCE_DIR / "int4_linear.cpp",
+]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 _loaded: object | None = None

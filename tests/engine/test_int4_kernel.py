@@ -1,0 +1,135 @@
+"""The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in services/quant.py.
+
+Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64). The
+kernel forms each weight in float32 with one FMA and sums in float32 across up to 1536 products, so the
+tolerance is relative to sum |x| |w| (the scale float32 summation error grows with), not to the result.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import services.quant as quant
+from services.quant import Int4Groups, Int4Linear, pack_int4
+from worker.gguf_weights import decode_q4_blocks
+from worker.kernels import native_ops
+
+
+def native_int4():
+    ops = native_ops()
+    if ops is None or not hasattr(ops, "int4_linear"):
+        pytest.skip("native kernels not built (make kernels)")
+    return ops
+
+
+def random_groups(gen: torch.Generator, n: int, k: int) -> Int4Groups:
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
+    mins = -torch.rand(n, k // 32, generator=gen) * 0.2
+    return Int4Groups(codes, scales, mins)
+
+
+def reference(x: torch.Tensor, groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
+    """x @ W.T in float64, and sum |x| |W| (what float32 rounding error scales with)."""
+    n, k = groups.codes.shape
+    q = groups.codes.double().reshape(n, k // 32, 32)
+    w = (q * groups.scales.double()[..., None] + groups.mins.double()[..., None]).reshape(n, k)
+    return x.double() @ w.T, x.double().abs() @ w.abs().T
+
+
+def assert_matches(got: torch.Tensor, x: torch.Tensor, groups: Int4Groups) -> None:
+    expected, magnitude = reference(x, groups)
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert bool(torch.isfinite(got).all())
+    error = float(((got.double() - expected).abs() / magnitude).max())
+    assert error < 2e-6, error
+
+
+# 32: one group (less than the kernel's two-group inner block); 96 and 608: multiples of 32 but not of
+# 64, so a group is left over after the inner block; 1536: the MLP's width.
+@pytest.mark.parametrize("in_features", [32, 96, 608, 1536])
+@pytest.mark.parametrize(
+    "rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33]
+)  # every row tile, then remainders/chunks
+def test_native_int4_kernel_is_float32_x_times_dequantized_weight(rows, in_features):
+    ops = native_int4()
+    gen = torch.Generator().manual_seed(rows * 10_000 + in_features)
+    groups = random_groups(gen, 200, in_features)  # 200 channels: an uneven split over threads and blocks
+    packed = pack_int4(groups.codes)
+    assert packed.shape == (200, in_features // 2) and packed.dtype == torch.uint8
+    for _ in range(2):  # fresh inputs each call, and an output buffer the kernel must overwrite entirely
+        x = torch.randn(rows, in_features, generator=gen)
+        out = torch.full((rows, 200), float("nan"))
+        ops.int4_linear(x, packed, groups.scales, groups.mins, out)
+        assert_matches(out, x, groups)
+
+
+def test_pack_int4_layout_is_the_documented_one():
+    codes = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64).flip(1).contiguous()
+    packed = pack_int4(codes)
+    q = codes[0].tolist()
+    for g in range(2):
+        for j in range(8):  # byte 2 j = q[j] | q[j + 8] << 4, byte 2 j + 1 = q[j + 16] | q[j + 24] << 4
+            base = 32 * g
+            assert int(packed[0, 16 * g + 2 * j]) == q[base + j] | q[base + j + 8] << 4
+            assert int(packed[0, 16 * g + 2 * j + 1]) == q[base + j + 16] | q[base + j + 24] << 4
+
+
+def test_native_int4_kernel_refuses_bad_shapes():
+    ops = native_int4()
+    groups = random_groups(torch.Generator().manual_seed(0), 8, 64)
+    packed = pack_int4(groups.codes)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.int4_linear(
+            torch.zeros(1, 48), packed[:, :24].contiguous(), groups.scales, groups.mins, torch.empty(1, 8)
+        )
+    with pytest.raises(RuntimeError, match="shapes differ"):
+        ops.int4_linear(
+            torch.zeros(1, 64), packed, groups.scales[:, :1].contiguous(), groups.mins, torch.empty(1, 8)
+        )
+
+
+def q4_bytes(weight: np.ndarray, kind: str) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    return quantize(weight, getattr(GGMLQuantizationType, kind))
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_0"])
+def test_gguf_blocks_run_exactly_in_the_native_layer(kind):
+    """A GGUF file's blocks reach the kernel without a rounding: its scales and mins are the file's d and
+    m (Q4_0: -8 d) bit for bit, and the layer computes x times the gguf package's own de-quantization."""
+    native_int4()
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    weight = np.random.default_rng(3).normal(size=(48, 96)).astype(np.float32)
+    raw = q4_bytes(weight, kind)
+    groups = decode_q4_blocks(raw, kind)
+    layer = Int4Linear(torch.from_numpy(weight), groups=groups)
+    assert layer.backend == "native-int4" and layer.compute_dtype == torch.float32
+    header = 4 if kind == "Q4_1" else 2
+    blocks = raw.reshape(48, -1, header + 16)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "Q4_1" else -8 * d
+    assert np.array_equal(layer.scales.numpy(), d) and np.array_equal(layer.mins.numpy(), m)
+    assert torch.equal(layer.weight, pack_int4(groups.codes))
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
+    dequantized = torch.from_numpy(dequantize(raw, getattr(GGMLQuantizationType, kind))).double()
+    expected = x.double() @ dequantized.T
+    magnitude = x.double().abs() @ dequantized.abs().T
+    assert float(((layer(x).double() - expected).abs() / magnitude).max()) < 2e-6
+
+
+def test_int4_layer_falls_back_to_torchs_kernel_without_the_native_one(monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    groups = random_groups(gen, 64, 128)
+    monkeypatch.setattr(quant, "_native_op", lambda name: None)
+    layer = Int4Linear(groups.dequantize(), groups=groups)
+    assert layer.backend == "int4pack" and layer.compute_dtype == torch.bfloat16
+    x = torch.randn(3, 128, generator=gen)
+    expected, _ = reference(x, groups)
+    got = layer(x)
+    assert got.dtype == torch.float32
+    assert float((got.double() - expected).norm() / expected.norm()) < 1e-2  # bfloat16 inside

@@ -1,0 +1,161 @@
+// y = x @ W.T for 4-bit weights in groups of 32 input features, each group with a float32 scale d and
+// min m: w = d * q + m, q in 0..15. That is llama.cpp's Q4_1 block exactly (its float16 d and m widen to
+// float32 without rounding), and Q4_0 (w = d * (q - 8)) with m = -8 d.
+//
+// torch's `_weight_int4pack_mm_for_cpu` is vectorized on this kind of CPU only for bfloat16 rows, so a
+// float32 model paid two conversions per layer and bfloat16 products. Here each group's 16 bytes are
+// widened once (one zero-extending load), its nibbles split with shifts and masks, converted to float32
+// and turned into weights with one FMA per eight (d q + m, rounded once), then multiplied into a tile of
+// activation rows while they are in registers, the way the int8 kernel (int8_linear.cpp) does it.
+// Activations and sums are float32.
+//
+// Layouts: x [M, K] float32, contiguous; packed [N, K / 2] uint8; scales, mins [N, K / 32] float32; out
+// [M, N] float32, written. K is a multiple of 32. Within a row, group g is the 16 bytes at 16 g, read as
+// eight little-endian 16-bit words: word j holds weights 32 g + j, + 8, + 16, + 24 in its nibbles from the
+// lowest up (services/quant.py `pack_int4` writes it), so the four shifts of one word give four vectors of
+// eight consecutive weights with no shuffles. Work is split over output channels on torch's intra-op
+// threads.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "vec.h"
+
+namespace {
+
+constexpr int64_t kGroup = 32;         // weights per (scale, min) pair
+constexpr int64_t kGroupBytes = 16;    // their packed codes
+constexpr int64_t kRowTile = 8;        // activation rows sharing one pass over a weight row
+constexpr int64_t kRowChunk = 16;      // x rows kept in cache while weight blocks pass (16 x 1536 floats)
+constexpr int64_t kChannelBlock = 32;  // weight rows (at most 32 x (768 + 384) bytes here) kept in L1/L2
+
+#ifdef LLMSERVE_AVX2
+// The 32 weights of one group as four float32 vectors (weights 0-7, 8-15, 16-23, 24-31): d q + m.
+inline void dequantize_group(const uint8_t* w, float d, float m, __m256 (&out)[4]) {
+  const __m256i mask = _mm256_set1_epi32(0x0F);
+  const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+  out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(words, mask)), dv, mv);
+  out[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words, 4), mask)), dv, mv);
+  out[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words, 8), mask)), dv, mv);
+  out[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words, 12)), dv, mv);  // top nibble: no mask
+}
+#endif
+
+// Rows [0, R) of x (row stride K) against one weight row; writes out[r * ldo] for each row. U groups are
+// unpacked per step and A accumulators kept per row: few rows still have enough independent FMA chains in
+// flight, and eight rows still fit the sixteen vector registers.
+template <int R, int A, int U>
+void dot_rows(const float* x, int64_t K, const uint8_t* w, const float* scales, const float* mins, float* out,
+              int64_t ldo) {
+  const int64_t groups = K / kGroup;
+#ifdef LLMSERVE_AVX2
+  __m256 acc[R][A];
+  for (int r = 0; r < R; ++r)
+    for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + U <= groups; g += U) {  // the inner block: U groups
+    __m256 wv[U][4];
+    for (int u = 0; u < U; ++u) dequantize_group(w + (g + u) * kGroupBytes, scales[g + u], mins[g + u], wv[u]);
+    const float* xg = x + g * kGroup;
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < U; ++u)
+        for (int v = 0; v < 4; ++v) {
+          const int a = (4 * u + v) % A;
+          acc[r][a] = _mm256_fmadd_ps(wv[u][v], _mm256_loadu_ps(xg + r * K + kGroup * u + 8 * v), acc[r][a]);
+        }
+  }
+  for (; g < groups; ++g) {  // groups left over from the inner block
+    __m256 wv[4];
+    dequantize_group(w + g * kGroupBytes, scales[g], mins[g], wv);
+    const float* xg = x + g * kGroup;
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v)
+        acc[r][v % A] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xg + r * K + 8 * v), acc[r][v % A]);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 total = acc[r][0];
+    for (int a = 1; a < A; ++a) total = _mm256_add_ps(total, acc[r][a]);
+    out[r * ldo] = llmserve::hsum(total);
+  }
+#else
+  float sums[R] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = w + g * kGroupBytes;
+    for (int64_t i = 0; i < kGroup; ++i) {  // weight i = 8 t + j: word j, nibble t
+      const int64_t j = i % 8, t = i / 8;
+      const int q = (b[2 * j + t / 2] >> (4 * (t % 2))) & 0x0F;
+      const float wi = scales[g] * static_cast<float>(q) + mins[g];
+      for (int r = 0; r < R; ++r) sums[r] += wi * x[r * K + g * kGroup + i];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * ldo] = sums[r];
+#endif
+}
+
+void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins,
+                 const at::Tensor& out) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "int4_linear runs on CPU tensors");
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 2 && scales.dim() == 2 && mins.dim() == 2 && out.dim() == 2,
+              "int4_linear: x [M, K], packed [N, K / 2], scales and mins [N, K / 32], out [M, N]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "int4_linear: float32 x and out");
+  TORCH_CHECK(packed.scalar_type() == at::kByte, "int4_linear: uint8 packed codes");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && mins.scalar_type() == at::kFloat,
+              "int4_linear: float32 scales and mins");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
+  TORCH_CHECK(K % kGroup == 0, "int4_linear: in_features must be a multiple of 32, got ", K);
+  TORCH_CHECK(packed.size(1) == K / 2 && scales.size(0) == N && scales.size(1) == K / kGroup &&
+                  mins.sizes() == scales.sizes() && out.size(0) == M && out.size(1) == N,
+              "int4_linear: shapes differ");
+  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous() && scales.is_contiguous() && mins.is_contiguous() &&
+                  out.is_contiguous(),
+              "int4_linear: contiguous tensors only");
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = mins.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t groups = K / kGroup;
+  // Enough channels per task that a thread streams a long run of weight rows.
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    // Blocked both ways, as in int8_linear.cpp: a chunk of x rows (in L2) passes over a block of weight rows
+    // tile by tile, so weights come from memory once per row chunk and x from cache.
+    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
+      const int64_t c1 = std::min(M, c0 + kRowChunk);
+      for (int64_t n0 = begin; n0 < end; n0 += kChannelBlock) {
+        const int64_t n1 = std::min(end, n0 + kChannelBlock);
+        for (int64_t m0 = c0; m0 < c1; m0 += kRowTile) {
+          const int64_t rows = std::min(kRowTile, c1 - m0);
+          const float* xr = xp + m0 * K;
+          float* orow = op + m0 * N;
+          for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t* w = wp + n * (K / 2);
+            const float* s = sp + n * groups;
+            const float* mn = mp + n * groups;
+            switch (rows) {
+              case 1: dot_rows<1, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
+              case 2: dot_rows<2, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
+              case 3: dot_rows<3, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
+              case 4: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
+              case 5: dot_rows<5, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
+              case 6: dot_rows<6, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
+              case 7: dot_rows<7, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
+              default: dot_rows<8, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmserve, m) {
+  m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int4_linear", &int4_linear); }
