@@ -107,9 +107,15 @@ class _FirstTokenClock:
         pass
 
 
+def _warm_up(model, ids: list[int]) -> None:
+    """A few tokens first, as every engine row gets a warm-up request (first calls pick kernels)."""
+    model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
+
+
 @torch.inference_mode()
 def run_m0(dtype: str) -> dict:
     tokenizer, model = _hf(dtype)
+    _warm_up(model, prompts(tokenizer, 1)[0][:16])
     ttfts, start, generated = [], time.perf_counter(), 0
     for ids in prompts(tokenizer, SEQUENTIAL_SUBSET)[:2]:
         t0 = time.perf_counter()
@@ -127,6 +133,7 @@ def run_m0(dtype: str) -> dict:
 @torch.inference_mode()
 def run_m1(dtype: str) -> dict:
     tokenizer, model = _hf(dtype)
+    _warm_up(model, prompts(tokenizer, 1)[0][:16])
     ttfts, start, generated = [], time.perf_counter(), 0
     for ids in prompts(tokenizer, SEQUENTIAL_SUBSET):
         clock, t0 = _FirstTokenClock(), time.perf_counter()
@@ -148,7 +155,7 @@ def run_m1_single(dtype: str) -> dict:
     """One stream, for the single-stream comparison (same as M1 with one request)."""
     tokenizer, model = _hf(dtype)
     ids = single_stream_prompt(tokenizer)
-    model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)  # warm-up
+    _warm_up(model, ids)
     t0 = time.perf_counter()
     clock = _FirstTokenClock()
     model.generate(
@@ -171,6 +178,7 @@ def run_m1_single(dtype: str) -> dict:
 def run_m2(dtype: str) -> dict:
     tokenizer, model = _hf(dtype)
     tokenizer.padding_side = "left"
+    _warm_up(model, prompts(tokenizer, 1)[0][:16])
     batch_size, start, ttfts, generated = 8, time.perf_counter(), [], 0
     all_prompts = prompts(tokenizer, NUM_REQUESTS)
     for b in range(0, NUM_REQUESTS, batch_size):
