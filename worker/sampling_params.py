@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 MAX_TOP_LOGPROBS = 20
 MAX_N = 128  # choices per request: each one is a sequence of its own in the engine
 MAX_LOGIT_BIAS = 100.0
+# Each stop string is matched against the text after every token: a worker bound for direct gRPC clients
+# (the gateway's own limits, GATEWAY_MAX_STOP and GATEWAY_MAX_STOP_CHARS, are tighter).
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
@@ -70,6 +75,15 @@ class SamplingParams:
                 f"prompt_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are allowed"),
+            (
+                all(len(s) <= MAX_STOP_CHARS for s in self.stop),
+                f"each stop string may have at most {MAX_STOP_CHARS} characters",
+            ),
+            (
+                len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+                f"at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed",
+            ),
             (
                 all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),
                 f"logit_bias values must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}",

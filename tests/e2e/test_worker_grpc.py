@@ -129,6 +129,8 @@ def test_stop_string_ends_the_choice(worker_stub: worker_pb2_grpc.WorkerStub) ->
         ({"text": "hi", "params": pb.SamplingParams(temperature=-1.0)}, "temperature"),
         ({"text": "hi", "params": pb.SamplingParams(max_tokens=100000)}, "maximum context length"),
         ({"token_ids": pb.TokenIds(ids=[10**6])}, "out of range"),
+        ({"text": "hi", "params": pb.SamplingParams(stop=[f"s{i}" for i in range(1000)])}, "stop strings"),
+        ({"text": "hi", "params": pb.SamplingParams(stop=["x" * 5000])}, "stop string may have"),
     ],
 )
 def test_invalid_requests_are_invalid_argument(

@@ -20,7 +20,7 @@ from worker.errors import ContextLengthError, InvalidRequestError
 from worker.outputs import ModelInfo, PromptInput
 from worker.request import Request
 from worker.sampler import build_batch, sample
-from worker.sampling_params import MAX_N
+from worker.sampling_params import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from worker.scheduler import Scheduler
 from worker.servicer import check_params_for_model, params_from_proto
 
@@ -141,6 +141,9 @@ def test_regressions_found_by_the_fuzzer_are_refused() -> None:
         pb.SamplingParams(n=MAX_N + 1),
         pb.SamplingParams(logit_bias={1: math.nan}),
         pb.SamplingParams(logit_bias={VOCAB: 1.0}),
+        pb.SamplingParams(stop=["a"] * (MAX_STOP_STRINGS + 1)),  # a stop list matched after every token
+        pb.SamplingParams(stop=["a" * (MAX_STOP_CHARS + 1)]),
     ):
         assert accepted(proto) is None, proto
     assert accepted(pb.SamplingParams(n=MAX_N)) is not None
+    assert accepted(pb.SamplingParams(stop=["a"] * MAX_STOP_STRINGS)) is not None
