@@ -28,7 +28,7 @@ namespace {
 
 constexpr int64_t kGroup = 32;         // weights per (scale, min) pair
 constexpr int64_t kGroupBytes = 16;    // their packed codes
-constexpr int64_t kRowTile = 8;        // activation rows sharing one pass over a weight row
+constexpr int64_t kRowTile = 4;        // activation rows sharing one pass over a weight row (8: slower)
 constexpr int64_t kRowChunk = 16;      // x rows kept in cache while weight blocks pass (16 x 1536 floats)
 constexpr int64_t kChannelBlock = 32;  // weight rows (at most 32 x (768 + 384) bytes here) kept in L1/L2
 
@@ -46,8 +46,8 @@ inline void dequantize_group(const uint8_t* w, float d, float m, __m256 (&out)[4
 #endif
 
 // Rows [0, R) of x (row stride K) against one weight row; writes out[r * ldo] for each row. U groups are
-// unpacked per step and A accumulators kept per row: few rows still have enough independent FMA chains in
-// flight, and eight rows still fit the sixteen vector registers.
+// unpacked per step and A accumulators kept per row, so that one or two rows still have enough independent
+// FMA chains in flight and four rows fit the sixteen vector registers.
 template <int R, int A, int U>
 void dot_rows(const float* x, int64_t K, const uint8_t* w, const float* scales, const float* mins, float* out,
               int64_t ldo) {
@@ -139,11 +139,7 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
               case 1: dot_rows<1, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
               case 2: dot_rows<2, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
               case 3: dot_rows<3, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
-              case 4: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
-              case 5: dot_rows<5, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
-              case 6: dot_rows<6, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
-              case 7: dot_rows<7, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
-              default: dot_rows<8, 1, 1>(xr, K, w, s, mn, orow + n, N); break;
+              default: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
             }
           }
         }
