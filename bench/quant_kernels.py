@@ -8,7 +8,7 @@ weights stay in the last-level cache) and, in the `stack` rows, as the 30 layers
 distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
 microseconds per call; on a shared machine only the minimum is worth comparing.
 
-Why it exists: it chose services/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
+Why it exists: it chose worker/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
 groups of 32).
 
     .venv/bin/python -m bench.quant_kernels [--threads 2] [--rows 1,4,8,32] [--reps 15] [--write-docs]
@@ -24,7 +24,7 @@ import torch
 
 from bench.report import median, write_section
 from services.linear import Linear
-from services.quant import Int4Groups, Int4Linear, Int8Linear
+from worker.quant import Int4Groups, Int4Linear, Int8Linear
 
 SHAPES = {
     "qkv": (960, 576),

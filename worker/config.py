@@ -15,7 +15,7 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # onednn: weights prepacked (CPU); torch: plain F.linear
 ATTENTION_BACKENDS = ("auto", "native", "torch")  # native: compiled CPU decode kernel; torch: gather + matmul
-QUANTIZATIONS = ("auto", "none", "int8", "int4")  # weight-only, linear layers (services/quant.py); auto: see
+QUANTIZATIONS = ("auto", "none", "int8", "int4")  # weight-only, linear layers (worker/quant.py); auto: see
 # worker/model_loader.py resolve_quantization
 
 

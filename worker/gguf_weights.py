@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.quant import INT4_GROUP_SIZE, Int4Groups
+from worker.quant import INT4_GROUP_SIZE, Int4Groups
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from services.linear import Linear
-from services.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 from worker.attention import AttentionMetadata, paged_attention
+from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 
 # What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
 # each model needs (`LlamaForPagedAttention.needs`); the loader refuses a model that needs anything not
@@ -101,7 +101,7 @@ class LlamaForPagedAttention:
         quantization: str = "none",
         int4_groups: dict[str, Int4Groups] | None = None,
     ) -> None:
-        """`quantization`: none | int8 | int4 (weight-only, services/quant.py); `int4_groups`: 4-bit
+        """`quantization`: none | int8 | int4 (weight-only, worker/quant.py); `int4_groups`: 4-bit
         blocks already in a GGUF file, by Hugging Face name, used instead of re-quantizing."""
         config = hf_model.config
         self.shape = ModelShape(

@@ -1,4 +1,4 @@
-"""The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in services/quant.py.
+"""The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in worker/quant.py.
 
 Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64). The
 kernel forms each weight in float32 with one FMA and sums in float32 across up to 1536 products, so the
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import services.quant as quant
-from services.quant import Int4Groups, Int4Linear, pack_int4
+import worker.quant as quant
 from worker.gguf_weights import decode_q4_blocks
 from worker.kernels import native_ops
+from worker.quant import Int4Groups, Int4Linear, pack_int4
 
 
 def native_int4():

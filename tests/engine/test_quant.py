@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 linear layers and GGUF 4-bit loading (services/quant.py, worker/gguf_weights.py).
+"""Weight-only int8/int4 linear layers and GGUF 4-bit loading (worker/quant.py, worker/gguf_weights.py).
 
 Tolerances: torch's kernels run in bfloat16 (8 bits of mantissa, relative rounding 2^-9 per element), so a
 layer is compared with F.linear over its own de-quantized weights at a relative error of 1%; the
@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 from tests.engine.factories import tiny_llama
 from worker.gguf_weights import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
 from worker.kernels import native_ops
 from worker.model import LlamaForPagedAttention
 from worker.model_loader import resolve_quantization
+from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
