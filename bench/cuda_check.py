@@ -383,6 +383,57 @@ def stage_profile(dtype: str = "bfloat16", streams: int = 64, steps: int = 20, e
     }
 
 
+# ---- quantization ------------------------------------------------------------------------------
+def stage_quantization() -> dict:
+    """WORKER_QUANTIZATION=int8 / int4 on this device: served (a few greedy tokens), or refused when the
+    engine starts, with the error it gives. The model has SmolLM2's shapes and random weights (only the
+    config and tokenizer are read from MODEL_DIR), so this stage needs no weights on the machine."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
+    from worker.engine import build_engine
+    from worker.outputs import PromptInput
+    from worker.sampling_params import SamplingParams
+
+    directory = tempfile.mkdtemp()
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL_DIR)).save_pretrained(directory)
+    for name in os.listdir(MODEL_DIR):
+        if name.startswith(("tokenizer", "generation_config", "chat_template")):
+            shutil.copy(os.path.join(MODEL_DIR, name), directory)
+    results = {}
+    for quantization in ("none", "int8", "int4"):
+        try:
+            engine = build_engine(
+                EngineConfig(
+                    model=directory,
+                    device=DEVICE,
+                    dtype="bfloat16",
+                    quantization=quantization,
+                    scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=512),
+                    kv_cache=KVCacheConfig(num_blocks=64),
+                )
+            )
+            params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+            for i in range(4):
+                prompt = PromptInput(token_ids=list(range(10 + i, 40)))
+                engine.add(engine.make_requests(f"q{i}", prompt, params))
+            steps = 0
+            while engine.has_unfinished() and steps < 100:
+                engine.step()
+                steps += 1
+            results[quantization] = {"served": not engine.has_unfinished(), "steps": steps}
+        except Exception as exc:  # noqa: BLE001 - the refusal itself is the result
+            results[quantization] = {"served": False, "error": f"{type(exc).__name__}: {exc}"[:600]}
+        free_cache()
+    shutil.rmtree(directory, ignore_errors=True)
+    return results
+
+
 # ---- driver ------------------------------------------------------------------------------------
 def run_all(out_dir: Path, only: list[str] | None = None) -> None:
     import torch
@@ -404,6 +455,7 @@ def run_all(out_dir: Path, only: list[str] | None = None) -> None:
         ("profile", stage_profile),
         ("profile_eager", lambda: stage_profile(eager=True)),
         ("speed_float32", lambda: stage_speed("float32", eager_too=False)),
+        ("quantization", stage_quantization),
     ]
     for name, fn in stages:
         if only and name not in only:
