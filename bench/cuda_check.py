@@ -494,7 +494,26 @@ def render(result: dict) -> list[str]:
     for dtype in ("bfloat16", "float32"):
         lines += _render_speed(dtype, result.get(f"speed_{dtype}", {}))
     lines += _render_profiles(result)
+    lines += _render_quantization(result)
     return lines
+
+
+def _render_quantization(result: dict) -> list[str]:
+    quant = result.get("quantization", {})
+    if not quant or "error" in quant:
+        return []
+    served = [q for q, r in quant.items() if r["served"]]
+    lines = [
+        "### Quantized weights on the GPU",
+        "",
+        "SmolLM2's shapes with random weights, bfloat16, four requests of eight greedy tokens"
+        + (f" ({result['quantization_note']})" if "quantization_note" in result else "")
+        + f": served with `WORKER_QUANTIZATION` = {', '.join(f'`{q}`' for q in served) or 'nothing'}.",
+    ]
+    for q, r in quant.items():
+        if not r["served"]:
+            lines.append(f"`{q}` is refused when the worker starts: `{r.get('error', 'unfinished')}`.")
+    return lines + [""]
 
 
 def _render_correctness(result: dict) -> list[str]:
