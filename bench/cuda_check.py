@@ -96,21 +96,11 @@ def chat_ids(tok, question: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-TEXT = (
-    "Large language models are served by engines that batch requests from many users together. "
-    "Each request brings a prompt, which is processed in one pass, and then produces its answer one token "
-    "at a time. Keeping the attention keys and values of earlier tokens avoids recomputing them, and "
-    "storing them in fixed-size blocks lets many sequences share one memory pool without fragmentation. "
-)
-
-
 def bench_prompts(tok, count: int) -> list[list[int]]:
-    words = TEXT.split()
-    out = []
-    for i in range(count):
-        rotated = " ".join(words[i % len(words) :] + words[: i % len(words)])
-        out.append(tok.encode(f"Request {i}. " + rotated * 3)[:PROMPT_TOKENS])
-    return out
+    """The engine ladder's prompts (PROMPT_TOKENS each), so the GPU rows read like the CPU ones."""
+    from bench.engine_bench import prompts
+
+    return prompts(tok, count)
 
 
 # ---- logits ------------------------------------------------------------------------------------
@@ -128,6 +118,8 @@ def stage_logits() -> dict:
     from worker.scheduler import Scheduler
 
     tok = tokenizer()
+    from bench.engine_bench import TEXT
+
     base = tok.encode(TEXT * 4)
     results = {}
     graphs = "capture" if DEVICE.startswith("cuda") else "eager"
