@@ -109,6 +109,7 @@ def stage_logits() -> dict:
     runner computed is compared with transformers' forward over the whole final sequence."""
     import torch
 
+    from bench.engine_bench import TEXT
     from worker.block_manager import BlockManager
     from worker.config import SchedulerConfig
     from worker.model import LlamaForPagedAttention
@@ -118,8 +119,6 @@ def stage_logits() -> dict:
     from worker.scheduler import Scheduler
 
     tok = tokenizer()
-    from bench.engine_bench import TEXT
-
     base = tok.encode(TEXT * 4)
     results = {}
     graphs = "capture" if DEVICE.startswith("cuda") else "eager"
