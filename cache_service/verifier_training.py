@@ -6,12 +6,8 @@ Every labelled pair becomes the turn pairs the verifier would be asked about: a 
 itself; a conversation pair turn by turn, skipping identical turns. A turn pair is positive when one answer
 serves both (a pair that should hit, or the reworded last question of a conversation whose earlier turns
 changed) and negative otherwise. Pairs the cheap checks already veto never reach the classifier, so they
-are left out. Plus **neighbour negatives**: each single question of the fold is compared with the fold's
-stored questions of other answer groups that the search would put in front of the verifier (top 4 at a
-cosine of at least 0.70), labelled negative: the wrong neighbours a lookup meets among many entries, which
-the labelled pairs alone never show. Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1 ms
-for four candidates), and they can learn that near-identical questions are the dangerous ones (one
-substituted word).
+are left out. Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1 ms for four candidates),
+and they can learn that near-identical questions are the dangerous ones (one substituted word).
 
     .venv/bin/python -m cache_service.verifier_training
 """
@@ -29,15 +25,13 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from cache_service.embedder import Embedder
 from cache_service.keys import normalize_text
 from cache_service.pair_checks import expand_contractions, veto
-from cache_service.pair_features import FEATURE_NAMES, TokenStates, pair_features
+from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.tree_ensemble import TreeEnsemble
 from cache_service.verifier import MODEL_FILE
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "cache_pairs.jsonl"
 TRAIN_FOLD = "fit"
 PARTITION_KINDS = ("tenant",)  # decided by the partition, not by meaning: nothing to learn from
-NEIGHBOUR_FLOOR = 0.70  # below the cosine floors considered (0.80 default), so near misses are learned too
-NEIGHBOURS = 4  # the service's TOP_K
 
 
 def turns(side: str | list[dict[str, str]]) -> list[str]:
@@ -58,56 +52,21 @@ def turn_pairs(row: dict) -> list[tuple[str, str, bool]]:
     return out
 
 
-def fold_rows(path: Path = DATA) -> list[dict]:
+def training_pairs(path: Path = DATA) -> list[tuple[str, str, bool]]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [
-        r
-        for r in rows
-        if r["split"] == "tune" and r.get("fold") == TRAIN_FOLD and r["kind"] not in PARTITION_KINDS
-    ]
-
-
-def training_pairs(rows: list[dict]) -> list[tuple[str, str, bool]]:
     pairs = []
     for r in rows:
-        pairs += turn_pairs(r)
+        if r["split"] == "tune" and r.get("fold") == TRAIN_FOLD and r["kind"] not in PARTITION_KINDS:
+            pairs += turn_pairs(r)
     return pairs
 
 
-def neighbour_negatives(rows: list[dict], vectors: dict[str, np.ndarray]) -> list[tuple[str, str, bool]]:
-    """(asked, stored question of another answer group, False) for the NEIGHBOURS most similar stored
-    questions at NEIGHBOUR_FLOOR or above; single questions only (a conversation's turns are not labelled
-    one by one). `vectors`: sentence vector per text (contractions expanded)."""
-    stored: dict[str, str] = {}
-    for r in rows:
-        if isinstance(r["a"], str):
-            stored.setdefault(expand_contractions(r["a"]), r["a_group"])
-    texts = list(stored)
-    matrix = np.stack([vectors[t] for t in texts])
-    out = []
-    for r in rows:
-        if not isinstance(r["b"], str):
-            continue
-        asked = expand_contractions(r["b"])
-        sims = matrix @ vectors[asked]
-        for k in np.argsort(-sims)[:NEIGHBOURS]:
-            other = texts[k]
-            if sims[k] < NEIGHBOUR_FLOOR or stored[other] == r["b_group"]:
-                continue
-            if normalize_text(other) != normalize_text(asked) and not veto(other, asked):
-                out.append((asked, other, False))
-    return sorted(set(out))
-
-
-def encode_all(embedder: Embedder, texts: list[str]) -> dict[str, TokenStates]:
+def fit(embedder: Embedder, pairs: list[tuple[str, str, bool]]) -> HistGradientBoostingClassifier:
+    texts = sorted({t for a, b, _ in pairs for t in (a, b)})
     states = {}
     for start in range(0, len(texts), 64):
         chunk = texts[start : start + 64]
         states.update(zip(chunk, embedder.encode_tokens(chunk), strict=True))
-    return states
-
-
-def fit(states: dict[str, TokenStates], pairs: list[tuple[str, str, bool]]) -> HistGradientBoostingClassifier:
     features = np.stack([pair_features(states[a], states[b]) for a, b, _ in pairs])
     labels = np.array([same for _, _, same in pairs])
     model = HistGradientBoostingClassifier(max_depth=3, max_iter=200, learning_rate=0.05, random_state=0)
@@ -115,14 +74,9 @@ def fit(states: dict[str, TokenStates], pairs: list[tuple[str, str, bool]]) -> H
 
 
 def main() -> None:
-    rows = fold_rows()
-    pairs = training_pairs(rows)
+    pairs = training_pairs()
     embedder = Embedder()
-    singles = {expand_contractions(r[side]) for r in rows for side in ("a", "b") if isinstance(r[side], str)}
-    states = encode_all(embedder, sorted({t for a, b, _ in pairs for t in (a, b)} | singles))
-    negatives = neighbour_negatives(rows, {t: states[t].sentence for t in singles})
-    pairs += negatives
-    model = fit(states, pairs)
+    model = fit(embedder, pairs)
     TreeEnsemble.from_sklearn(model).save(MODEL_FILE)
     meta = {
         "features": list(FEATURE_NAMES),
@@ -131,7 +85,6 @@ def main() -> None:
         "fold": TRAIN_FOLD,
         "pairs": len(pairs),
         "positives": sum(1 for *_, same in pairs if same),
-        "neighbour_negatives": len(negatives),
         "embedding_dtype": embedder.dtype,
         "scikit_learn": sklearn.__version__,
     }

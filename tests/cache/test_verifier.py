@@ -25,19 +25,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
         ("How do I bake bread with yeast?", "How do I bake bread without yeast?", "negation"),
         ("Is the museum open on Friday?", "Is the museum open on Tuesday?", "dates"),
         ("What's the weather in Lisbon in April?", "What's the weather in Lisbon in November?", "dates"),
-        ("Is it legal to park on the sidewalk?", "Is it illegal to park on the sidewalk?", "negation"),
-        (
-            "How do I hide a column in my spreadsheet?",
-            "How do I unhide a column in my spreadsheet?",
-            "negation",
-        ),
-        (
-            "What are the advantages of leasing a car?",
-            "What are the disadvantages of leasing a car?",
-            "negation",
-        ),
-        ("How many grams are in 2 pounds?", "How many pounds are in 2 grams?", "count different things"),
-        ("Convert 10 miles to kilometers", "Convert 10 kilometers to miles", "count different things"),
     ],
 )
 def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
@@ -53,12 +40,6 @@ def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
         ("How much sleep does a teen need?", "How many hours should a teen sleep each night?"),
         ("Can I make it with no eggs?", "Can I make it without eggs?"),
         ("Why can't I log in?", "Why am I not able to log in?"),
-        ("How do I join three tables in SQL?", "How can I join three SQL tables?"),
-        ("Convert 5 km to miles", "How many miles is 5 km?"),
-        ("How many cups are in 2 liters?", "How many cups make 2 litres?"),
-        ("Is it possible to recover deleted files?", "Can deleted files be recovered?"),
-        ("What does an index do in a database?", "What is a database index for?"),
-        ("Why is my phone unable to connect?", "Why is my phone unable to get a connection?"),
     ],
 )
 def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
@@ -120,12 +101,7 @@ def conv(*texts: str) -> Conversation:
     ("a", "b"),
     [
         ("How do I turn on two-factor authentication?", "How can I enable two-factor authentication?"),
-        pytest.param(
-            "What is the capital of France?",
-            "Which city is the capital of France?",
-            # 0.87 since the classifier learns from neighbour negatives (stricter): a miss, not a false hit
-            marks=pytest.mark.xfail(reason="scored under the default threshold", strict=True),
-        ),
+        ("What is the capital of France?", "Which city is the capital of France?"),
         ("What is the tallest mountain in the world?", "Which mountain is the tallest in the world?"),
     ],
 )
@@ -160,9 +136,7 @@ def test_conversations_are_judged_turn_by_turn(verifier) -> None:
     germany = conv("What is the capital of Germany?", "Berlin.", "What is its population?")
     tripled = conv("What is the capital of France?", "Paris.", "What is 3 times its population?")
     same, other, numbers = verifier.judge(france, [reworded, germany, tripled], DEFAULT_VERIFIER_THRESHOLD)
-    # the reworded conversation scores 0.87 (a miss at the 0.90 default since neighbour negatives made the
-    # classifier stricter); what must hold is that it ranks far above the conversation about another country
-    assert same.probability > other.probability + 0.3
+    assert same.ok
     assert not other.ok and not numbers.ok
     assert numbers.reason == "numbers differ"  # vetoed before the classifier: probability 0
     assert verifier.judge(france, [france], DEFAULT_VERIFIER_THRESHOLD)[0].probability == 1.0
@@ -182,35 +156,3 @@ def test_tree_ensemble_matches_scikit_learn(tmp_path) -> None:
     trees = TreeEnsemble.load(tmp_path / "trees.npz")
     probe = rng.normal(size=(64, 5))
     np.testing.assert_allclose(trees.probability(probe), model.predict_proba(probe)[:, 1], atol=1e-12)
-
-
-def test_neighbour_negatives_pair_a_question_with_close_entries_of_other_groups() -> None:
-    import numpy as np
-
-    from cache_service.verifier_training import neighbour_negatives
-
-    def row(a: str, group: str, b: str, b_group: str) -> dict:
-        return {"a": a, "a_group": group, "b": b, "b_group": b_group}
-
-    rows = [
-        row("How do I reset my router?", "router", "How can I reset my router?", "router"),
-        row("How do I reset my modem?", "modem", "How do I restart my modem?", "modem"),
-        row("What is the capital of Peru?", "peru", "Which city is Peru's capital?", "peru"),
-    ]
-    unit = np.eye(3, dtype=np.float32)
-    close = np.array([0.8, 0.6, 0.0], np.float32)  # cosine 0.8 with the router axis: above the floor
-    vectors = {
-        "How do I reset my router?": unit[0],
-        "How can I reset my router?": unit[0],
-        "How do I reset my modem?": close,
-        "How do I restart my modem?": close,
-        "What is the capital of Peru?": unit[2],
-        "Which city is Peru's capital?": unit[2],
-    }
-    negatives = neighbour_negatives(rows, vectors)
-    # each router/modem question meets the other group's stored question; Peru is far from both; a question
-    # never meets its own group's entry
-    assert ("How can I reset my router?", "How do I reset my modem?", False) in negatives
-    assert ("How do I restart my modem?", "How do I reset my router?", False) in negatives
-    assert all("Peru" not in a and "Peru" not in b for a, b, _ in negatives)
-    assert all({a, b} != {"How can I reset my router?", "How do I reset my router?"} for a, b, _ in negatives)
