@@ -178,6 +178,7 @@ def stage_greedy() -> dict:
     from worker.async_engine import AsyncEngine
     from worker.outputs import PromptInput
     from worker.sampling_params import SamplingParams
+    from worker.speculative import num_accepted  # the length of the common prefix of two token lists
 
     max_new = 48
     tok = tokenizer()
@@ -209,7 +210,7 @@ def stage_greedy() -> dict:
 
         got, blocks_left = asyncio.run(scenario())
         same = sum(g == e for g, e in zip(got, expected, strict=True))
-        prefix = [_common_prefix(g, e) / max(1, len(e)) for g, e in zip(got, expected, strict=True)]
+        prefix = [num_accepted(g, e) / max(1, len(e)) for g, e in zip(got, expected, strict=True)]
         results[dtype] = {
             "identical": same,
             "requests": len(QUESTIONS),
@@ -218,15 +219,6 @@ def stage_greedy() -> dict:
         }
         free_cache()
     return results
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # ---- speed -------------------------------------------------------------------------------------

@@ -81,19 +81,17 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
-    @property
-    def max_batch(self) -> int:
-        return self.batch_sizes[-1]
-
-    def fits(self, num_seqs: int, num_blocks: int) -> bool:
-        return num_seqs <= self.batch_sizes[-1] and num_blocks <= self.block_counts[-1]
-
     # ---- one step ------------------------------------------------------------------------
-    def run(self, token_ids: list[int], positions: list[int], block_ids: list[list[int]]) -> torch.Tensor:
+    def run(
+        self, token_ids: list[int], positions: list[int], block_ids: list[list[int]]
+    ) -> torch.Tensor | None:
         """Logits [num_seqs, vocab] of one decode token per sequence (a view of a buffer that the next
-        step overwrites: sample from it before the next call)."""
+        step overwrites: sample from it before the next call); None when the step is larger than the
+        largest bucket (more sequences, or a longer context), for the general path to run."""
         n, bs = len(token_ids), self.block_size
-        needed = max((p // bs) + 1 for p in positions)
+        needed = max(positions) // bs + 1
+        if n > self.batch_sizes[-1] or needed > self.block_counts[-1]:
+            return None
         shape = (bucket(n, self.batch_sizes), bucket(needed, self.block_counts))
         self._load(token_ids, positions, block_ids, *shape)
         if not self.capture:

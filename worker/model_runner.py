@@ -178,11 +178,8 @@ class ModelRunner:
         for s in items:
             if s.num_new_tokens != 1 or not s.samples or s.request.wants_prompt_logprobs:
                 return None
-        positions = [s.start for s in items]
-        if not graphs.fits(len(items), max(positions) // self.block_size + 1):
-            return None
         tokens = [s.token_ids()[0] for s in items]
-        return graphs.run(tokens, positions, [s.request.block_ids for s in items])
+        return graphs.run(tokens, [s.start for s in items], [s.request.block_ids for s in items])
 
     def execute(self, plan: SchedulerOutput) -> tuple[list[Request], SamplerOutput]:
         """Run one step; return the requests that produced a token and what they produced."""
