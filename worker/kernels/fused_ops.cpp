@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace {
@@ -86,6 +87,9 @@ void for_rows(int64_t rows, int64_t row_cost, const Fn& fn) {
     for (int64_t r = begin; r < end; ++r) fn(r);
   });
 }
+}  // namespace
+
+namespace llmserve {
 
 void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out) {
   check_rows(x, out, "rms_norm");
@@ -119,6 +123,10 @@ void add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Ten
   });
 }
 
+}  // namespace llmserve
+
+namespace {
+
 // Rotary embedding (rotate-half form) in place on the first `num_heads` heads of each row of `qkv`
 // (the query heads then the key heads of the fused projection): x1' = x1 c - x2 s, x2' = x2 c + x1 s.
 template <typename T>
@@ -138,6 +146,9 @@ void rotary_row(T* row, const T* cos, const T* sin, int64_t num_heads, int64_t d
     }
   }
 }
+}  // namespace
+
+namespace llmserve {
 
 void rotary_(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
              int64_t num_heads) {
@@ -158,6 +169,10 @@ void rotary_(const at::Tensor& qkv, const at::Tensor& positions, const at::Tenso
       });
   });
 }
+
+}  // namespace llmserve
+
+namespace {
 
 // out = T(silu(gate)) * up for x = [gate | up], rounded like `F.silu(gate) * up`.
 template <typename T>
@@ -180,6 +195,9 @@ void silu_and_mul_row(const T* x, int64_t n, T* out) {
     out[i] = round_to<T>(s * static_cast<float>(up[i]));
   }
 }
+}  // namespace
+
+namespace llmserve {
 
 void silu_and_mul(const at::Tensor& x, const at::Tensor& out) {
   check_rows(x, out, "silu_and_mul");
@@ -192,7 +210,7 @@ void silu_and_mul(const at::Tensor& x, const at::Tensor& out) {
   });
 }
 
-}  // namespace
+}  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
@@ -202,8 +220,8 @@ TORCH_LIBRARY_FRAGMENT(llmserve, m) {
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("rotary_", &rotary_);
-  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rms_norm", &llmserve::rms_norm);
+  m.impl("add_rms_norm", &llmserve::add_rms_norm);
+  m.impl("rotary_", &llmserve::rotary_);
+  m.impl("silu_and_mul", &llmserve::silu_and_mul);
 }

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace {
@@ -95,6 +96,9 @@ void dot_rows(const float* x, int64_t K, const uint8_t* w, const float* scales, 
   for (int r = 0; r < R; ++r) out[r * ldo] = sums[r];
 #endif
 }
+}  // namespace
+
+namespace llmserve {
 
 void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins,
                  const at::Tensor& out) {
@@ -148,10 +152,10 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   });
 }
 
-}  // namespace
+}  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int4_linear", &int4_linear); }
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int4_linear", &llmserve::int4_linear); }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace {
@@ -49,6 +50,9 @@ void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* ou
   }
   for (int r = 0; r < R; ++r) out[r * ldo] = sums[r] * scale;
 }
+}  // namespace
+
+namespace llmserve {
 
 void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out) {
   TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu(), "int8_linear runs on CPU tensors");
@@ -91,8 +95,8 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
   });
 }
 
-}  // namespace
+}  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) { m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()"); }
 
-TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int8_linear", &int8_linear); }
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int8_linear", &llmserve::int8_linear); }

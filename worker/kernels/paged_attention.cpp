@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace {
@@ -180,6 +181,9 @@ void decode_attention_typed(const at::Tensor& q, const at::Tensor& k_cache, cons
     }
   });
 }
+}  // namespace
+
+namespace llmserve {
 
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
@@ -207,7 +211,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
   }
 }
 
-}  // namespace
+}  // namespace llmserve
 
 TORCH_LIBRARY(llmserve, m) {
   m.def(
@@ -215,4 +219,4 @@ TORCH_LIBRARY(llmserve, m) {
       "float scale, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("decode_attention", &llmserve::decode_attention); }

@@ -1,0 +1,27 @@
+// The kernels' entry points, callable from C++ as well as through `torch.ops.llmserve` (each .cpp registers
+// its own): a C++ caller such as a whole decode step skips the dispatcher and Python between them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace llmserve {
+
+// fused_ops.cpp
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out);
+void add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                  const at::Tensor& out);
+void rotary_(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+             int64_t num_heads);
+void silu_and_mul(const at::Tensor& x, const at::Tensor& out);
+
+// int8_linear.cpp, int4_linear.cpp
+void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out);
+void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins,
+                 const at::Tensor& out);
+
+// paged_attention.cpp
+void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                      const at::Tensor& out);
+
+}  // namespace llmserve
