@@ -50,13 +50,14 @@ class Int4Groups:
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Groups:
-        """Min/max asymmetric rounding per group (what llama.cpp's Q4_1 does)."""
+        """Min/max asymmetric rounding per group (what llama.cpp's Q4_1 does), with the scale and min rounded
+        to float16 first (the native kernel stores them so) and the codes rounded against those."""
         n, k = weight.shape
         if k % group_size:
             raise ValueError(f"int4 needs in_features divisible by {group_size}, got {k}")
         groups = weight.detach().float().reshape(n, k // group_size, group_size)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scales = (high - low) / 15
+        low, high = groups.amin(-1).half().float(), groups.amax(-1)
+        scales = ((high - low) / 15).half().float()
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         codes = torch.round((groups - low.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp(0, 15)
         return cls(codes.to(torch.uint8).reshape(n, k), scales, low, group_size)
@@ -147,8 +148,8 @@ class Int4Linear:
     """y = x @ W.T (+ b) with W held as `Int4Groups`.
 
     On CPU with the compiled kernels (worker/kernels/int4_linear.cpp) the groups are kept as they are (codes
-    two per byte, float32 scales and mins, so a GGUF file's blocks stay exact) and the products run in
-    float32; otherwise through torch's `_weight_int4pack_mm_for_cpu` (bfloat16 rows and groups)."""
+    two per byte, float16 scales and mins, so a GGUF file's blocks stay exact: 0.625 bytes per weight) and
+    the products run in float32; otherwise through torch's `_weight_int4pack_mm_for_cpu` (bfloat16 rows and groups)."""
 
     quantization = "int4"
 
@@ -169,8 +170,9 @@ class Int4Linear:
             self.backend = "native-int4"
             self.compute_dtype = torch.float32
             self.weight = pack_int4(groups.codes)
-            self.scales = groups.scales.float().contiguous()
-            self.mins = groups.mins.float().contiguous()
+            # float16, as a GGUF file has them: exact for its blocks and for `from_float`'s (rounded so).
+            self.scales = groups.scales.half().contiguous()
+            self.mins = groups.mins.half().contiguous()
         else:
             self.backend = "int4pack"
             self.compute_dtype = compute_dtype(weight.device, weight.dtype)

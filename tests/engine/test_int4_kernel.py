@@ -24,8 +24,8 @@ def native_int4():
 
 def random_groups(gen: torch.Generator, n: int, k: int) -> Int4Groups:
     codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
-    mins = -torch.rand(n, k // 32, generator=gen) * 0.2
+    scales = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()  # what the kernel stores
+    mins = (-torch.rand(n, k // 32, generator=gen) * 0.2).half().float()
     return Int4Groups(codes, scales, mins)
 
 
@@ -60,7 +60,7 @@ def test_native_int4_kernel_is_float32_x_times_dequantized_weight(rows, in_featu
     for _ in range(2):  # fresh inputs each call, and an output buffer the kernel must overwrite entirely
         x = torch.randn(rows, in_features, generator=gen)
         out = torch.full((rows, 200), float("nan"))
-        ops.int4_linear(x, packed, groups.scales, groups.mins, out)
+        ops.int4_linear(x, packed, groups.scales.half(), groups.mins.half(), out)
         assert_matches(out, x, groups)
 
 
@@ -81,11 +81,13 @@ def test_native_int4_kernel_refuses_bad_shapes():
     packed = pack_int4(groups.codes)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         ops.int4_linear(
-            torch.zeros(1, 48), packed[:, :24].contiguous(), groups.scales, groups.mins, torch.empty(1, 8)
+            torch.zeros(1, 48), packed[:, :24].contiguous(), groups.scales.half(), groups.mins.half(), torch.empty(1, 8)
         )
+    with pytest.raises(RuntimeError, match="float16 scales and mins"):
+        ops.int4_linear(torch.zeros(1, 64), packed, groups.scales, groups.mins, torch.empty(1, 8))
     with pytest.raises(RuntimeError, match="shapes differ"):
         ops.int4_linear(
-            torch.zeros(1, 64), packed, groups.scales[:, :1].contiguous(), groups.mins, torch.empty(1, 8)
+            torch.zeros(1, 64), packed, groups.scales[:, :1].half(), groups.mins.half(), torch.empty(1, 8)
         )
 
 
@@ -113,7 +115,8 @@ def test_gguf_blocks_run_exactly_in_the_native_layer(kind):
     blocks = raw.reshape(48, -1, header + 16)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "Q4_1" else -8 * d
-    assert np.array_equal(layer.scales.numpy(), d) and np.array_equal(layer.mins.numpy(), m)
+    assert layer.scales.dtype == torch.float16 and layer.mins.dtype == torch.float16
+    assert np.array_equal(layer.scales.float().numpy(), d) and np.array_equal(layer.mins.float().numpy(), m)
     assert torch.equal(layer.weight, pack_int4(groups.codes))
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
     dequantized = torch.from_numpy(dequantize(raw, getattr(GGMLQuantizationType, kind))).double()
