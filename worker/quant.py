@@ -4,8 +4,8 @@
   int8_linear.cpp, float32 products straight from the int8 rows: faster than float32 oneDNN at every batch
   size measured, see docs/BENCHMARKS.md); elsewhere, or before `make kernels`, `aten._weight_int8pack_mm`.
 - int4: asymmetric groups of 32 input features (`Int4Groups`): 4-bit codes q in 0..15, a scale d and a
-  min m per group, w = d q + m. That is llama.cpp's Q4_1 block exactly (its float16 d and m widen to float32
-  without rounding) and Q4_0 (w = d (q - 8)) with m = -8 d, so a GGUF file's 4-bit blocks load without a
+  min m per group, w = d q + m. That is llama.cpp's Q4_1 block exactly (its float16 d and m kept as they
+  are) and Q4_0 (w = d (q - 8)) with m = -8 d, so a GGUF file's 4-bit blocks load without a
   round trip through float. On CPU the project's own kernel (worker/kernels/int4_linear.cpp: float32
   activations and sums, the weights d q + m formed in registers); elsewhere, or before `make kernels`,
   `aten._weight_int4pack_mm_for_cpu` over the layout `_convert_weight_to_int4pack_for_cpu` packs, which
@@ -149,7 +149,8 @@ class Int4Linear:
 
     On CPU with the compiled kernels (worker/kernels/int4_linear.cpp) the groups are kept as they are (codes
     two per byte, float16 scales and mins, so a GGUF file's blocks stay exact: 0.625 bytes per weight) and
-    the products run in float32; otherwise through torch's `_weight_int4pack_mm_for_cpu` (bfloat16 rows and groups)."""
+    the products run in float32; otherwise through torch's `_weight_int4pack_mm_for_cpu` (bfloat16 rows and
+    groups)."""
 
     quantization = "int4"
 

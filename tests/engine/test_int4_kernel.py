@@ -81,7 +81,11 @@ def test_native_int4_kernel_refuses_bad_shapes():
     packed = pack_int4(groups.codes)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         ops.int4_linear(
-            torch.zeros(1, 48), packed[:, :24].contiguous(), groups.scales.half(), groups.mins.half(), torch.empty(1, 8)
+            torch.zeros(1, 48),
+            packed[:, :24].contiguous(),
+            groups.scales.half(),
+            groups.mins.half(),
+            torch.empty(1, 8),
         )
     with pytest.raises(RuntimeError, match="float16 scales and mins"):
         ops.int4_linear(torch.zeros(1, 64), packed, groups.scales, groups.mins, torch.empty(1, 8))
