@@ -10,12 +10,14 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
 from services.linear import Linear
 from worker.attention import AttentionMetadata, paged_attention
+from worker.decode_layers import DecodeLayers
 from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 
 # What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
@@ -93,6 +95,8 @@ class ModelShape:
 
 
 class LlamaForPagedAttention:
+    use_decode_layers = True  # False: decode steps take the per-layer loop too (tests, timing checks)
+
     def __init__(
         self,
         hf_model: torch.nn.Module,
@@ -254,6 +258,13 @@ class LlamaForPagedAttention:
                 f"the native kernels run the Llama layer only; this model needs {sorted(self.needs)}"
             )
         self.native_ops = ops
+        self.__dict__.pop("decode_layers", None)  # gathered again for these ops on first use
+
+    @cached_property
+    def decode_layers(self) -> DecodeLayers | None:
+        """All layers of a decode-only step in one native call (worker/decode_layers.py), or None where this
+        model or build cannot use it; its weight lists are gathered on first use."""
+        return DecodeLayers.build(self, getattr(self, "native_ops", None))
 
     @property
     def supports_native_kernels(self) -> bool:
@@ -321,6 +332,9 @@ class LlamaForPagedAttention:
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         eps = s.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
+        if self.use_decode_layers and DecodeLayers.applies(meta, num_tokens) and self.decode_layers:
+            self.decode_layers.run(hidden, positions, self.cos, self.sin, kv_caches, meta)  # every layer
+            return self._logits(hidden, logits_indices)
         x = torch.empty_like(hidden)
         ops.rms_norm(hidden, self.layers[0].input_norm, eps, x)
         last = len(self.layers) - 1
@@ -340,8 +354,12 @@ class LlamaForPagedAttention:
                 ops.add_rms_norm(down, hidden, self.layers[i + 1].input_norm, eps, x)
             else:
                 hidden += down
+        return self._logits(hidden, logits_indices)
+
+    def _logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor | None) -> torch.Tensor:
+        """The final norm and the LM head over the wanted rows of the last residual stream (native path)."""
         if logits_indices is not None:
             hidden = hidden.index_select(0, logits_indices)
         out = torch.empty_like(hidden)
-        ops.rms_norm(hidden, self.final_norm, eps, out)
+        self.native_ops.rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps, out)
         return self.lm_head(out)

@@ -24,4 +24,12 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
                       const at::Tensor& out);
 
+// decode_layers.cpp: every decoder layer of a decode-only step (its header comment gives the layouts)
+void decode_layers(const at::Tensor& hidden, const at::Tensor& x, const at::Tensor& positions,
+                   const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_caches, at::TensorList v_caches,
+                   const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& slot_mapping,
+                   at::TensorList input_norms, at::TensorList post_norms, at::TensorList qkv,
+                   at::TensorList o_proj, at::TensorList gate_up, at::TensorList down, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t weight_bits, double eps);
+
 }  // namespace llmserve
