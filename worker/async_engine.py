@@ -238,20 +238,25 @@ class AsyncEngine:
             while not self._stopping.is_set():
                 self._apply_commands()
                 if not self.engine.has_unfinished():
-                    self._publish(self.engine.step())  # reports aborts that emptied the engine
-                    self._publish_snapshot()
+                    self._step()  # reports aborts that emptied the engine
                     self._heap.maybe_trim()
                     self._wakeup.wait(timeout=IDLE_WAIT_S)
                     self._wakeup.clear()
                     continue
                 self._hold_while_debug_stall()
-                self._publish(self.engine.step())
-                self._publish_snapshot()
+                self._step()
                 self._heap.maybe_trim()
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop crashed")
             self._dead = exc
             self._post(self._fail_all, EngineDeadError(f"the engine loop crashed: {exc}"))
+
+    def _step(self) -> None:
+        """One engine step. The snapshot goes out before the outputs, so a client that has its last token
+        already sees the stats of the step that produced it (blocks freed, the request no longer running)."""
+        result = self.engine.step()
+        self._publish_snapshot()
+        self._publish(result)
 
     def _hold_while_debug_stall(self) -> None:
         """Test hook (WORKER_DEBUG_STALL_FILE, off by default): play a hung step while the file exists."""

@@ -205,3 +205,19 @@ async def test_queue_full_is_an_overloaded_error(max_waiting: int) -> None:
     finally:
         runner.gate.set()
         await engine.shutdown()
+
+
+async def test_a_client_with_its_last_token_sees_the_stats_of_that_step() -> None:
+    """The snapshot goes out before the outputs: even when the engine thread is held right after handing
+    them over (a slow metrics listener here), the client that has its final output reads stats with its
+    request no longer running and its blocks back."""
+    engine = build(ScriptedRunner())
+    engine.add_step_listener(lambda stats: threading.Event().wait(0.05))
+    await engine.start()
+    try:
+        for i in range(5):
+            assert await run_one(engine, f"last-{i}", 3) == "length"
+            stats = engine.stats()
+            assert stats.num_running == 0 and stats.num_kv_blocks_used == 0, stats
+    finally:
+        await engine.shutdown()
