@@ -1,8 +1,10 @@
-"""Cheap, general checks that veto a candidate before the learned verifier: numbers, negation, dates.
+"""Cheap, general checks that veto a candidate before the learned verifier: numbers (and what they count),
+negation (words and prefixes), dates.
 
-A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "in June" and "in December" as
-almost the same question. These closed word classes of English are checked exactly instead. The lists are
-general vocabulary (number words, negators, calendar words), not words picked from any evaluation set.
+A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "5 km to
+miles" and "5 miles to km", "in June" and "in December" as almost the same question. These closed classes
+of English (number words, negators, negating prefixes, calendar words) are checked exactly instead. They
+are general vocabulary and morphology, not words picked from any evaluation set.
 """
 
 from __future__ import annotations
@@ -107,12 +109,73 @@ def dates(ws: list[str]) -> set[str]:
     return found
 
 
+# English prefixes that negate the word they are put on ("illegal", "uninstall", "disadvantage").
+NEGATING_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
+_MIN_BASE = 4  # "in" + "to" is no negation: the word left without its prefix must be a real word
+
+
+def singular(w: str) -> str:
+    """Plural to singular, roughly ("miles" = "mile", "cities" = "city"), so counted things compare."""
+    for suffix in ("ies", "es", "s"):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3 and not w.endswith("ss"):
+            return w[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return w
+
+
+def prefix_negated(wa: list[str], wb: list[str]) -> bool:
+    """One side says "unX" (or "inX", "disX"...) where the other says "X", and neither side says both.
+
+    The negators of `negated` are words of their own; English also negates with a prefix, and the sentence
+    model reads "legal" and "illegal" as near-synonyms. The base must be written on the other side, so
+    "unlock" is only compared with "lock", never guessed from a dictionary.
+    """
+    sa, sb = {singular(w) for w in wa}, {singular(w) for w in wb}
+    for one, other in ((sa, sb), (sb, sa)):
+        for w in one - other:
+            for prefix in NEGATING_PREFIXES:
+                base = w[len(prefix) :]
+                if w.startswith(prefix) and len(base) >= _MIN_BASE and base in other and base not in one:
+                    return True
+    return False
+
+
+def _counted(ws: list[str]) -> dict[float, tuple[str, set[str]]]:
+    """Per number (its first mention): the word right after it, what it counts ("5 km"), and the two
+    words after it (a modifier may come between: "two Git branches")."""
+    out: dict[float, tuple[str, set[str]]] = {}
+    for i, w in enumerate(ws[:-1]):
+        value = _value(w)
+        if value is not None and _value(ws[i + 1]) is None:
+            out.setdefault(value, (singular(ws[i + 1]), {singular(x) for x in ws[i + 1 : i + 3]}))
+    return out
+
+
+def counted_swapped(wa: list[str], wb: list[str]) -> bool:
+    """The same number counts different things, and both things are named on both sides.
+
+    "5 km to miles" and "5 miles to km" hold the same numbers and the same words, so neither the number
+    check nor the sentence model tells them apart. Requiring both counted things on both sides keeps
+    rewordings through: "How many miles is 5 km?" counts km as "Convert 5 km to miles" does.
+    """
+    ca, cb = _counted(wa), _counted(wb)
+    sa, sb = {singular(w) for w in wa}, {singular(w) for w in wb}
+    for value, (thing_a, near_a) in ca.items():
+        if value not in cb:
+            continue
+        thing_b, near_b = cb[value]
+        if thing_a not in near_b and thing_b not in near_a and thing_a in sb and thing_b in sa:
+            return True
+    return False
+
+
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` can't share an answer ("" when none of the checks objects)."""
     wa, wb = words(a), words(b)
     if numbers(wa) != numbers(wb):
         return "numbers differ"
-    if negated(wa) != negated(wb):
+    if counted_swapped(wa, wb):
+        return "numbers count different things"
+    if negated(wa) != negated(wb) or prefix_negated(wa, wb):
         return "negation differs"
     da, db = dates(wa), dates(wb)
     if da and db and da != db:  # one side naming no date ("each night") is not a different date

@@ -3,7 +3,8 @@
 Sentence embeddings put "turn on 2FA" next to "turn off 2FA" and "capital of France" next to "capital of
 Germany", so a candidate above the similarity floor must also pass:
 
-1. the cheap general checks (cache_service/pair_checks.py: numbers, negation, dates), then
+1. the cheap general checks (cache_service/pair_checks.py: numbers and what they count, negation words
+   and prefixes, dates), then
 2. a classifier fitted on labelled pairs (the tuning split of bench/data/cache_pairs.jsonl, by
    `python -m cache_service.verifier_training`) over how well every word piece of one question finds its
    counterpart in the other (cache_service/pair_features.py). It gives the probability that one answer

@@ -25,6 +25,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
         ("How do I bake bread with yeast?", "How do I bake bread without yeast?", "negation"),
         ("Is the museum open on Friday?", "Is the museum open on Tuesday?", "dates"),
         ("What's the weather in Lisbon in April?", "What's the weather in Lisbon in November?", "dates"),
+        ("Is it legal to park on the sidewalk?", "Is it illegal to park on the sidewalk?", "negation"),
+        (
+            "How do I hide a column in my spreadsheet?",
+            "How do I unhide a column in my spreadsheet?",
+            "negation",
+        ),
+        (
+            "What are the advantages of leasing a car?",
+            "What are the disadvantages of leasing a car?",
+            "negation",
+        ),
+        ("How many grams are in 2 pounds?", "How many pounds are in 2 grams?", "count different things"),
+        ("Convert 10 miles to kilometers", "Convert 10 kilometers to miles", "count different things"),
     ],
 )
 def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
@@ -40,6 +53,13 @@ def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
         ("How much sleep does a teen need?", "How many hours should a teen sleep each night?"),
         ("Can I make it with no eggs?", "Can I make it without eggs?"),
         ("Why can't I log in?", "Why am I not able to log in?"),
+        ("How do I join three tables in SQL?", "How can I join three SQL tables?"),
+        ("Convert 5 km to miles", "How many miles is 5 km?"),
+        ("How many cups are in 2 liters?", "How many cups make 2 litres?"),
+        ("Is it possible to recover deleted files?", "Can deleted files be recovered?"),
+        ("What does an index do in a database?", "What is a database index for?"),
+        ("Why is my phone unable to connect?", "Why is my phone unable to get a connection?"),
+        ("How do I unlock and lock my car remotely?", "How can I lock and unlock my car from afar?"),
     ],
 )
 def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
