@@ -52,17 +52,21 @@ class ScriptedRunner:
         pass
 
 
-def tiny_llama(seed: int = 0, vocab_size: int = 256) -> torch.nn.Module:
+def tiny_llama(seed: int = 0, vocab_size: int = 256, **shape: int) -> torch.nn.Module:
+    """A small random Llama; `shape` overrides the config's sizes (hidden_size, num_attention_heads...)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+    sizes = dict(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+    )
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        **(sizes | shape),
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,

@@ -32,26 +32,14 @@ def _kernels():
 def head_dim_64_llama() -> torch.nn.Module:
     """Three layers with SmolLM2's head size and grouping (head_dim 64, 3 query heads per KV head), so
     attention takes the kernel's vectorized path; tiny_llama's head_dim 16 takes the generic one."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    config = LlamaConfig(
-        vocab_size=256,
+    return tiny_llama(
+        seed=3,
         hidden_size=192,
         intermediate_size=256,
         num_hidden_layers=3,
         num_attention_heads=3,
         num_key_value_heads=1,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-    return model
 
 
 HF_MODELS = {"tiny": tiny_llama, "head_dim_64": head_dim_64_llama}
