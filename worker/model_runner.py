@@ -105,7 +105,7 @@ class ModelRunner:
         positions = [s.start for s in items]
         tables = [s.request.block_ids for s in items]
         num_blocks = max(positions) // bs + 1  # blocks holding the longest context, its new token included
-        padded = [t[:num_blocks] + [0] * (num_blocks - len(t[:num_blocks])) for t in tables]
+        padded = [(t + [0] * num_blocks)[:num_blocks] for t in tables]
         sampling = [i for i, s in enumerate(items) if s.samples]
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(
@@ -119,7 +119,7 @@ class ModelRunner:
             native_decode=True,
         )
         return StepInputs(
-            input_ids=torch.tensor([s.request.all_token_ids[s.start] for s in items], device=dev),
+            input_ids=torch.tensor([s.token_ids()[0] for s in items], device=dev),
             positions=torch.tensor(positions, device=dev),
             meta=meta,
             logits_indices=torch.tensor(sampling, dtype=torch.long, device=dev),
@@ -211,9 +211,8 @@ class ModelRunner:
         graphs, items = self.decode_graphs, plan.scheduled
         if graphs is None or not items:
             return None
-        for s in items:
-            if s.num_new_tokens != 1 or not s.samples or s.request.wants_prompt_logprobs:
-                return None
+        if not all(_plain_decode(s) and s.samples for s in items):
+            return None
         tokens = [s.token_ids()[0] for s in items]
         return graphs.run(tokens, [s.start for s in items], [s.request.block_ids for s in items])
 
