@@ -1,15 +1,18 @@
 """Cheap, general checks that veto a candidate before the learned verifier: numbers (and what they count),
-negation (words and prefixes), dates.
+negation (words and prefixes), opposite words, dates.
 
-A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "5 km to
-miles" and "5 miles to km", "in June" and "in December" as almost the same question. These closed classes
-of English (number words, negators, negating prefixes, calendar words) are checked exactly instead. They
-are general vocabulary and morphology, not words picked from any evaluation set.
+A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "buy" and
+"sell", "5 km to miles" and "5 miles to km", "in June" and "in December" as almost the same question. These
+closed classes of English (number words, negators, negating prefixes, calendar words) and WordNet's
+antonyms are checked exactly instead. They are general vocabulary and morphology, not words picked from
+any evaluation set.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 
 _WORD = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
@@ -168,6 +171,59 @@ def counted_swapped(wa: list[str], wb: list[str]) -> bool:
     return False
 
 
+ANTONYMS_FILE = Path(__file__).with_name("antonyms.tsv")  # built by cache_service/antonyms_build.py
+# Inflection rules (WordNet's "morphy"): suffix -> replacement, tried on every word besides its exceptions.
+_SUFFIXES = (
+    ("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ses", "s"), ("xes", "x"), ("ches", "ch"),
+    ("shes", "sh"), ("men", "man"), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", ""), ("er", ""),
+    ("est", ""), ("er", "e"), ("est", "e"), ("ier", "y"), ("iest", "y"),
+)  # fmt: skip
+
+
+@functools.cache
+def _antonym_table() -> tuple[frozenset[tuple[str, str]], dict[str, str]]:
+    pairs, inflections = set(), {}
+    for line in ANTONYMS_FILE.read_text().splitlines():
+        if line.startswith("#") or not line:
+            continue
+        left, right = line.split("\t")
+        if right.startswith("="):
+            inflections[left] = right[1:]
+        else:
+            pairs.add((left, right))
+            pairs.add((right, left))
+    return frozenset(pairs), inflections
+
+
+def base_forms(w: str) -> set[str]:
+    """The word and every base form it may be an inflection of ("farthest" -> "far", "sold" -> "sell")."""
+    _, inflections = _antonym_table()
+    out = {w}
+    if w in inflections:
+        out.add(inflections[w])
+    for suffix, replacement in _SUFFIXES:
+        if w.endswith(suffix) and len(w) - len(suffix) >= 2:
+            stem = w[: -len(suffix)]
+            out.add(stem + replacement)
+            if suffix in ("ed", "ing", "er", "est") and len(stem) > 2 and stem[-1] == stem[-2]:
+                out.add(stem[:-1])  # "stopped" -> "stop", "bigger" -> "big"
+    return out
+
+
+def opposite_words(wa: list[str], wb: list[str]) -> bool:
+    """A word only one side has is, in some base form, WordNet's antonym of a word only the other side has
+    ("buy" / "sell", "ascending" / "descending", "closest" / "farthest"). Words both sides have are left
+    out, so "the pros and cons" against "the cons and pros" is no opposition."""
+    pairs, _ = _antonym_table()
+    fa = {w: base_forms(w) for w in set(wa)}
+    fb = {w: base_forms(w) for w in set(wb)}
+    all_a = set().union(*fa.values()) if fa else set()
+    all_b = set().union(*fb.values()) if fb else set()
+    only_a = [forms for forms in fa.values() if not forms & all_b]
+    only_b = [forms for forms in fb.values() if not forms & all_a]
+    return any((x, y) in pairs for forms_a in only_a for forms_b in only_b for x in forms_a for y in forms_b)
+
+
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` can't share an answer ("" when none of the checks objects)."""
     wa, wb = words(a), words(b)
@@ -177,6 +233,8 @@ def veto(a: str, b: str) -> str:
         return "numbers count different things"
     if negated(wa) != negated(wb) or prefix_negated(wa, wb):
         return "negation differs"
+    if opposite_words(wa, wb):
+        return "opposite words"
     da, db = dates(wa), dates(wb)
     if da and db and da != db:  # one side naming no date ("each night") is not a different date
         return "dates differ"

@@ -1,5 +1,5 @@
-"""The verifier: its cheap checks (pure functions), conversation keys, and the fitted classifier on the real
-embedding model (the one the service runs; nothing is fetched: HF_HUB_OFFLINE)."""
+"""The verifier: its cheap checks (pure functions), conversation keys, and the learned models (trees and
+cross-encoder) on the real embedding model (the one the service runs; nothing is fetched: HF_HUB_OFFLINE)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
         ),
         ("How many grams are in 2 pounds?", "How many pounds are in 2 grams?", "count different things"),
         ("Convert 10 miles to kilometers", "Convert 10 kilometers to miles", "count different things"),
+        ("Should I buy gold now?", "Should I sell gold now?", "opposite"),
+        ("What is the highest point in Texas?", "What is the lowest point in Texas?", "opposite"),
+        (
+            "Is it cheaper to fly or drive to Denver?",
+            "Is it more expensive to fly or drive to Denver?",
+            "opposite",
+        ),
+        ("How do I increase the font size?", "How do I decrease the font size?", "opposite"),
     ],
 )
 def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
@@ -60,6 +68,11 @@ def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
         ("What does an index do in a database?", "What is a database index for?"),
         ("Why is my phone unable to connect?", "Why is my phone unable to get a connection?"),
         ("How do I unlock and lock my car remotely?", "How can I lock and unlock my car from afar?"),
+        # Opposites both sides name are no opposition; inflections are not antonyms of their base.
+        ("Which is bigger, the sun or the moon?", "Is the moon smaller or bigger than the sun?"),
+        ("What are the pros and cons of renting?", "What are the cons and pros of renting?"),
+        ("How do I turn on airplane mode and off again?", "How do I switch airplane mode on and off?"),
+        ("What sold best last year?", "What were the best sellers last year?"),
     ],
 )
 def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
@@ -176,3 +189,13 @@ def test_tree_ensemble_matches_scikit_learn(tmp_path) -> None:
     trees = TreeEnsemble.load(tmp_path / "trees.npz")
     probe = rng.normal(size=(64, 5))
     np.testing.assert_allclose(trees.probability(probe), model.predict_proba(probe)[:, 1], atol=1e-12)
+
+
+def test_antonym_table_is_wordnet_and_reads_inflections() -> None:
+    from cache_service.pair_checks import _antonym_table, base_forms
+
+    pairs, inflections = _antonym_table()
+    assert len(pairs) > 5000  # both directions of ~3,200 WordNet pairs, not a hand-picked list
+    assert ("sell", "buy") in pairs and ("buy", "sell") in pairs
+    assert inflections["sold"] == "sell"
+    assert {"high"} <= base_forms("highest") and {"stop"} <= base_forms("stopped")
