@@ -10,8 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # Both chosen by bench/cache_quality.py on the tuning split of bench/data/cache_pairs.jsonl only
 # (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
 # verifier's probability that one answer serves both questions.
-DEFAULT_SIMILARITY_THRESHOLD = 0.80
-DEFAULT_VERIFIER_THRESHOLD = 0.90
+DEFAULT_SIMILARITY_THRESHOLD = 0.65
+DEFAULT_VERIFIER_THRESHOLD = 0.99
 
 
 class CacheSettings(BaseSettings):
