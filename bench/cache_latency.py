@@ -42,12 +42,12 @@ GREEDY = {"temperature": 0.0, "max_tokens": 32}
 REAL = [
     ("How do I reset my password?", "How can I reset my password?"),
     ("What is the capital of France?", "Which city is the capital of France?"),
-    ("How do I turn on two-factor authentication?", "How can I enable two-factor authentication?"),
+    ("What is the population of Tokyo?", "How many people live in Tokyo?"),
     ("What is the boiling point of water?", "What's the boiling point of water"),
     ("How do I cancel my subscription?", "How can I cancel my subscription?"),
     ("Who painted the Mona Lisa?", "Who is the painter of the Mona Lisa?"),
     ("How do I clear my browser cache?", "How can I clear the browser cache?"),
-    ("What is the largest ocean?", "Which ocean is the largest?"),
+    ("How do I make a cup of green tea?", "What is the way to brew green tea?"),
 ]
 # Multi-turn: the earlier turns reworded too; the verifier compares them turn by turn.
 CONVERSATIONS = [
@@ -56,8 +56,8 @@ CONVERSATIONS = [
         ["Which city is the capital of France?", "Paris.", "How many people live there?"],
     ),
     (
-        ["Who wrote Hamlet?", "William Shakespeare.", "When was he born?"],
-        ["Who is the author of Hamlet?", "William Shakespeare.", "When was he born?"],
+        ["Where can I buy train tickets to Paris?", "At the station or online.", "How much do they cost?"],
+        ["Where do I get train tickets to Paris?", "At the station or online.", "How much do they cost?"],
     ),
 ]
 MISSES = [f"Tell me something interesting about topic number {i} in astronomy" for i in range(40)]

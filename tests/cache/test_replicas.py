@@ -33,16 +33,16 @@ def test_replicas_see_each_others_entries(replicas: tuple[CacheService, CacheSer
     ch_a, stub_a = _stub(a)
     ch_b, stub_b = _stub(b)
     with ch_a, ch_b:
-        tallest = chat_key("What is the tallest mountain in the world?", "shared")
-        entry = store(stub_a, tallest, "Everest.")
+        cache_question = chat_key("How do I clear my browser cache?", "shared")
+        entry = store(stub_a, cache_question, "Settings > Privacy > Clear data.")
         # B learns of it by pub/sub (its periodic resync is an hour away); a paraphrase needs its index.
-        paraphrase = chat_key("Which mountain is the tallest in the world?", "shared")
+        paraphrase = chat_key("How can I clear the browser cache?", "shared")
         wait_for(lambda: lookup(stub_b, paraphrase).hit, what="replica B to index A's entry")
-        assert lookup(stub_b, paraphrase).response == "Everest."
+        assert lookup(stub_b, paraphrase).response == "Settings > Privacy > Clear data."
 
         removed = stub_b.Invalidate(cache_pb2.InvalidateRequest(entry_id=entry.entry_id), timeout=10)
         assert removed.removed == 1
-        assert not lookup(stub_a, chat_key("What is the tallest mountain in the world?", "shared")).hit
+        assert not lookup(stub_a, chat_key("How do I clear my browser cache?", "shared")).hit
         assert not lookup(stub_a, paraphrase).hit
         wait_for(
             lambda: (

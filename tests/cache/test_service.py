@@ -28,15 +28,11 @@ def test_exact_hit_and_miss(stub) -> None:
 
 
 def test_paraphrase_hits_by_similarity(stub) -> None:
-    store(
-        stub,
-        chat_key("How do I turn on two-factor authentication?", "t-para"),
-        "Settings > Security > 2FA: on.",
-    )
-    hit = lookup(stub, chat_key("How can I enable two-factor authentication?", "t-para"))
+    store(stub, chat_key("What is the population of Tokyo?", "t-para"), "About 14 million.")
+    hit = lookup(stub, chat_key("How many people live in Tokyo?", "t-para"))
     assert hit.hit and not hit.exact
     assert 0.0 < hit.similarity < 1.0
-    assert hit.response == "Settings > Security > 2FA: on."
+    assert hit.response == "About 14 million."
 
 
 @pytest.mark.parametrize(

@@ -133,9 +133,9 @@ def conv(*texts: str) -> Conversation:
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        ("How do I turn on two-factor authentication?", "How can I enable two-factor authentication?"),
+        ("What is the population of Tokyo?", "How many people live in Tokyo?"),
         ("What is the capital of France?", "Which city is the capital of France?"),
-        ("What is the tallest mountain in the world?", "Which mountain is the tallest in the world?"),
+        ("How do I make a cup of green tea?", "What is the way to brew green tea?"),
     ],
 )
 def test_classifier_accepts_rewordings(verifier, a: str, b: str) -> None:
