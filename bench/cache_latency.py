@@ -52,8 +52,8 @@ REAL = [
 # Multi-turn: the earlier turns reworded too; the verifier compares them turn by turn.
 CONVERSATIONS = [
     (
-        ["What is the capital of France?", "Paris.", "What is its population?"],
-        ["Which city is the capital of France?", "Paris.", "How many people live there?"],
+        ["What is the population of Tokyo?", "About 14 million.", "Is it the largest city in Japan?"],
+        ["How many people live in Tokyo?", "About 14 million.", "Is it the largest city in Japan?"],
     ),
     (
         ["Where can I buy train tickets to Paris?", "At the station or online.", "How much do they cost?"],
