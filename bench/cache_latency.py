@@ -283,16 +283,15 @@ def scan_only(sizes: list[int]) -> list[str]:
 
 def embed_only(n: int = 200) -> str:
     """One query through the service's embedder, and the verifier on one candidate (a reworded question:
-    one forward pass of both texts' pieces, features, trees, and the cross-encoder's pass over the pair),
-    interleaved in process: the model costs of a semantic hit, side by side so that load on the machine
-    hits both alike."""
+    one forward pass of both texts' pieces, features, trees), interleaved in process: the two model costs of
+    a semantic hit, side by side so that load on the machine hits both alike."""
     from cache_service.embedder import Embedder
     from cache_service.keys import Conversation
     from cache_service.settings import DEFAULT_VERIFIER_THRESHOLD
     from cache_service.verifier import PairVerifier
 
     embedder = Embedder()
-    verifier = PairVerifier(embedder, dtype=embedder.dtype)
+    verifier = PairVerifier(embedder)
     embed_t, verify_t = [], []
     for i in range(n):
         stored, asked = REAL[i % len(REAL)]

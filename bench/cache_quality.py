@@ -3,15 +3,15 @@
 The first side ("a") of every labelled pair, single question or conversation, is stored at once (about 700
 entries: a wrong neighbour can win), then each second side ("b") is looked up with the service's own code:
 partition and exact match (cache_service/keys.py), the index's cosine search, the verifier (cheap checks,
-then the learned models, conversation turn by turn). Every text has an answer group: a hit is right when the
+then the classifier, conversation turn by turn). Every text has an answer group: a hit is right when the
 entry's group is the looked-up one's. "Served" counts right hits on pairs that should hit; a "false hit" is
 any hit on an entry of another group (a trap answered, or a wrong neighbour).
 
-Two thresholds are chosen on the tuning split only, by cross-validation: the verifier's models are trained
+Two thresholds are chosen on the tuning split only, by cross-validation: the verifier's classifier is fitted
 again once per fold of the tuning topics (cache_service/verifier_training.py, the same recipe as the shipped
-models) and every tuning pair is judged by the models that did not see its topic. The cosine floor and the
+one) and every tuning pair is judged by the classifier that did not see its topic. The cosine floor and the
 verifier's probability are the pair that serves most with false hits at most 1% of every kind of trap.
-The `test` split (other topics) is judged by the shipped models, trained on the whole tuning split, at the
+The `test` split (other topics) is judged by the shipped classifier, fitted on the whole tuning split, at the
 configured defaults, once: it is the headline. Rates come with Wilson 95% intervals.
 
     .venv/bin/python -m bench.cache_quality [--write-docs] [--tune-only]
@@ -20,7 +20,6 @@ configured defaults, once: it is the headline. Rates come with Wilson 95% interv
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import sys
 import time
@@ -29,12 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from bench.report import publish
-from cache_service import cross_encoder, pair_checks, pair_features, verifier_training
 from cache_service.core import TOP_K
-from cache_service.cross_encoder import CrossEncoder
 from cache_service.embedder import Embedder
 from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_key
@@ -45,7 +40,6 @@ from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tu
 from services.gen import cache_pb2
 
 DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
-FOLD_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "cache_quality"
 FLOORS = [round(0.50 + 0.05 * i, 2) for i in range(9)]
 VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99]
 TARGET_FALSE_HIT = 0.01
@@ -239,29 +233,6 @@ def kind_table(
     return lines
 
 
-def fold_models(
-    rows: list[dict], fold: int, embedder: Embedder
-) -> tuple[TreeEnsemble, dict[str, np.ndarray]]:
-    """The verifier's models trained without one fold's topics. Training the cross-encoder takes minutes, so
-    they are kept in FOLD_CACHE under a digest of the data and of the code that decides what is learned."""
-    recipe = hashlib.sha256(DATA.read_bytes())
-    for module in (verifier_training, pair_checks, pair_features, cross_encoder):
-        recipe.update(Path(str(module.__file__)).read_bytes())
-    digest = recipe.hexdigest()[:16]
-    path = FOLD_CACHE / f"{digest}-fold{fold}.npz"
-    if path.exists():
-        with np.load(path) as stored:
-            arrays = {k: stored[k] for k in stored.files}
-        classifier = TreeEnsemble.load(path.with_suffix(".trees.npz"))
-    else:
-        fitted, arrays, _ = train(tune_rows(rows, held_out_fold=fold), embedder)
-        classifier = TreeEnsemble.from_sklearn(fitted)
-        FOLD_CACHE.mkdir(parents=True, exist_ok=True)
-        classifier.save(path.with_suffix(".trees.npz"))
-        np.savez(path, **arrays)
-    return classifier, arrays
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -278,10 +249,9 @@ def main() -> None:
     # The tuning split judged out of fold: one pair of models per fold, trained without that fold's topics.
     by_fold = {}
     for fold in range(FOLDS):
-        classifier, adapter = fold_models(all_rows, fold, embedder)
-        by_fold[fold] = PairVerifier(embedder, classifier, CrossEncoder(adapter, dtype=embedder.dtype))
-        print(f"fold {fold} ready ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-    shipped = PairVerifier(embedder, dtype=embedder.dtype)
+        classifier, _ = train(tune_rows(all_rows, held_out_fold=fold), embedder)
+        by_fold[fold] = PairVerifier(embedder, TreeEnsemble.from_sklearn(classifier))
+    shipped = PairVerifier(embedder)
     if args.tune_only:
         rows = [r for r in rows if r["split"] == "tune"]
     lookups = run_lookups(

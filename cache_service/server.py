@@ -65,7 +65,7 @@ async def serve(settings: CacheSettings) -> None:
         replica_id=replica_id,
         threshold=settings.similarity_threshold,
         ttl_seconds=settings.ttl_seconds,
-        verifier=PairVerifier(embedder, dtype=embedder.dtype) if settings.verifier_enabled else None,
+        verifier=PairVerifier(embedder) if settings.verifier_enabled else None,
         verifier_threshold=settings.verifier_threshold,
     )
 

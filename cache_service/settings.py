@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
 # verifier's probability that one answer serves both questions.
 DEFAULT_SIMILARITY_THRESHOLD = 0.65
-DEFAULT_VERIFIER_THRESHOLD = 0.99
+DEFAULT_VERIFIER_THRESHOLD = 0.98
 
 
 class CacheSettings(BaseSettings):

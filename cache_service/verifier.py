@@ -5,17 +5,15 @@ Germany", so a candidate above the similarity floor must also pass:
 
 1. the cheap general checks (cache_service/pair_checks.py: numbers and what they count, negation words
    and prefixes, dates), then
-2. two learned models, trained on labelled pairs (the tuning split of bench/data/cache_pairs.jsonl, by
-   `python -m cache_service.verifier_training`), whose probabilities that one answer serves both are
-   averaged: trees over how well every word piece of one question finds its counterpart in the other
-   (cache_service/pair_features.py), and a cross-encoder that reads both questions together
-   (cache_service/cross_encoder.py). They err on different pairs (cross-validated on the tuning split,
-   docs/SEMANTIC_CACHE.md). The candidate passes at CACHE_VERIFIER_THRESHOLD or above.
+2. a classifier fitted on labelled pairs (the tuning split of bench/data/cache_pairs.jsonl, by
+   `python -m cache_service.verifier_training`) over how well every word piece of one question finds its
+   counterpart in the other (cache_service/pair_features.py). It gives the probability that one answer
+   serves both; the candidate passes at CACHE_VERIFIER_THRESHOLD or above (chosen on the tuning split).
 
 A conversation is compared turn by turn (the partition already guarantees the same roles in the same
 order): identical turns pass, every other turn must pass both steps, and the least likely turn decides.
-Both forward passes (the pieces' vectors, the cross-encoder) run on the embedding thread (MicroBatcher.run),
-once per lookup for all candidates together.
+The model's forward pass for the pieces runs on the embedding thread (MicroBatcher.run), once per lookup
+for all candidates together.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from typing import Protocol
 
 import numpy as np
 
-from cache_service.cross_encoder import CrossEncoder
 from cache_service.keys import Conversation, normalize_text
 from cache_service.pair_checks import expand_contractions, veto
 from cache_service.pair_features import FEATURE_NAMES, TokenStates, pair_features
@@ -42,10 +39,6 @@ META_FILE = Path(__file__).with_name("verifier_model.json")
 
 class TokenEncoder(Protocol):
     def encode_tokens(self, texts: list[str]) -> list[TokenStates]: ...
-
-
-class PairScorer(Protocol):
-    def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -64,26 +57,19 @@ def load_classifier(path: Path = MODEL_FILE) -> TreeEnsemble:
 
 
 class PairVerifier:
-    def __init__(
-        self,
-        encoder: TokenEncoder,
-        classifier: TreeEnsemble | None = None,
-        cross_encoder: PairScorer | None = None,
-        dtype: str = "float32",
-    ) -> None:
+    def __init__(self, encoder: TokenEncoder, classifier: TreeEnsemble | None = None) -> None:
         self._encoder = encoder
         self._classifier = classifier if classifier is not None else load_classifier()
-        self._cross = cross_encoder if cross_encoder is not None else CrossEncoder(dtype=dtype)
 
     def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray:
-        """Per turn pair (contractions expanded): the mean of the trees' and the cross-encoder's
-        probability that one answer serves both."""
+        """Per turn pair (contractions expanded): the classifier's probability that one answer serves
+        both. Every text is encoded in one batch."""
         if not pairs:
             return np.zeros(0)
         texts = sorted({t for pair in pairs for t in pair})
         states = dict(zip(texts, self._encoder.encode_tokens(texts), strict=True))
         features = np.stack([pair_features(states[a], states[b]) for a, b in pairs])
-        return (self._classifier.probability(features) + self._cross.probabilities(pairs)) / 2
+        return self._classifier.probability(features)
 
     def judge(self, query: Conversation, candidates: list[Conversation], threshold: float) -> list[Verdict]:
         """One verdict per candidate (same order). Every text still in question is encoded in one batch."""

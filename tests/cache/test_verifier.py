@@ -199,3 +199,15 @@ def test_antonym_table_is_wordnet_and_reads_inflections() -> None:
     assert ("sell", "buy") in pairs and ("buy", "sell") in pairs
     assert inflections["sold"] == "sell"
     assert {"high"} <= base_forms("highest") and {"stop"} <= base_forms("stopped")
+
+
+def test_training_rows_never_include_the_test_split_or_the_held_out_fold() -> None:
+    from cache_service.verifier_training import FOLDS, fold_of, load_rows, tune_rows
+
+    rows = load_rows()
+    everything = tune_rows(rows)
+    assert everything and all(r["split"] == "tune" for r in everything)
+    for fold in range(FOLDS):
+        kept = tune_rows(rows, held_out_fold=fold)
+        assert all(fold_of(r["topic"]) != fold for r in kept)
+        assert len(kept) < len(everything)
