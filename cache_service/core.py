@@ -12,7 +12,7 @@ from cache_service.index import Candidate, VectorIndex
 from cache_service.keys import Conversation, ParsedKey
 from cache_service.metrics import CacheMetrics
 from cache_service.store import IndexRecord, RedisStore, StoredAnswer
-from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier
+from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier, verifier_texts
 
 TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
 # The one owner of what is worth storing: a complete answer or one cut at max_tokens (which is part of the
@@ -92,7 +92,7 @@ class SemanticCache:
             return Hit(key.entry_id, answer, 1.0, True)
         if len(key.query) > MAX_COMPARABLE_CHARS or not self.index.has_partition(key.partition):
             return None  # nothing comparable stored (or too long to compare): no need to embed
-        vector = await self.batcher.embed(key.query)
+        vector = await self.batcher.embed(key.query, also=verifier_texts(key.conversation))
         candidates = self.index.search(key.partition, vector, TOP_K, threshold)
         accepted = await self.batcher.run(
             acceptable, self.verifier, key.conversation, candidates, self.verifier_threshold
@@ -109,7 +109,8 @@ class SemanticCache:
     async def put(self, key: ParsedKey, answer: StoredAnswer, ttl: int | None) -> str | None:
         if answer.finish_reason not in STORABLE_FINISH_REASONS:
             return None
-        vector = await self.batcher.embed(key.query)
+        # The states the verifier will read when this entry is a candidate, computed now rather than then.
+        vector = await self.batcher.embed(key.query, also=verifier_texts(key.conversation))
         record = IndexRecord(key.entry_id, key.partition, key.scope, key.stored_text, vector)
         await self.store.put(record, key.model, answer, ttl or self.ttl_seconds)
         self.index.add(record.entry_id, record.partition, record.scope, vector, record.query)

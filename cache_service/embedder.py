@@ -13,7 +13,7 @@ import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -167,19 +167,24 @@ class Embedder:
         return batch, hidden, self._torch.nn.functional.normalize(pooled, dim=1)
 
 
+class SentenceEncoder(Protocol):
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
 class MicroBatcher:
-    """Async front of an Embedder: one worker thread, batches of whatever is waiting."""
+    """Async front of an encoder (an Embedder, or the TokenStateCache in front of one): one worker thread,
+    batches of whatever is waiting."""
 
     def __init__(
         self,
-        embedder: Embedder,
+        embedder: SentenceEncoder,
         max_batch: int = 32,
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self._embedder = embedder
         self._max_batch = max_batch
         self._on_batch = on_batch
-        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, tuple[str, ...], asyncio.Future[np.ndarray]]] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
         self._task: asyncio.Task[None] | None = None
 
@@ -191,7 +196,7 @@ class MicroBatcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         while not self._queue.empty():
-            _, fut = self._queue.get_nowait()
+            _, _, fut = self._queue.get_nowait()
             if not fut.done():
                 fut.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -201,9 +206,12 @@ class MicroBatcher:
         stays on one thread, so it never competes with an embedding for the same core."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, also: tuple[str, ...] = ()) -> np.ndarray:
+        """The vector of `text`. `also`: texts to run through the model in the same forward pass (their
+        vectors are not returned): with a TokenStateCache as the encoder, the states the verifier will ask
+        for next are then already computed, at a fraction of a second pass's cost."""
         fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        await self._queue.put((text, fut))
+        await self._queue.put((text, tuple(also), fut))
         return await fut
 
     async def _run(self) -> None:
@@ -212,21 +220,21 @@ class MicroBatcher:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            batch = [(t, f) for t, f in batch if not f.done()]  # callers that gave up
+            batch = [item for item in batch if not item[2].done()]  # callers that gave up
             if not batch:
                 continue
+            texts = list(dict.fromkeys(t for text, also, _ in batch for t in (text, *also)))
             started = time.perf_counter()
             try:
-                vectors = await loop.run_in_executor(
-                    self._executor, self._embedder.encode, [t for t, _ in batch]
-                )
+                vectors = await loop.run_in_executor(self._executor, self._embedder.encode, texts)
             except Exception as exc:  # handed to every waiting caller
-                for _, fut in batch:
+                for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
             if self._on_batch is not None:
-                self._on_batch(len(batch), time.perf_counter() - started)
-            for (_, fut), vector in zip(batch, vectors, strict=True):
+                self._on_batch(len(texts), time.perf_counter() - started)
+            by_text = dict(zip(texts, vectors, strict=True))
+            for text, _, fut in batch:
                 if not fut.done():
-                    fut.set_result(vector)
+                    fut.set_result(by_text[text])

@@ -17,6 +17,7 @@ from cache_service.servicer import SemanticCacheServicer
 from cache_service.settings import CacheSettings
 from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
+from cache_service.token_states import TokenStateCache
 from cache_service.verifier import PairVerifier
 from services.gen import cache_pb2, cache_pb2_grpc
 from services.grpc_server import GrpcServer, wait_for_stop_signal
@@ -46,7 +47,9 @@ async def serve(settings: CacheSettings) -> None:
     embedder = await asyncio.to_thread(
         Embedder, num_threads=settings.embedding_threads, dtype=settings.embedding_dtype
     )
-    batcher = MicroBatcher(embedder, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
+    token_states = TokenStateCache(embedder, settings.token_state_mb, on_encode=metrics.on_token_states)
+    metrics.watch_token_states(token_states)
+    batcher = MicroBatcher(token_states, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
     batcher.start()
     index = VectorIndex(embedder.dim, scan_threads=default_scan_threads())
     replica_id = uuid.uuid4().hex
@@ -65,7 +68,7 @@ async def serve(settings: CacheSettings) -> None:
         replica_id=replica_id,
         threshold=settings.similarity_threshold,
         ttl_seconds=settings.ttl_seconds,
-        verifier=PairVerifier(embedder) if settings.verifier_enabled else None,
+        verifier=PairVerifier(token_states) if settings.verifier_enabled else None,
         verifier_threshold=settings.verifier_threshold,
     )
 

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cache_service.token_states import DEFAULT_CAPACITY_MB
+
 # Both chosen by bench/cache_quality.py on the tuning split of bench/data/cache_pairs.jsonl only
 # (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
 # verifier's probability that one answer serves both questions.
@@ -36,4 +38,7 @@ class CacheSettings(BaseSettings):
     embedding_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
+    # memory for the word-piece states of recently embedded texts, so a hit runs the model once
+    # (cache_service/token_states.py); 0 turns it off
+    token_state_mb: float = Field(default=DEFAULT_CAPACITY_MB, ge=0.0)
     drain_timeout_s: float = Field(default=30.0, ge=0.0)  # on SIGTERM: lookups in flight may finish

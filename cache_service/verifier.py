@@ -12,8 +12,10 @@ Germany", so a candidate above the similarity floor must also pass:
 
 A conversation is compared turn by turn (the partition already guarantees the same roles in the same
 order): identical turns pass, every other turn must pass both steps, and the least likely turn decides.
-The model's forward pass for the pieces runs on the embedding thread (MicroBatcher.run), once per lookup
-for all candidates together.
+The pieces' states come from the forward pass that embedded each text (cache_service/token_states.py): the
+query's user turns ride in its embedding batch, a stored entry's were computed when it was stored, so a
+hit usually runs the model once. Whatever is missing (an entry stored by another replica, a text that fell
+out of memory) is encoded on the embedding thread (MicroBatcher.run), once per lookup for all candidates.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from cache_service.keys import Conversation, normalize_text
 from cache_service.pair_checks import expand_contractions, veto
-from cache_service.pair_features import FEATURE_NAMES, TokenStates, pair_features
+from cache_service.pair_features import FEATURE_NAMES, pair_features
+from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
 MODEL_FILE = Path(__file__).with_name("verifier_model.npz")
@@ -35,10 +37,6 @@ MODEL_FILE = Path(__file__).with_name("verifier_model.npz")
 # question) is reused only when it is the same text.
 MAX_COMPARABLE_CHARS = 1000
 META_FILE = Path(__file__).with_name("verifier_model.json")
-
-
-class TokenEncoder(Protocol):
-    def encode_tokens(self, texts: list[str]) -> list[TokenStates]: ...
 
 
 @dataclass(frozen=True)
@@ -91,6 +89,16 @@ class PairVerifier:
                 verdict = Verdict(p >= threshold, p, "" if p >= threshold else "verifier: different question")
             out.append(verdict)
         return out
+
+
+def verifier_texts(conversation: Conversation) -> tuple[str, ...]:
+    """The texts of a conversation the verifier may encode: its user turns as the verifier reads them
+    (contractions expanded). Assistant turns, long and nearly always identical, are left to the verifier."""
+    return tuple(
+        expand_contractions(text)
+        for role, text in conversation.turns
+        if role == "user" and len(text) <= MAX_COMPARABLE_CHARS
+    )
 
 
 def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[str, str]], str]:

@@ -57,3 +57,15 @@ async def test_a_failed_batch_fails_its_callers_and_the_batcher_goes_on() -> Non
         assert (await batcher.embed("good"))[0] == 4.0
     finally:
         await batcher.close()
+
+
+async def test_companion_texts_ride_in_the_same_forward_pass() -> None:
+    enc = RecordingEncoder(delay_s=0.0)
+    batcher = MicroBatcher(enc, max_batch=4)  # type: ignore[arg-type]
+    batcher.start()
+    try:
+        vector = await batcher.embed("what's up", also=("what is up", "what's up"))
+    finally:
+        await batcher.close()
+    assert vector[0] == float(len("what's up"))  # the caller's own text, not a companion's
+    assert enc.batches == [["what's up", "what is up"]]  # one pass, each text once

@@ -187,3 +187,22 @@ def test_long_queries_hit_only_exactly(stub) -> None:
     store(stub, chat_key(text, "t-long"), "A summary.")
     assert lookup(stub, chat_key(text.upper(), "t-long")).exact
     assert not lookup(stub, chat_key(text + " Thanks!", "t-long")).hit
+
+
+def _metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_a_semantic_hit_runs_the_model_once(stub, cache_service: CacheService) -> None:
+    """The stored question's word-piece states were kept when it was stored and the query's come out of its
+    own embedding pass, so the verifier reads both from memory: the only text encoded is the query."""
+    store(stub, chat_key("How do I clear my browser cache?", "t-once"), "Settings > Privacy > Clear data.")
+    url = cache_service.metrics_url
+    encoded = _metric(url, "llmserve_cache_token_states_encoded_total")
+    found = _metric(url, "llmserve_cache_token_states_found_total")
+    hit = lookup(stub, chat_key("How can I clear the browser cache?", "t-once"))
+    assert hit.hit and not hit.exact
+    assert _metric(url, "llmserve_cache_token_states_encoded_total") - encoded == 1
+    assert _metric(url, "llmserve_cache_token_states_found_total") - found >= 2  # query and candidate
+    assert _metric(url, "llmserve_cache_token_state_bytes") > 0
