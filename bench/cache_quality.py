@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.report import publish
 from cache_service.core import TOP_K
-from cache_service.embedder import Embedder
+from cache_service.embedder import EMBEDDING_DTYPES, Embedder
 from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_key
 from cache_service.settings import CacheSettings
@@ -241,11 +241,17 @@ def main() -> None:
     parser.add_argument(
         "--tune-only", action="store_true", help="pick the thresholds and print tuning figures, no test split"
     )
+    parser.add_argument(
+        "--embedding-dtype",
+        default=CacheSettings().embedding_dtype,
+        choices=EMBEDDING_DTYPES,
+        help="the embedder's weights, as CACHE_EMBEDDING_DTYPE (default: the service's)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     all_rows = load_rows(DATA)
     rows = evaluation_rows(all_rows)
-    embedder = Embedder()
+    embedder = Embedder(dtype=args.embedding_dtype)
     # The tuning split judged out of fold: one pair of models per fold, trained without that fold's topics.
     by_fold = {}
     for fold in range(FOLDS):
