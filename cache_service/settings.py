@@ -34,8 +34,9 @@ class CacheSettings(BaseSettings):
     verifier_threshold: float = Field(default=DEFAULT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
-    # auto: bfloat16 weights where the CPU computes bf16 natively, else float32 (cache_service/embedder.py)
-    embedding_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # auto: bfloat16 where the CPU computes bf16 natively, else float32; bfloat16-weights: float32 arithmetic
+    # on weights stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
+    embedding_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-weights"] = "auto"
     # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
     # memory for the word-piece states of recently embedded texts, so a hit runs the model once

@@ -16,6 +16,8 @@ it is available for the weight's device and dtype, else torch).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -66,28 +68,78 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-class PackedLinearModule(torch.nn.Module):
-    """An nn.Linear replacement over a `Linear` (any leading dimensions), for models run by torch modules."""
+class Bf16WeightLinear:
+    """y = x @ W.T (+ b) with W stored in bfloat16 and float32 arithmetic (worker/kernels/
+    bf16_weight_linear.cpp): half the bytes of float32 weights, and the only change from them is the weights'
+    own rounding. For CPUs without native bfloat16, where oneDNN's bf16 path is emulated and slow."""
 
-    def __init__(self, linear: torch.nn.Linear, backend: str = "auto") -> None:
+    backend = "bf16-weights"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        ops = bf16_weight_ops()
+        if ops is None or weight.device.type != "cpu":
+            raise ValueError("bfloat16-weight layers need the compiled CPU kernels (make kernels)")
+        self._ops = ops
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight.detach().to(torch.bfloat16).contiguous()
+        self.bias = bias.detach().float() if bias is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.float().contiguous()
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        self._ops.bf16_weight_linear(rows, self.weight, out)
+        return out.add_(self.bias) if self.bias is not None else out
+
+
+def bf16_weight_ops() -> object | None:
+    """`torch.ops.llmserve` where the compiled kernels include the bfloat16-weight linear, else None."""
+    from worker.kernels import native_ops
+
+    ops = native_ops()
+    return ops if ops is not None and hasattr(ops, "bf16_weight_linear") else None
+
+
+class PackedLinearModule(torch.nn.Module):
+    """An nn.Linear replacement over any layer with the `Linear` call interface (2-D rows in and out), for
+    models run by torch modules: any leading dimensions."""
+
+    def __init__(self, layer: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
-        bias = linear.bias.detach() if linear.bias is not None else None
-        self.linear = Linear(linear.weight.detach(), bias, backend)
+        self.linear = layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.linear(x.reshape(-1, x.shape[-1]))
         return rows.reshape(*x.shape[:-1], rows.shape[-1])
 
 
-def pack_linear_layers(module: torch.nn.Module, backend: str = "auto") -> int:
-    """Replace every nn.Linear inside `module` (in place, for inference); returns how many were packed."""
-    packed = 0
+def replace_linear_layers(
+    module: torch.nn.Module, make: Callable[[torch.nn.Linear], Callable[[torch.Tensor], torch.Tensor] | None]
+) -> int:
+    """Replace every nn.Linear inside `module` (in place, for inference) by what `make` builds from it (None:
+    keep that one); returns how many were replaced."""
+    replaced = 0
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear):
-            replacement = PackedLinearModule(child, backend)
-            if replacement.linear.backend == "onednn":
-                setattr(module, name, replacement)
-                packed += 1
+            layer = make(child)
+            if layer is not None:
+                setattr(module, name, PackedLinearModule(layer))
+                replaced += 1
         else:
-            packed += pack_linear_layers(child, backend)
-    return packed
+            replaced += replace_linear_layers(child, make)
+    return replaced
+
+
+def pack_linear_layers(module: torch.nn.Module, backend: str = "auto") -> int:
+    """Every nn.Linear inside `module` on weights packed for `backend` where it runs (see `Linear`)."""
+
+    def make(child: torch.nn.Linear) -> Linear | None:
+        bias = child.bias.detach() if child.bias is not None else None
+        layer = Linear(child.weight.detach(), bias, backend)
+        return layer if layer.backend == "onednn" else None
+
+    return replace_linear_layers(module, make)
+
+
+def bf16_weight_layers(module: torch.nn.Module) -> int:
+    """Every nn.Linear inside `module` on bfloat16-stored weights, float32 arithmetic (Bf16WeightLinear)."""
+    return replace_linear_layers(module, lambda child: Bf16WeightLinear(child.weight, child.bias))

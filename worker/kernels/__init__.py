@@ -21,6 +21,7 @@ SOURCES = [
     SOURCE_DIR / "fused_ops.cpp",
     SOURCE_DIR / "int8_linear.cpp",
     SOURCE_DIR / "int4_linear.cpp",
+    SOURCE_DIR / "bf16_weight_linear.cpp",
     SOURCE_DIR / "decode_layers.cpp",
 ]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]

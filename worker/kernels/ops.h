@@ -19,6 +19,9 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
 void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins,
                  const at::Tensor& out);
 
+// bf16_weight_linear.cpp
+void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& out);
+
 // paged_attention.cpp
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
