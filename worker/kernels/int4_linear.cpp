@@ -18,7 +18,6 @@
 // lowest up (services/quant.py `pack_int4` writes it), so the four shifts of one word give four vectors of
 // eight consecutive weights with no shuffles. Work is split over output channels on torch's intra-op
 // threads.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -26,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "blocking.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -138,30 +138,19 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   const Half* mp = mins.data_ptr<Half>();
   float* op = out.data_ptr<float>();
   const int64_t groups = K / kGroup;
-  // Enough channels per task that a thread streams a long run of weight rows.
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-    // Blocked both ways, as in int8_linear.cpp: a chunk of x rows (in L2) passes over a block of weight rows
-    // tile by tile, so weights come from memory once per row chunk and x from cache.
-    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
-      const int64_t c1 = std::min(M, c0 + kRowChunk);
-      for (int64_t n0 = begin; n0 < end; n0 += kChannelBlock) {
-        const int64_t n1 = std::min(end, n0 + kChannelBlock);
-        for (int64_t m0 = c0; m0 < c1; m0 += kRowTile) {
-          const int64_t rows = std::min(kRowTile, c1 - m0);
-          const float* xr = xp + m0 * K;
-          float* orow = op + m0 * N;
-          for (int64_t n = n0; n < n1; ++n) {
-            const uint8_t* w = wp + n * (K / 2);
-            const Half* s = sp + n * groups;
-            const Half* mn = mp + n * groups;
-            switch (rows) {
-              case 1: dot_rows<1, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
-              case 2: dot_rows<2, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
-              case 3: dot_rows<3, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
-              default: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
-            }
-          }
-        }
+  llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
+                          [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+    const float* xr = xp + m0 * K;
+    float* orow = op + m0 * N;
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* w = wp + n * (K / 2);
+      const Half* s = sp + n * groups;
+      const Half* mn = mp + n * groups;
+      switch (rows) {
+        case 1: dot_rows<1, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
+        case 2: dot_rows<2, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
+        case 3: dot_rows<3, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
+        default: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
       }
     }
   });

@@ -8,13 +8,13 @@
 //
 // Layouts: x [M, K] float32, contiguous; codes [N, K] int8, contiguous; scales [N] float32; out [M, N]
 // float32, written. Work is split over output channels on torch's intra-op threads.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "blocking.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -67,29 +67,17 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
   const int8_t* wp = codes.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // Enough channels per task that a thread streams a long run of weight rows.
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-    // Blocked both ways: a chunk of x rows (at most kRowChunk x K floats, well inside L2) passes over a
-    // block of weight rows (kChannelBlock x K bytes, inside L1) tile by tile, so weights come from memory
-    // once per row chunk and x from cache.
-    for (int64_t c0 = 0; c0 < M; c0 += kRowChunk) {
-      const int64_t c1 = std::min(M, c0 + kRowChunk);
-      for (int64_t n0 = begin; n0 < end; n0 += kChannelBlock) {
-        const int64_t n1 = std::min(end, n0 + kChannelBlock);
-        for (int64_t m0 = c0; m0 < c1; m0 += kRowTile) {
-          const int64_t rows = std::min(kRowTile, c1 - m0);
-          const float* xr = xp + m0 * K;
-          float* orow = op + m0 * N;
-          for (int64_t n = n0; n < n1; ++n) {
-            const int8_t* w = wp + n * K;
-            switch (rows) {
-              case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N); break;
-              case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N); break;
-              case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N); break;
-              default: dot_rows<4>(xr, K, w, sp[n], orow + n, N); break;
-            }
-          }
-        }
+  llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
+                          [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+    const float* xr = xp + m0 * K;
+    float* orow = op + m0 * N;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* w = wp + n * K;
+      switch (rows) {
+        case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N); break;
+        case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N); break;
+        case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N); break;
+        default: dot_rows<4>(xr, K, w, sp[n], orow + n, N); break;
       }
     }
   });

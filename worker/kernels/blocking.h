@@ -1,0 +1,30 @@
+// The loop order the weight-only linear kernels share (int8_linear.cpp, int4_linear.cpp,
+// bf16_weight_linear.cpp): output channels split over torch's intra-op threads, then a chunk of x rows (kept
+// in L2) passes over a block of weight rows (kept in L1/L2) tile by tile, so each weight row comes from
+// memory once per row chunk and x from cache.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace llmserve {
+
+// Calls tile(m0, rows, n0, n1) for x rows [m0, m0 + rows) against weight rows [n0, n1), every pair once.
+template <typename Tile>
+void for_each_tile(int64_t M, int64_t N, int64_t row_chunk, int64_t channel_block, int64_t row_tile,
+                   const Tile& tile) {
+  // Enough channels per task that a thread streams a long run of weight rows.
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t c0 = 0; c0 < M; c0 += row_chunk) {
+      const int64_t c1 = std::min(M, c0 + row_chunk);
+      for (int64_t n0 = begin; n0 < end; n0 += channel_block) {
+        const int64_t n1 = std::min(end, n0 + channel_block);
+        for (int64_t m0 = c0; m0 < c1; m0 += row_tile) tile(m0, std::min(row_tile, c1 - m0), n0, n1);
+      }
+    }
+  });
+}
+
+}  // namespace llmserve
