@@ -320,7 +320,7 @@ def embed_only(dtype: str, n: int = 200) -> str:
         query, candidate = Conversation((("user", unseen(asked, i)),)), Conversation((("user", stored),))
         states.encode([stored, *verifier_texts(candidate)])  # as when the entry was stored
         t = time.perf_counter()
-        states.encode(list(dict.fromkeys([query.question, *verifier_texts(query)])))
+        states.encode([query.question, *verifier_texts(query)])
         embed_t.append(time.perf_counter() - t)
         t = time.perf_counter()
         warm.judge(query, [candidate], DEFAULT_VERIFIER_THRESHOLD)

@@ -93,10 +93,9 @@ class Bf16WeightLinear:
 
 def bf16_weight_ops() -> object | None:
     """`torch.ops.llmserve` where the compiled kernels include the bfloat16-weight linear, else None."""
-    from worker.kernels import native_ops
+    from worker.kernels import native_op
 
-    ops = native_ops()
-    return ops if ops is not None and hasattr(ops, "bf16_weight_linear") else None
+    return native_op("bf16_weight_linear")
 
 
 class PackedLinearModule(torch.nn.Module):

@@ -27,6 +27,7 @@ import torch
 
 from services.linear import Linear
 from worker.config import QUANTIZATIONS
+from worker.kernels import native_op
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
 
@@ -132,16 +133,7 @@ class Int8Linear:
 
 def _native_int8(device: torch.device) -> object | None:
     """The compiled int8 kernel where it runs (CPU, `make kernels` done), else None."""
-    return _native_op("int8_linear") if device.type == "cpu" else None
-
-
-def _native_op(name: str) -> object | None:
-    """`torch.ops.llmserve` when the compiled kernels are loaded and have `name` (a build from before that
-    kernel existed does not), else None."""
-    from worker.kernels import native_ops
-
-    ops = native_ops()
-    return ops if ops is not None and hasattr(ops, name) else None
+    return native_op("int8_linear") if device.type == "cpu" else None
 
 
 class Int4Linear:
@@ -165,7 +157,7 @@ class Int4Linear:
         groups = groups or Int4Groups.from_float(weight)
         self.out_features, self.in_features = groups.codes.shape
         self.group_size = groups.group_size
-        self.native = _native_op("int4_linear") if self.group_size == INT4_GROUP_SIZE else None
+        self.native = native_op("int4_linear") if self.group_size == INT4_GROUP_SIZE else None
         self.bias = bias.detach() if bias is not None else None
         if self.native is not None:
             self.backend = "native-int4"

@@ -132,7 +132,7 @@ def test_gguf_blocks_run_exactly_in_the_native_layer(kind):
 def test_int4_layer_falls_back_to_torchs_kernel_without_the_native_one(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     groups = random_groups(gen, 64, 128)
-    monkeypatch.setattr(quant, "_native_op", lambda name: None)
+    monkeypatch.setattr(quant, "native_op", lambda name: None)
     layer = Int4Linear(groups.dequantize(), groups=groups)
     assert layer.backend == "int4pack" and layer.compute_dtype == torch.bfloat16
     x = torch.randn(3, 128, generator=gen)

@@ -61,3 +61,10 @@ def native_ops() -> object | None:
         else:
             log.warning("native kernels not built (run `make kernels`): the engine runs on torch ops only")
     return _loaded
+
+
+def native_op(name: str) -> object | None:
+    """`torch.ops.llmserve` when the compiled kernels are loaded and have `name` (a build from before that
+    kernel existed does not), else None."""
+    ops = native_ops()
+    return ops if ops is not None and hasattr(ops, name) else None
