@@ -33,10 +33,10 @@ from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
 MODEL_FILE = Path(__file__).with_name("verifier_model.npz")
+META_FILE = MODEL_FILE.with_suffix(".json")
 # The model reads ~256 word pieces: a longer text's tail would be invisible to it, so a longer turn (or last
 # question) is reused only when it is the same text.
 MAX_COMPARABLE_CHARS = 1000
-META_FILE = Path(__file__).with_name("verifier_model.json")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,13 @@ def load_classifier(path: Path = MODEL_FILE) -> TreeEnsemble:
     if tuple(meta["features"]) != FEATURE_NAMES:
         raise RuntimeError(f"{path} was fitted on other features: run cache_service.verifier_training")
     return TreeEnsemble.load(path)
+
+
+def fitted_embedding_dtype(path: Path = MODEL_FILE) -> str:
+    """The embedder weights whose vectors the shipped classifier was fitted on: its thresholds hold for them.
+    (Vectors of another type move its features enough to change verdicts: on an AVX512-BF16 machine, bfloat16
+    vectors turned a paraphrase the float32 ones let through into a miss.)"""
+    return str(json.loads(path.with_suffix(".json").read_text())["embedding_dtype"])
 
 
 class PairVerifier:

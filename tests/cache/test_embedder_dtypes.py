@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_service.embedder import Embedder, native_bf16, resolve_dtype
+from cache_service.embedder import Embedder, resolve_dtype
+from cache_service.verifier import fitted_embedding_dtype
 from services.linear import bf16_weight_ops
 
 QUESTIONS = [
@@ -16,8 +17,9 @@ QUESTIONS = [
 ]
 
 
-def test_auto_is_float32_unless_the_cpu_computes_bfloat16() -> None:
-    assert resolve_dtype("auto") == ("bfloat16" if native_bf16() else "float32")
+def test_auto_is_the_type_the_verifier_was_fitted_on_whatever_the_cpu() -> None:
+    assert fitted_embedding_dtype() == "float32"
+    assert resolve_dtype("auto") == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         resolve_dtype("int8")
 
