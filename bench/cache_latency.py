@@ -307,11 +307,12 @@ def embed_only(dtype: str, n: int = 200) -> str:
     replica stored): one more forward pass."""
     from cache_service.embedder import Embedder
     from cache_service.keys import Conversation
-    from cache_service.settings import DEFAULT_VERIFIER_THRESHOLD
+    from cache_service.settings import CacheSettings
     from cache_service.token_states import TokenStateCache
     from cache_service.verifier import PairVerifier, verifier_texts
 
     embedder = Embedder(dtype=dtype)
+    thresholds = CacheSettings().verifier_thresholds()
     states = TokenStateCache(embedder)
     warm, cold = PairVerifier(states), PairVerifier(embedder)
     embed_t, warm_t, cold_t = [], [], []
@@ -323,10 +324,10 @@ def embed_only(dtype: str, n: int = 200) -> str:
         states.encode([query.question, *verifier_texts(query)])
         embed_t.append(time.perf_counter() - t)
         t = time.perf_counter()
-        warm.judge(query, [candidate], DEFAULT_VERIFIER_THRESHOLD)
+        warm.judge(query, [candidate], thresholds)
         warm_t.append(time.perf_counter() - t)
         t = time.perf_counter()
-        cold.judge(query, [candidate], DEFAULT_VERIFIER_THRESHOLD)
+        cold.judge(query, [candidate], thresholds)
         cold_t.append(time.perf_counter() - t)
     return (
         f"embedding pass p50 {pct(embed_t, 50):.2f} ms, p99 {pct(embed_t, 99):.2f} ms; verifier on one "

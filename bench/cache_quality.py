@@ -35,7 +35,7 @@ from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_key
 from cache_service.settings import CacheSettings
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import PairVerifier
+from cache_service.verifier import PairVerifier, Thresholds
 from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tune_rows
 from services.gen import cache_pb2
 
@@ -95,13 +95,16 @@ class Lookup:
     """What one lookup can return at any pair of thresholds: an exact entry's group, or its candidates."""
 
     exact_group: str | None
-    candidates: list[tuple[float, float, str]]  # (cosine, verifier probability, group), best cosine first
+    # (cosine, verifier's probability on the question, on the least likely earlier turn, group), best first
+    candidates: list[tuple[float, float, float, str]]
 
-    def hit_group(self, floor: float, min_probability: float | None) -> str | None:
+    def hit_group(self, floor: float, thresholds: Thresholds | None) -> str | None:
         if self.exact_group is not None:
             return self.exact_group
-        for cosine, probability, group in self.candidates:
-            if cosine >= floor and (min_probability is None or probability >= min_probability):
+        for cosine, question, context, group in self.candidates:
+            if cosine >= floor and (
+                thresholds is None or (question >= thresholds.question and context >= thresholds.context)
+            ):
                 return group
         return None
 
@@ -142,12 +145,14 @@ def run_lookups(
             lookups.append(Lookup(groups[q.entry_id], []))
             continue
         cands = index.search(q.partition, vectors[q.query], TOP_K, min(FLOORS))
-        verdicts = verifier_for(r).judge(q.conversation, [Conversation.decode(c.query) for c in cands], 0.0)
+        verdicts = verifier_for(r).judge(
+            q.conversation, [Conversation.decode(c.query) for c in cands], Thresholds(0.0, 0.0)
+        )
         lookups.append(
             Lookup(
                 None,
                 [
-                    (c.similarity, v.probability, groups[c.entry_id])
+                    (c.similarity, v.question_probability, v.context_probability, groups[c.entry_id])
                     for c, v in zip(cands, verdicts, strict=True)
                 ],
             )
@@ -155,11 +160,13 @@ def run_lookups(
     return lookups
 
 
-def tally(rows: list[dict], lookups: list[Lookup], floor: float, min_p: float | None) -> dict[str, list[int]]:
+def tally(
+    rows: list[dict], lookups: list[Lookup], floor: float, thresholds: Thresholds | None
+) -> dict[str, list[int]]:
     """Per kind: [hits that count (served for hit kinds, false hits for traps), pairs]."""
     out: dict[str, list[int]] = {}
     for r, lk in zip(rows, lookups, strict=True):
-        got = lk.hit_group(floor, min_p)
+        got = lk.hit_group(floor, thresholds)
         counts = out.setdefault(r["kind"], [0, 0])
         counts[1] += 1
         if r["should_hit"]:
@@ -190,26 +197,32 @@ def excess_false_hits(t: dict[str, list[int]]) -> int:
     return excess
 
 
-def pick(rows: list[dict], lookups: list[Lookup]) -> tuple[float, float]:
-    """The pair of thresholds with false hits within TARGET_FALSE_HIT of every kind (or, if none, the fewest
-    beyond it) serving the most should-hit pairs; ties go to the stricter pair."""
-    best: tuple[int, int, float, float] | None = None
+def pick(rows: list[dict], lookups: list[Lookup]) -> tuple[float, Thresholds]:
+    """The thresholds (cosine floor, verifier on the question and on earlier turns) with false hits within
+    TARGET_FALSE_HIT of every kind (or, if none, the fewest beyond it) serving the most should-hit pairs;
+    ties go to the stricter."""
+    best: tuple[int, int, float, float, float] | None = None
     for floor in FLOORS:
-        for min_p in VERIFIER_THRESHOLDS:
-            t = tally(rows, lookups, floor, min_p)
-            key = (-excess_false_hits(t), totals(t)[0], min_p, floor)
-            if best is None or key >= best:
-                best = key
+        for question in VERIFIER_THRESHOLDS:
+            for context in VERIFIER_THRESHOLDS:
+                t = tally(rows, lookups, floor, Thresholds(question, context))
+                key = (-excess_false_hits(t), totals(t)[0], question, context, floor)
+                if best is None or key >= best:
+                    best = key
     assert best is not None
-    return best[3], best[2]
+    return best[4], Thresholds(best[2], best[3])
+
+
+def describe(thresholds: Thresholds) -> str:
+    return f"verifier {thresholds.question:.2f} on the question, {thresholds.context:.2f} on earlier turns"
 
 
 def kind_table(
-    parts: dict[str, tuple[list[dict], list[Lookup]]], floor: float, min_p: float | None
+    parts: dict[str, tuple[list[dict], list[Lookup]]], floor: float, thresholds: Thresholds
 ) -> list[str]:
     names = list(parts)
     lines = ["| kind | should hit? | " + " | ".join(names) + " |", "| --- | --- |" + " --- |" * len(names)]
-    tallies = {n: tally(*parts[n], floor, min_p) for n in names}
+    tallies = {n: tally(*parts[n], floor, thresholds) for n in names}
     kinds = sorted(
         {k for t in tallies.values() for k in t if k != "wrong_neighbour"},
         key=lambda k: (k not in HIT_KINDS, k),
@@ -272,14 +285,14 @@ def main() -> None:
         "test (frozen, headline)": part(lambda r: r["split"] == "test"),
         "tune, out of fold (thresholds chosen here)": part(lambda r: r["split"] == "tune"),
     }
-    floor, min_p = pick(*parts["tune, out of fold (thresholds chosen here)"])
+    floor, picked = pick(*parts["tune, out of fold (thresholds chosen here)"])
     if args.tune_only:
         del parts["test (frozen, headline)"]
-        print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, verifier {min_p:.2f}")
-        print("\n".join(kind_table(parts, floor, min_p)))
+        print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, {describe(picked)}")
+        print("\n".join(kind_table(parts, floor, picked)))
         return
     settings = CacheSettings()
-    d_floor, d_p = settings.similarity_threshold, settings.verifier_threshold
+    d_floor, d_p = settings.similarity_threshold, settings.verifier_thresholds()
     test_rows, test_lookups = parts["test (frozen, headline)"]
     served, positives, wrong, traps = totals(tally(test_rows, test_lookups, d_floor, d_p))
     kinds = Counter(r["kind"] for r in rows)
@@ -291,15 +304,15 @@ def main() -> None:
         + f"; {len(set(r['a_group'] for r in rows))} answer groups stored in one index; embedder "
         f"{embedder.dtype}; {time.perf_counter() - started:.0f} s).",
         "",
-        f"**Headline, frozen test split, defaults (cosine floor {d_floor:.2f}, verifier {d_p:.2f})**: "
+        f"**Headline, frozen test split, defaults (cosine floor {d_floor:.2f}, {describe(d_p)})**: "
         f"should-hit pairs served {rate(served, positives)}; false hits {rate(wrong, traps)} of traps "
         "(95% Wilson intervals).",
         "",
         f"Thresholds picked by this script on the tuning split only, judged out of fold ({FOLDS} folds by "
         f"topic; false hits <= {TARGET_FALSE_HIT:.0%} of every kind of trap, then most pairs served): "
-        f"cosine floor {floor:.2f}, "
-        f"verifier {min_p:.2f}; configured defaults (CACHE_SIMILARITY_THRESHOLD, "
-        f"CACHE_VERIFIER_THRESHOLD): {d_floor:.2f}, {d_p:.2f}.",
+        f"cosine floor {floor:.2f}, {describe(picked)}; configured defaults (CACHE_SIMILARITY_THRESHOLD, "
+        f"CACHE_VERIFIER_THRESHOLD, CACHE_CONTEXT_VERIFIER_THRESHOLD): {d_floor:.2f}, {d_p.question:.2f}, "
+        f"{d_p.context:.2f}.",
         "",
         "By kind at the defaults (served for should-hit kinds, false hits for traps):",
         "",

@@ -12,7 +12,7 @@ from cache_service.index import Candidate, VectorIndex
 from cache_service.keys import Conversation, ParsedKey
 from cache_service.metrics import CacheMetrics
 from cache_service.store import IndexRecord, RedisStore, StoredAnswer
-from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier, verifier_texts
+from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier, Thresholds, verifier_texts
 
 TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
 # The one owner of what is worth storing: a complete answer or one cut at max_tokens (which is part of the
@@ -29,13 +29,13 @@ class Hit:
 
 
 def acceptable(
-    verifier: PairVerifier | None, query: Conversation, candidates: list[Candidate], min_probability: float
+    verifier: PairVerifier | None, query: Conversation, candidates: list[Candidate], thresholds: Thresholds
 ) -> list[Candidate]:
     """Candidates (already above the similarity floor, best first) that may answer `query`; all of them when
     there is no verifier (measurement only)."""
     if verifier is None or not candidates:
         return candidates
-    verdicts = verifier.judge(query, [Conversation.decode(c.query) for c in candidates], min_probability)
+    verdicts = verifier.judge(query, [Conversation.decode(c.query) for c in candidates], thresholds)
     return [c for c, v in zip(candidates, verdicts, strict=True) if v.ok]
 
 
@@ -59,7 +59,7 @@ class SemanticCache:
         threshold: float,
         ttl_seconds: int,
         verifier: PairVerifier | None,
-        verifier_threshold: float,
+        verifier_thresholds: Thresholds,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -69,7 +69,7 @@ class SemanticCache:
         self.threshold = threshold
         self.ttl_seconds = ttl_seconds
         self.verifier = verifier  # None: similarity alone (measurement only)
-        self.verifier_threshold = verifier_threshold
+        self.verifier_thresholds = verifier_thresholds
         self.counts = Counts()
 
     async def lookup(self, key: ParsedKey, threshold: float | None) -> Hit | None:
@@ -95,7 +95,7 @@ class SemanticCache:
         vector = await self.batcher.embed(key.query, also=verifier_texts(key.conversation))
         candidates = self.index.search(key.partition, vector, TOP_K, threshold)
         accepted = await self.batcher.run(
-            acceptable, self.verifier, key.conversation, candidates, self.verifier_threshold
+            acceptable, self.verifier, key.conversation, candidates, self.verifier_thresholds
         )
         self.metrics.verifier_rejections.inc(len(candidates) - len(accepted))
         for cand in accepted:

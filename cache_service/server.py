@@ -69,7 +69,7 @@ async def serve(settings: CacheSettings) -> None:
         threshold=settings.similarity_threshold,
         ttl_seconds=settings.ttl_seconds,
         verifier=PairVerifier(token_states) if settings.verifier_enabled else None,
-        verifier_threshold=settings.verifier_threshold,
+        verifier_thresholds=settings.verifier_thresholds(),
     )
 
     server = GrpcServer(SERVICE_NAME)

@@ -8,12 +8,15 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_service.token_states import DEFAULT_CAPACITY_MB
+from cache_service.verifier import Thresholds
 
-# Both chosen by bench/cache_quality.py on the tuning split of bench/data/cache_pairs.jsonl only
+# Chosen by bench/cache_quality.py on the tuning split of bench/data/cache_pairs.jsonl only
 # (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
-# verifier's probability that one answer serves both questions.
+# verifier's probability that one answer serves both questions (the question itself; every earlier turn of
+# a conversation that differs: cache_service/verifier.py).
 DEFAULT_SIMILARITY_THRESHOLD = 0.65
 DEFAULT_VERIFIER_THRESHOLD = 0.98
+DEFAULT_CONTEXT_VERIFIER_THRESHOLD = 0.90
 
 
 class CacheSettings(BaseSettings):
@@ -32,10 +35,11 @@ class CacheSettings(BaseSettings):
     ttl_seconds: int = Field(default=86400, ge=1)
     verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
     verifier_threshold: float = Field(default=DEFAULT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
+    context_verifier_threshold: float = Field(default=DEFAULT_CONTEXT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
-    # auto: bfloat16 where the CPU computes bf16 natively, else float32; bfloat16-weights: float32 arithmetic
-    # on weights stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
+    # auto: the type the verifier was fitted on (float32); bfloat16-weights: float32 arithmetic on weights
+    # stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
     embedding_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-weights"] = "auto"
     # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
@@ -43,3 +47,6 @@ class CacheSettings(BaseSettings):
     # (cache_service/token_states.py); 0 turns it off
     token_state_mb: float = Field(default=DEFAULT_CAPACITY_MB, ge=0.0)
     drain_timeout_s: float = Field(default=30.0, ge=0.0)  # on SIGTERM: lookups in flight may finish
+
+    def verifier_thresholds(self) -> Thresholds:
+        return Thresholds(question=self.verifier_threshold, context=self.context_verifier_threshold)

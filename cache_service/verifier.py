@@ -11,7 +11,11 @@ Germany", so a candidate above the similarity floor must also pass:
    serves both; the candidate passes at CACHE_VERIFIER_THRESHOLD or above (chosen on the tuning split).
 
 A conversation is compared turn by turn (the partition already guarantees the same roles in the same
-order): identical turns pass, every other turn must pass both steps, and the least likely turn decides.
+order): identical turns pass, every other turn must pass the cheap checks, the last turn (the question)
+must reach CACHE_VERIFIER_THRESHOLD and the least likely earlier turn (the context: "I use a Mac", "My dog
+is a labrador") CACHE_CONTEXT_VERIFIER_THRESHOLD. Two thresholds because the two are different questions:
+a context statement reworded scores lower than a reworded question, and the traps among earlier turns (a
+changed fact) score far lower still (docs/SEMANTIC_CACHE.md, "Conversations").
 The pieces' states come from the forward pass that embedded each text (cache_service/token_states.py): the
 query's user turns ride in its embedding batch, a stored entry's were computed when it was stored, so a
 hit usually runs the model once. Whatever is missing (an entry stored by another replica, a text that fell
@@ -40,10 +44,24 @@ MAX_COMPARABLE_CHARS = 1000
 
 
 @dataclass(frozen=True)
+class Thresholds:
+    """The classifier's probability a candidate must reach: on the question (a single question, or a
+    conversation's last turn) and on every earlier turn that differs."""
+
+    question: float
+    context: float
+
+
+@dataclass(frozen=True)
 class Verdict:
     ok: bool
-    probability: float  # least likely turn; 1.0 for identical texts, 0.0 when a check vetoed
+    question_probability: float  # 1.0 for identical texts, 0.0 when a check vetoed
+    context_probability: float = 1.0  # the least likely earlier turn; 1.0 when none differs
     reason: str = ""
+
+    @property
+    def probability(self) -> float:
+        return min(self.question_probability, self.context_probability)
 
 
 def load_classifier(path: Path = MODEL_FILE) -> TreeEnsemble:
@@ -76,25 +94,37 @@ class PairVerifier:
         features = np.stack([pair_features(states[a], states[b]) for a, b in pairs])
         return self._classifier.probability(features)
 
-    def judge(self, query: Conversation, candidates: list[Conversation], threshold: float) -> list[Verdict]:
+    def judge(
+        self, query: Conversation, candidates: list[Conversation], thresholds: Thresholds
+    ) -> list[Verdict]:
         """One verdict per candidate (same order). Every text still in question is encoded in one batch."""
-        pending: list[list[tuple[str, str]]] = []
-        verdicts: list[Verdict | None] = []
+        pending: list[list[tuple[bool, tuple[str, str]]]] = []
+        vetoed: list[str] = []
         for cand in candidates:
             pairs, reason = _differing_turns(query, cand)
-            if reason:
-                verdicts.append(Verdict(False, 0.0, reason))
-                pending.append([])
-            else:
-                verdicts.append(None if pairs else Verdict(True, 1.0))
-                pending.append(pairs)
-        probs = iter(self.probabilities([pair for pairs in pending for pair in pairs]).tolist())
+            pending.append([] if reason else pairs)
+            vetoed.append(reason)
+        flat = [pair for pairs in pending for _, pair in pairs]
+        probs = iter(self.probabilities(flat).tolist())
         out = []
-        for verdict, pairs in zip(verdicts, pending, strict=True):
-            if verdict is None:
-                p = min(next(probs) for _ in pairs)
-                verdict = Verdict(p >= threshold, p, "" if p >= threshold else "verifier: different question")
-            out.append(verdict)
+        for pairs, reason in zip(pending, vetoed, strict=True):
+            if reason:
+                out.append(Verdict(False, 0.0, 0.0, reason))
+                continue
+            question, context = 1.0, 1.0
+            for is_last, _ in pairs:
+                p = next(probs)
+                if is_last:
+                    question = p
+                else:
+                    context = min(context, p)
+            if question < thresholds.question:
+                why = "verifier: different question"
+            elif context < thresholds.context:
+                why = "verifier: different context"
+            else:
+                why = ""
+            out.append(Verdict(not why, question, context, why))
         return out
 
 
@@ -108,12 +138,14 @@ def verifier_texts(conversation: Conversation) -> tuple[str, ...]:
     )
 
 
-def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[str, str]], str]:
-    """The turn pairs that are worded differently (contractions expanded), or a veto from the cheap checks."""
+def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[bool, tuple[str, str]]], str]:
+    """The turn pairs that are worded differently (contractions expanded), each marked True when it is the
+    last turn (the question), or a veto from the cheap checks."""
     if len(a.turns) != len(b.turns):
         return [], "conversation length differs"
     pairs = []
-    for (role_a, text_a), (role_b, text_b) in zip(a.turns, b.turns, strict=True):
+    last = len(a.turns) - 1
+    for i, ((role_a, text_a), (role_b, text_b)) in enumerate(zip(a.turns, b.turns, strict=True)):
         if role_a != role_b:
             return [], "roles differ"
         text_a, text_b = expand_contractions(text_a), expand_contractions(text_b)
@@ -124,5 +156,5 @@ def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[str, 
         reason = veto(text_a, text_b)
         if reason:
             return [], reason
-        pairs.append((text_a, text_b))
+        pairs.append((i == last, (text_a, text_b)))
     return pairs, ""

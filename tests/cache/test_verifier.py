@@ -9,9 +9,11 @@ import pytest
 
 from cache_service.keys import Conversation, parse_key
 from cache_service.pair_checks import veto
+from cache_service.settings import CacheSettings
 from services.gen import cache_pb2
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+DEFAULTS = CacheSettings().verifier_thresholds()
 
 
 @pytest.mark.parametrize(
@@ -139,9 +141,7 @@ def conv(*texts: str) -> Conversation:
     ],
 )
 def test_classifier_accepts_rewordings(verifier, a: str, b: str) -> None:
-    from cache_service.settings import DEFAULT_VERIFIER_THRESHOLD
-
-    verdict = verifier.judge(conv(a), [conv(b)], DEFAULT_VERIFIER_THRESHOLD)[0]
+    verdict = verifier.judge(conv(a), [conv(b)], DEFAULTS)[0]
     assert verdict.ok, verdict
 
 
@@ -155,24 +155,43 @@ def test_classifier_accepts_rewordings(verifier, a: str, b: str) -> None:
     ],
 )
 def test_classifier_refuses_other_questions(verifier, a: str, b: str) -> None:
-    from cache_service.settings import DEFAULT_VERIFIER_THRESHOLD
-
-    verdict = verifier.judge(conv(a), [conv(b)], DEFAULT_VERIFIER_THRESHOLD)[0]
-    assert not verdict.ok and verdict.probability < DEFAULT_VERIFIER_THRESHOLD
+    verdict = verifier.judge(conv(a), [conv(b)], DEFAULTS)[0]
+    assert not verdict.ok and verdict.question_probability < DEFAULTS.question
 
 
 def test_conversations_are_judged_turn_by_turn(verifier) -> None:
-    from cache_service.settings import DEFAULT_VERIFIER_THRESHOLD
-
     france = conv("What is the capital of France?", "Paris.", "What is its population?")
     reworded = conv("Which city is the capital of France?", "Paris.", "How many people live there?")
     germany = conv("What is the capital of Germany?", "Berlin.", "What is its population?")
     tripled = conv("What is the capital of France?", "Paris.", "What is 3 times its population?")
-    same, other, numbers = verifier.judge(france, [reworded, germany, tripled], DEFAULT_VERIFIER_THRESHOLD)
+    same, other, numbers = verifier.judge(france, [reworded, germany, tripled], DEFAULTS)
     assert same.ok
-    assert not other.ok and not numbers.ok
+    assert not other.ok and other.reason == "verifier: different context"
+    assert other.question_probability == 1.0  # the last question is the same text
+    assert not numbers.ok
     assert numbers.reason == "numbers differ"  # vetoed before the classifier: probability 0
-    assert verifier.judge(france, [france], DEFAULT_VERIFIER_THRESHOLD)[0].probability == 1.0
+    assert verifier.judge(france, [france], DEFAULTS)[0].probability == 1.0
+
+
+def test_earlier_turns_and_the_question_have_their_own_thresholds(verifier) -> None:
+    from cache_service.verifier import Thresholds
+
+    mac = conv("I use a Mac with macOS Sonoma.", "Thanks, noted.", "How do I install Python?")
+    reworded = conv(
+        "My computer is a Mac running macOS Sonoma.", "Thanks, noted.", "How do I install Python?"
+    )
+    verdict = verifier.judge(mac, [reworded], Thresholds(0.0, 0.0))[0]
+    assert verdict.question_probability == 1.0 and 0.0 < verdict.context_probability < 1.0
+    p = verdict.context_probability
+    # Only the earlier-turn threshold decides here: a question threshold above p does not refuse it.
+    assert verifier.judge(mac, [reworded], Thresholds(question=1.0, context=p))[0].ok
+    refused = verifier.judge(mac, [reworded], Thresholds(question=0.0, context=min(1.0, p + 1e-6)))[0]
+    assert not refused.ok and refused.reason == "verifier: different context"
+    # And a single question is judged on the question threshold alone, whatever the context one.
+    tea = verifier.judge(
+        conv("How do I make green tea?"), [conv("What is the way to brew green tea?")], Thresholds(0.0, 1.0)
+    )
+    assert tea[0].ok and tea[0].context_probability == 1.0
 
 
 def test_tree_ensemble_matches_scikit_learn(tmp_path) -> None:
