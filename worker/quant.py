@@ -7,9 +7,11 @@
   min m per group, w = d q + m. That is llama.cpp's Q4_1 block exactly (its float16 d and m kept as they
   are) and Q4_0 (w = d (q - 8)) with m = -8 d, so a GGUF file's 4-bit blocks load without a
   round trip through float. On CPU the project's own kernel (worker/kernels/int4_linear.cpp: float32
-  activations and sums, the weights d q + m formed in registers); elsewhere, or before `make kernels`,
-  `aten._weight_int4pack_mm_for_cpu` over the layout `_convert_weight_to_int4pack_for_cpu` packs, which
-  computes (q - 8) s + z, i.e. s = d, z = m + 8 d (in bfloat16).
+  activations and sums, the weights d q + m formed in registers; on a CPU with AVX512-BF16 the activations
+  are rounded to bfloat16 and the products run on its dot-product instructions, sums still float32);
+  elsewhere, or before `make kernels`, `aten._weight_int4pack_mm_for_cpu` over the layout
+  `_convert_weight_to_int4pack_for_cpu` packs, which computes (q - 8) s + z, i.e. s = d, z = m + 8 d
+  (in bfloat16).
 
 Why bfloat16 inside torch's kernels: on this AVX2 CPU both are vectorized only for bfloat16 inputs; in float32
 they fall back to a scalar loop, orders of magnitude slower at 8-32 rows (bench/quant_kernels.py). A

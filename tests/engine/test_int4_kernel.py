@@ -1,8 +1,9 @@
 """The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in worker/quant.py.
 
-Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64). The
-kernel forms each weight in float32 with one FMA and sums in float32 across up to 1536 products, so the
-tolerance is relative to sum |x| |w| (the scale float32 summation error grows with), not to the result.
+Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64) and x as
+the kernel reads it: float32, or rounded to bfloat16 on the AVX512-BF16 path (`int4_activation_dtype`).
+The kernel sums in float32 across up to 1536 products, so the tolerance is relative to sum |x| |w| (the
+scale float32 summation error grows with), not to the result.
 """
 
 import numpy as np
@@ -29,8 +30,14 @@ def random_groups(gen: torch.Generator, n: int, k: int) -> Int4Groups:
     return Int4Groups(codes, scales, mins)
 
 
+def activation_dtype() -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[torch.ops.llmserve.int4_activation_dtype()]
+
+
 def reference(x: torch.Tensor, groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
-    """x @ W.T in float64, and sum |x| |W| (what float32 rounding error scales with)."""
+    """x (as the kernel reads it) @ W.T in float64, and sum |x| |W| (what float32 rounding error scales
+    with)."""
+    x = x.to(activation_dtype())
     n, k = groups.codes.shape
     q = groups.codes.double().reshape(n, k // 32, 32)
     w = (q * groups.scales.double()[..., None] + groups.mins.double()[..., None]).reshape(n, k)
@@ -62,6 +69,18 @@ def test_native_int4_kernel_is_float32_x_times_dequantized_weight(rows, in_featu
         out = torch.full((rows, 200), float("nan"))
         ops.int4_linear(x, packed, groups.scales.half(), groups.mins.half(), out)
         assert_matches(out, x, groups)
+
+
+def test_the_bfloat16_path_is_taken_where_the_cpu_has_it():
+    native_int4()
+    flags = set()
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.partition(":")[2].split())
+                break
+    has_bf16 = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags
+    assert torch.ops.llmserve.int4_activation_dtype() == ("bfloat16" if has_bf16 else "float32")
 
 
 def test_pack_int4_layout_is_the_documented_one():
@@ -124,7 +143,7 @@ def test_gguf_blocks_run_exactly_in_the_native_layer(kind):
     assert torch.equal(layer.weight, pack_int4(groups.codes))
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
     dequantized = torch.from_numpy(dequantize(raw, getattr(GGMLQuantizationType, kind))).double()
-    expected = x.double() @ dequantized.T
+    expected = x.to(activation_dtype()).double() @ dequantized.T
     magnitude = x.double().abs() @ dequantized.abs().T
     assert float(((layer(x).double() - expected).abs() / magnitude).max()) < 2e-6
 

@@ -9,6 +9,18 @@
 // activation rows while they are in registers, the way the int8 kernel (int8_linear.cpp) does it.
 // Activations and sums are float32.
 //
+// On a CPU with AVX512-BF16 (where -march=native says so) the products run on bfloat16 dot-product
+// instructions instead: the activations are rounded to bfloat16 once per call (a weight's code q, 0..15, is
+// exact in bfloat16), each group's 32 codes are split out of its 16 bytes with one variable shift and turned
+// into bfloat16 with one table permute, and one VDPBF16PS multiplies all 32 into float32 sums, which the
+// group's scale d then scales; the min's share, m * (sum of the group's rounded x), is added per group from
+// sums taken once per call. Sums stay float32; only x is rounded (what a bfloat16 model's x already is).
+// On an AMD EPYC (Zen 4), this model's 120 int4 linears of one decode step, interleaved A/B against the
+// float32 path: one thread 8.5 -> 6.8 ms at one row, 122 -> 101 ms at 32 rows; two threads 4.6-4.9 -> 3.6-4.2
+// ms at one row. Still bound by the per-weight work (a shift, a permute, half a dot product), not by memory
+// (~18 GB/s of codes at one row on two threads, where the int8 kernel streams ~29 GB/s).
+// `int4_activation_dtype` says which path this build took.
+//
 // Scales and mins are float16, as in a GGUF file: a single stream reads every weight byte once per token, so
 // 20 bytes per group instead of 24 is a sixth less to read.
 //
@@ -24,6 +36,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "blocking.h"
 #include "ops.h"
@@ -111,6 +126,95 @@ void dot_rows(const float* x, int64_t K, const uint8_t* w, const Half* scales, c
   for (int r = 0; r < R; ++r) out[r * ldo] = sums[r];
 #endif
 }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(LLMSERVE_INT4_NO_BF16)
+#define LLMSERVE_INT4_BF16 1
+// The 32 codes of one group as bfloat16, in weight order: the group's eight words are repeated in the four
+// 128-bit lanes, lane block t shifted right by 4 t (word j's nibble t is weight 8 t + j), and the low five bits
+// of each word index a table whose entry i is bfloat16(i mod 16), so no mask is needed.
+inline __m512bh group_codes(const uint8_t* w, __m512i shifts, __m512i table) {
+  const __m512i words = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srlv_epi16(words, shifts), table));
+}
+
+inline __m512i nibble_shifts() {
+  return _mm512_set_epi16(12, 12, 12, 12, 12, 12, 12, 12, 8, 8, 8, 8, 8, 8, 8, 8,
+                          4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+inline __m512i code_table() {  // bfloat16(i mod 16) for i in 0..31: 0 is 0x0000, q >= 1 is float(q)'s top half
+  alignas(64) uint16_t t[32];
+  for (int i = 0; i < 32; ++i) {
+    const float f = static_cast<float>(i % 16);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    t[i] = static_cast<uint16_t>(bits >> 16);  // exact: a small integer needs no rounding
+  }
+  return _mm512_load_si512(t);
+}
+
+// Rows [0, R) of the bfloat16 x (row stride K) against one weight row; min_terms[r] is the row's
+// sum over groups of m * (sum of x in the group), added at the end. A accumulators per row keep the
+// scale FMAs independent.
+template <int R, int A>
+void dot_rows_bf16(const c10::BFloat16* x, int64_t K, const uint8_t* w, const Half* scales, const float* min_terms,
+                   float* out, int64_t ldo, __m512i shifts, __m512i table) {
+  const int64_t groups = K / kGroup;
+  __m512 acc[R][A];
+  for (int r = 0; r < R; ++r)
+    for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_ps();
+  const auto step = [&](int64_t g, int a) {
+    const __m512bh q = group_codes(w + g * kGroupBytes, shifts, table);
+    const __m512 d = _mm512_set1_ps(widen(scales[g]));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + r * K + g * kGroup));
+      acc[r][a] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), q, xv), d, acc[r][a]);
+    }
+  };
+  int64_t g = 0;
+  for (; g + A <= groups; g += A)  // accumulator a is known at compile time, so all stay in registers
+    for (int a = 0; a < A; ++a) step(g + a, a);
+  for (; g < groups; ++g) step(g, 0);
+  for (int r = 0; r < R; ++r) {
+    __m512 total = acc[r][0];
+    for (int a = 1; a < A; ++a) total = _mm512_add_ps(total, acc[r][a]);
+    out[r * ldo] = _mm512_reduce_add_ps(total) + min_terms[r];
+  }
+}
+
+// The row's share of the mins for one weight row: sum over groups of m_g * xsum_g.
+inline float min_term(const Half* mins, const float* xsum, int64_t groups) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 16 <= groups; g += 16) {
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + g)));
+    acc = _mm512_fmadd_ps(m, _mm512_loadu_ps(xsum + g), acc);
+  }
+  if (g < groups) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (groups - g)) - 1);
+    const __m512 m = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, mins + g));
+    acc = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(tail, xsum + g), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// x rounded to bfloat16 (nearest even), and per row and group the float32 sum of the rounded values.
+void round_rows(const float* x, int64_t M, int64_t K, c10::BFloat16* xb, float* xsum) {
+  const int64_t groups = K / kGroup;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* src = x + i * K + g * kGroup;
+      c10::BFloat16* dst = xb + i * K + g * kGroup;
+      const __m256bh lo = _mm512_cvtneps_pbh(_mm512_loadu_ps(src));
+      const __m256bh hi = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), reinterpret_cast<__m256i>(hi));
+      const __m512 wide_lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(lo)), 16));
+      const __m512 wide_hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(hi)), 16));
+      xsum[i * groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(wide_lo, wide_hi));
+    }
+}
+#endif
 }  // namespace
 
 namespace llmserve {
@@ -138,6 +242,30 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   const Half* mp = mins.data_ptr<Half>();
   float* op = out.data_ptr<float>();
   const int64_t groups = K / kGroup;
+#ifdef LLMSERVE_INT4_BF16
+  std::vector<c10::BFloat16> xb(static_cast<size_t>(M * K));
+  std::vector<float> xsum(static_cast<size_t>(M * groups));
+  round_rows(xp, M, K, xb.data(), xsum.data());
+  const __m512i shifts = nibble_shifts(), table = code_table();
+  llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
+                          [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+    const c10::BFloat16* xr = xb.data() + m0 * K;
+    float* orow = op + m0 * N;
+    float terms[kRowTile];
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* w = wp + n * (K / 2);
+      const Half* s = sp + n * groups;
+      for (int64_t r = 0; r < rows; ++r) terms[r] = min_term(mp + n * groups, xsum.data() + (m0 + r) * groups, groups);
+      switch (rows) {
+        case 1: dot_rows_bf16<1, 4>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
+        case 2: dot_rows_bf16<2, 2>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
+        case 3: dot_rows_bf16<3, 1>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
+        default: dot_rows_bf16<4, 1>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
+      }
+    }
+  });
+  return;
+#endif
   llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const float* xr = xp + m0 * K;
@@ -158,8 +286,20 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
 
 }  // namespace llmserve
 
+namespace {
+// Which activations this build's products read: "bfloat16" (the AVX512-BF16 path) or "float32".
+std::string int4_activation_dtype() {
+#ifdef LLMSERVE_INT4_BF16
+  return "bfloat16";
+#else
+  return "float32";
+#endif
+}
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
+  m.def("int4_activation_dtype() -> str", &int4_activation_dtype);
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int4_linear", &llmserve::int4_linear); }
