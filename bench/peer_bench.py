@@ -119,7 +119,7 @@ def start_ours(dtype: str, log_dir: Path, quantization: str = "auto") -> Server:
     pids = {"worker": worker.proc.pid, "gateway": gateway.proc.pid}
     name = "ours" if quantization == "auto" else f"ours-{quantization}"
     weights = resolve_quantization(quantization, "cpu")
-    label = resolve_dtype(dtype, "cpu") + ("" if weights == "none" else f"+{weights}")
+    label = resolve_dtype(dtype, "cpu", weights) + ("" if weights == "none" else f"+{weights}")
     return Server(name, label, gateway.addr, pids, stop, logs)
 
 

@@ -376,9 +376,9 @@ def render(
 
 
 def native_bfloat16() -> bool:
-    from worker.model_loader import resolve_dtype
+    from worker.model_loader import native_cpu_bfloat16
 
-    return resolve_dtype("auto", "cpu") == "bfloat16"
+    return native_cpu_bfloat16()
 
 
 def targets(rows: list[Row]) -> list[str]:
@@ -435,7 +435,7 @@ def recommendation(rows: list[Row]) -> list[str]:
     """The CPU default that follows from the table: among engine rows within 1% of float32's perplexity,
     the fastest at one stream and the fastest at concurrency 32; `auto` follows the second, since the stack
     is built for concurrent traffic."""
-    from worker.model_loader import resolve_quantization
+    from worker.model_loader import resolve_dtype, resolve_quantization
 
     engine = {r.name: r.figures for r in rows if r.kind == "engine" and "speed" in r.figures}
     if "float32" not in engine or not engine["float32"].get("perplexity"):
@@ -452,7 +452,7 @@ def recommendation(rows: list[Row]) -> list[str]:
     single, busy = max(ok, key=lambda n: decode(ok[n])), max(ok, key=lambda n: loaded(ok[n]))
     f32 = engine["float32"]
     auto = resolve_quantization("auto", "cpu")
-    auto_name = "float32" if auto == "none" else auto
+    auto_name = resolve_dtype("auto", "cpu") if auto == "none" else auto
     level = [n for n in ok if loaded(ok[n]) >= 0.98 * loaded(ok[busy])]  # within 2%: a tie at this noise
     follows = (
         f"one of the rows level at the top under load (within 2%: {', '.join(level)})"
@@ -464,9 +464,11 @@ def recommendation(rows: list[Row]) -> list[str]:
     text = f"""**Recommendation (CPU):** among rows within 1% of float32's perplexity ({limit:.2f}),
     `{single}` decodes fastest at one stream ({one:.1f} tok/s, {one_x:.2f}x float32) and `{busy}` makes
     the most tok/s at concurrency 32 ({many:.1f}, {many_x:.2f}x float32). The stack is built for
-    concurrent traffic, so `WORKER_QUANTIZATION=auto` resolves to `{auto}` on a CPU with the compiled
-    kernels, {follows}; set `int4` for mostly single-stream use (its quality here is that of the GGUF
-    file's own Q4 blocks; a model directory without a GGUF file is quantized from float at load).
+    concurrent traffic, so the defaults follow the second: `WORKER_QUANTIZATION=auto` resolves to `int8`
+    (float32 activations) on a CPU without native bfloat16 and to `none` (bfloat16 weights and
+    activations) on one with it; on this CPU `{auto_name}`, {follows}. Set `{single}` for mostly
+    single-stream use (int4's quality here is that of the GGUF file's own Q4 blocks; a model directory
+    without a GGUF file is quantized from float at load).
     **GPU:** `none`, bfloat16 weights with decode steps replayed from CUDA graphs (section "Engine on a
     CUDA GPU"): on one H200 a single stream's step took 3.9 ms while reading this model's 270 MB of
     bfloat16 weights takes about 0.06 ms at its ~4.3 TB/s, so smaller weights have little to win there;

@@ -381,8 +381,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.kv_cache
-    dtype = resolve_dtype(config.dtype, device)
     quantization = resolve_quantization(config.quantization, device)
+    dtype = resolve_dtype(config.dtype, device, quantization)
     check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)

@@ -40,25 +40,38 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_dtype(name: str, device: str) -> str:
+def native_cpu_bfloat16() -> bool:
+    """oneDNN computes bfloat16 natively on this CPU (AVX512-BF16 or AMX), as vLLM's CPU backend checks."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return probe is not None and bool(probe())
+
+
+def resolve_dtype(name: str, device: str, quantization: str = "none") -> str:
     """`auto`: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or
-    AMX, as vLLM's CPU backend picks), else float32. On a CPU without it, bfloat16 matmuls are emulated
-    and measured several times slower than oneDNN's float32 at batch sizes above one (docs/BENCHMARKS.md)."""
+    AMX), else float32. On a CPU without it, bfloat16 matmuls are emulated and measured several times slower
+    than oneDNN's float32 at batch sizes above one (docs/BENCHMARKS.md). With quantized weights on a CPU,
+    float32: the native kernels read float32 rows and the fused decode step (worker/decode_layers.py) is the
+    float32 layer; a bfloat16 model around them measured slower at every batch size (9.1 against 6.8 ms
+    per single-stream int8 step on an AVX512-BF16 EPYC)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return "bfloat16" if probe is not None and bool(probe()) else "float32"
+    if quantization != "none":
+        return "float32"
+    return "bfloat16" if native_cpu_bfloat16() else "float32"
 
 
 def resolve_quantization(name: str, device: str) -> str:
-    """`auto`: int8 weights on a CPU with the compiled int8 kernel (`make kernels`), else none. On CPU the
-    int8 kernel measured faster than float32 at every batch size, with perplexity within 1% of it
-    (docs/BENCHMARKS.md, quantization study); GPUs serve the unquantized weights."""
+    """`auto`: int8 weights on a CPU without native bfloat16 that has the compiled int8 kernel (`make
+    kernels`), else none. The rule is the quantization study's (docs/BENCHMARKS.md): the default is the row
+    that makes the most tokens/s at concurrency 32. Without native bf16 that is int8 (faster than float32
+    at every batch size, perplexity within 1%); with it, bfloat16 weights and activations (oneDNN's native
+    bf16 matmuls: 1.3x int8 at concurrency 32 on an AVX512-BF16 EPYC, though int8 decodes a single stream
+    ~2.4x faster: set WORKER_QUANTIZATION=int8 for that). GPUs serve the unquantized weights."""
     if name != "auto":
         return name
-    if device.startswith("cuda"):
+    if device.startswith("cuda") or native_cpu_bfloat16():
         return "none"
     from worker.kernels import native_ops
 

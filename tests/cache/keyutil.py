@@ -15,9 +15,7 @@ def chat_key(
 ) -> cache_pb2.CacheKey:
     messages = [cache_pb2.Message(role=r, content=c) for r, c in history or []]
     messages.append(cache_pb2.Message(role="user", content=question))
-    return cache_pb2.CacheKey(
-        model=MODEL, scope=scope, messages=messages, params_fingerprint=params
-    )
+    return cache_pb2.CacheKey(model=MODEL, scope=scope, messages=messages, params_fingerprint=params)
 
 
 def store(stub, key: cache_pb2.CacheKey, response: str, ttl: int | None = None) -> cache_pb2.StoreResponse:

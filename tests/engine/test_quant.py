@@ -14,7 +14,7 @@ from tests.engine.factories import tiny_llama
 from worker.gguf_weights import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
 from worker.kernels import native_ops
 from worker.model import LlamaForPagedAttention
-from worker.model_loader import resolve_quantization
+from worker.model_loader import native_cpu_bfloat16, resolve_dtype, resolve_quantization
 from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 
 
@@ -54,11 +54,18 @@ def test_native_int8_kernel_is_float32_x_times_dequantized_weight(rows, in_featu
     assert layer(x.bfloat16()).dtype == torch.bfloat16
 
 
-def test_auto_quantization_is_int8_on_a_cpu_with_the_kernel_and_none_on_cuda():
-    expected = "int8" if native_ops() is not None else "none"
+def test_auto_quantization_is_int8_on_a_cpu_without_native_bf16_with_the_kernel_else_none():
+    expected = "int8" if native_ops() is not None and not native_cpu_bfloat16() else "none"
     assert resolve_quantization("auto", "cpu") == expected
     assert resolve_quantization("auto", "cuda:0") == "none"
     assert resolve_quantization("int4", "cpu") == "int4"
+
+
+def test_quantized_weights_run_float32_activations_on_cpu_unless_asked_otherwise():
+    assert resolve_dtype("auto", "cpu", "int8") == "float32"
+    assert resolve_dtype("auto", "cpu", "int4") == "float32"
+    assert resolve_dtype("auto", "cpu", "none") == ("bfloat16" if native_cpu_bfloat16() else "float32")
+    assert resolve_dtype("bfloat16", "cpu", "int8") == "bfloat16"  # an explicit choice stands
 
 
 @pytest.mark.parametrize("rows", [1, 7, 40])
