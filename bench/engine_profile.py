@@ -1,12 +1,13 @@
 """Where a decode step's time goes: matmul throughput of this CPU and a profiled engine step.
 
-    .venv/bin/python -m bench.engine_profile [--dtype float32]
+    .venv/bin/python -m bench.engine_profile [--dtype float32] [--quantization int8]
 
 Prints GEMM throughput at 1, 32 and 512 rows (F.linear and weights prepacked for oneDNN), the bandwidth
 of one-row products over all the model's weights (plain, transposed, prepacked) against a plain read, the
 median decode step of 1 and 32 sequences (128-token prompts) with either linear backend, the top
 operators of a profiled 32-sequence step, and a single-sequence step run on a thread other than the one
-that built the engine.
+that built the engine. With --quantization (int8 or int4 weights), only the decode steps of 1 and 32
+sequences and the profile of the latter: where a quantized step's time goes next to an unquantized one's.
 """
 
 from __future__ import annotations
@@ -71,18 +72,25 @@ def weight_bandwidth(dtype: torch.dtype) -> None:
         print(f"{dtype} {size / 2**20:.0f} MiB of weights, {name}: {size / _timed(fn) / 1e9:5.1f} GB/s")
 
 
-def _build(dtype: str, linear_backend: str = "auto"):
+def _build(dtype: str, linear_backend: str = "auto", quantization: str = "none"):
     config = EngineConfig(
         dtype=dtype,
-        quantization="none",
+        quantization=quantization,
         linear_backend=linear_backend,
         kv_cache=KVCacheConfig(kv_cache_memory_gb=0.5),
     )
     return build_engine(config)
 
 
-def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0, engine=None, linear_backend: str = "auto"):
-    engine = engine or _build(dtype, linear_backend)
+def decode_steps(
+    dtype: str,
+    num_seqs: int,
+    profile_top: int = 0,
+    engine=None,
+    linear_backend: str = "auto",
+    quantization: str = "none",
+):
+    engine = engine or _build(dtype, linear_backend, quantization)
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     for i in range(num_seqs):
         prompt = PromptInput(token_ids=[(i * 7 + j) % 40000 + 100 for j in range(128)])
@@ -97,7 +105,8 @@ def decode_steps(dtype: str, num_seqs: int, profile_top: int = 0, engine=None, l
     t = median(times)
     where = threading.current_thread().name
     print(
-        f"decode step, {num_seqs} sequences, {dtype}, {engine.runner.model.linear_backend} linear, {where}: "
+        f"decode step, {num_seqs} sequences, {dtype}, {engine.runner.model.linear_backend} linear, "
+        f"{quantization} weights, {where}: "
         f"{t * 1000:.1f} ms ({num_seqs / t:.0f} tokens/s)"
     )
     if profile_top:
@@ -112,7 +121,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4"])
     args = parser.parse_args()
+    if args.quantization != "none":
+        decode_steps(args.dtype, 1, quantization=args.quantization)
+        decode_steps(args.dtype, 32, profile_top=8, quantization=args.quantization)
+        return
     gemm_throughput(getattr(torch, args.dtype))
     weight_bandwidth(getattr(torch, args.dtype))
     for backend in ("torch", "onednn"):

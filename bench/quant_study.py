@@ -323,15 +323,37 @@ def serve_and_measure(row: Row, log_dir: Path, quick: bool) -> None:
 
 
 # ---- report ----------------------------------------------------------------------------------------
-SETUP = """(one run, one server at a time, on this 2-core machine with nothing else running; counts are
-small, so compare rows within this table). Client: `vllm bench serve`, completions, 128 random prompt
-tokens, 64 output tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are
-unquantized weights in that dtype; int8 is float32 activations with int8 weights (one scale per channel)
-through the project's kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU; int4 is a float32 model whose
-linear layers run the project's 4-bit kernel (float32 inside) on the GGUF file's own Q4_1 blocks. The package
-ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the same
-weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized (its
-perplexity cannot be better than Q4_1's)."""
+def setup() -> str:
+    """What the table's rows are, on this machine."""
+    import torch
+
+    from worker.kernels import native_ops
+
+    native_ops()  # registers the kernels' ops
+    query = getattr(torch.ops.llmserve, "int4_activation_dtype", None)
+    int4_rows = query() if query is not None else "float32"
+    return f"""(one run, one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native
+bfloat16: {"yes" if native_bfloat16() else "no"}) with nothing else running; counts are small, so compare
+rows within this table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output
+tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
+that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
+kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU without native bfloat16; int4 is a float32 model
+whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its products read
+the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32). The package ships only the Q4_1
+file, so the float32 weights are those blocks de-quantized: int4 computes the same weights as float32, int8
+rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized (its perplexity cannot be
+better than Q4_1's)."""
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def render(
@@ -340,7 +362,7 @@ def render(
     lines = [
         "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF)",
         "",
-        *textwrap.wrap(f"Command: `{command}` " + " ".join(SETUP.split()), 105),
+        *textwrap.wrap(f"Command: `{command}` " + " ".join(setup().split()), 105),
         f"Perplexity: bench/data/quant_text.txt (Shakespeare, public domain; the first {len_tokens} tokens),",
         "512-token chunks,",
         "second half scored. Agreement: identical tokens before the first difference from float32,",
