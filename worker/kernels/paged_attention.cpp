@@ -106,10 +106,8 @@ void attend(const T* query_heads, const std::vector<const T*>& krows, const std:
       const T* row = vrows[i];
       for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, load8(row + 8 * c), acc[c]);
     }
-    float result[kDim];
-    for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(result + 8 * c, _mm256_mul_ps(acc[c], inv));
     T* dst = out_heads + g * kDim;
-    for (int64_t d = 0; d < kDim; ++d) dst[d] = static_cast<T>(result[d]);
+    for (int64_t c = 0; c < C; ++c) llmserve::store8(dst + 8 * c, _mm256_mul_ps(acc[c], inv));
   }
 }
 #else
