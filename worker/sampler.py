@@ -212,6 +212,22 @@ def _apply_grammars(logits: torch.Tensor, grammars: list[tuple[int, object]]) ->
     apply_bitmask(logits, bitmask, [row for row, _ in grammars])
 
 
+def _draw(probs: torch.Tensor, generators: list) -> torch.Tensor:
+    """One token per row from its distribution. Rows without a seed: inverse CDF, one uniform number per
+    row against the row's running sum (exact sampling; the exponential-race draw it replaces needed one
+    exponential per vocabulary entry, ~30 ms per step at 32 rows x 49k on a 2-core CPU, about as long as the
+    forward pass). Seeded rows keep the exponential race on their own generator, so a seed gives the same
+    tokens as before. A token of probability 0 is never drawn: the uniform is kept above 0."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype).clamp_(min=2.0**-30)
+    drawn = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1).clamp_(max=probs.shape[1] - 1)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            noise = torch.empty_like(probs[row]).exponential_(generator=generator)
+            drawn[row] = (probs[row] / noise).argmax()
+    return drawn
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """logits: [B, V] float32 for the rows that produce a token this step."""
     raw_logits = logits
@@ -228,11 +244,6 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     else:
         greedy_tokens = logits.argmax(dim=-1)
         logits = _apply_truncation(logits / batch.temperature.unsqueeze(1), batch)
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_()
-        for row, generator in enumerate(batch.generators):
-            if generator is not None:
-                noise[row].exponential_(generator=generator)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = _draw(logits.softmax(dim=-1), batch.generators)
         tokens = torch.where(batch.greedy, greedy_tokens, sampled)
     return SamplerOutput(tokens.tolist(), _gather_logprobs(raw_logits, tokens, batch))

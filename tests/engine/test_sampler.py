@@ -47,6 +47,24 @@ def test_temperature_sampling_follows_the_distribution():
     torch.testing.assert_close(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04, rtol=0)
 
 
+def test_each_row_of_a_batch_draws_from_its_own_distribution():
+    """The batched draw (one uniform per row against the row's running sum): rows with different
+    distributions in one call, the last token of one row impossible (probability 0)."""
+    first = torch.log(torch.tensor([0.5, 0.3, 0.2] + [0.0] * (VOCAB - 3)))
+    second = torch.log(torch.tensor([0.0] * (VOCAB - 2) + [0.25, 0.75]))
+    logits = torch.stack([first, second] * 8)
+    counts = torch.zeros(2, VOCAB)
+    for _ in range(250):
+        for row, token in enumerate(
+            _sample(logits.clone(), [make_request(temperature=1.0) for _ in range(16)]).token_ids
+        ):
+            counts[row % 2, token] += 1
+    share = counts / counts.sum(-1, keepdim=True)
+    torch.testing.assert_close(share[0, :3], torch.tensor([0.5, 0.3, 0.2]), atol=0.03, rtol=0)
+    torch.testing.assert_close(share[1, -2:], torch.tensor([0.25, 0.75]), atol=0.03, rtol=0)
+    assert counts[0, 3:].sum() == 0 and counts[1, :-2].sum() == 0
+
+
 def test_penalties_push_repeated_tokens_down():
     logits = torch.zeros(1, VOCAB)
     logits[0, 3] = 1.0
