@@ -1,8 +1,8 @@
 """Batched sampling on tensors: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
 
-Sampling uses the exponential race (argmax of p / q with q ~ Exp(1)), which draws from p exactly and
-lets a seeded request draw its noise row from its own generator: its tokens then do not depend on
-what else shares the batch.
+Unseeded rows draw by inverse CDF: one uniform number per row against the row's running sum. A seeded
+request uses the exponential race (argmax of p / q with q ~ Exp(1)) with its noise row from its own
+generator: its tokens then do not depend on what else shares the batch. Both draw from p exactly.
 """
 
 from __future__ import annotations
