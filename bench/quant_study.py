@@ -339,10 +339,10 @@ tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
 kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU without native bfloat16; int4 is a float32 model
 whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its products read
-the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32). The package ships only the Q4_1
-file, so the float32 weights are those blocks de-quantized: int4 computes the same weights as float32, int8
-rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized (its perplexity cannot be
-better than Q4_1's)."""
+the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32). The package
+ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the same
+weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized
+(its perplexity cannot be better than Q4_1's)."""
 
 
 def cpu_model() -> str:

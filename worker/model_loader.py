@@ -67,8 +67,8 @@ def resolve_quantization(name: str, device: str) -> str:
     kernels`), else none. The rule is the quantization study's (docs/BENCHMARKS.md): the default is the row
     that makes the most tokens/s at concurrency 32. Without native bf16 that is int8 (faster than float32
     at every batch size, perplexity within 1%); with it, bfloat16 weights and activations (oneDNN's native
-    bf16 matmuls: 1.3x int8 at concurrency 32 on an AVX512-BF16 EPYC, though int8 decodes a single stream
-    ~2.4x faster: set WORKER_QUANTIZATION=int8 for that). GPUs serve the unquantized weights."""
+    bf16 matmuls: 1.5-1.7x int8 at concurrency 32 on an AVX512-BF16 EPYC, though int8 decodes a single stream
+    2.1-2.6x faster: set WORKER_QUANTIZATION=int8 or int4 for that). GPUs serve the unquantized weights."""
     if name != "auto":
         return name
     if device.startswith("cuda") or native_cpu_bfloat16():
