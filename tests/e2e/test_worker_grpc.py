@@ -11,6 +11,7 @@ from services.gen import worker_pb2_grpc
 from services.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
 from tests.support.grpc_checks import serving_with_reflection
+from worker.model_loader import resolve_dtype, resolve_quantization
 
 GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
 
@@ -40,7 +41,10 @@ def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     assert info.model_name == MODEL_NAME
     assert info.max_model_len > 0 and info.block_size > 0 and info.num_kv_blocks > 0
     assert info.vocab_size == 49152
-    assert info.dtype == "float32" and info.device == "cpu"
+    # the worker's own defaults on this CPU: bfloat16 where it computes bf16 natively, else float32 (int8)
+    quantization = resolve_quantization("auto", "cpu")
+    assert info.dtype == resolve_dtype("auto", "cpu", quantization) and info.device == "cpu"
+    assert info.quantization == quantization
 
 
 def test_generate_text_streams_deltas_then_usage(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
