@@ -37,6 +37,7 @@ import torch
 from bench.peer_bench import MemorySampler, Server, peer
 from bench.report import write_section
 from services.launch import MODEL_NAME, free_port, start_gateway, start_worker
+from worker.model_loader import native_cpu_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -333,7 +334,7 @@ def setup() -> str:
     query = getattr(torch.ops.llmserve, "int4_activation_dtype", None)
     int4_rows = query() if query is not None else "float32"
     return f"""(one run, one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native
-bfloat16: {"yes" if native_bfloat16() else "no"}) with nothing else running; counts are small, so compare
+bfloat16: {"yes" if native_cpu_bfloat16() else "no"}) with nothing else running; counts are small, so compare
 rows within this table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output
 tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
@@ -397,12 +398,6 @@ def render(
     return "\n".join(lines)
 
 
-def native_bfloat16() -> bool:
-    from worker.model_loader import native_cpu_bfloat16
-
-    return native_cpu_bfloat16()
-
-
 def targets(rows: list[Row]) -> list[str]:
     """Issue 11's targets, checked against this run's figures."""
     f = {r.name: r.figures for r in rows if "speed" in r.figures}
@@ -446,7 +441,7 @@ def targets(rows: list[Row]) -> list[str]:
                 "this CPU computes bfloat16 natively (AVX512-BF16), so bfloat16's oneDNN matmuls are fast "
                 "at large batches, while the weight-only kernels do float32 (int8) or bfloat16 dot-product "
                 "(int4) arithmetic per weight and are compute-bound there."
-                if native_bfloat16()
+                if native_cpu_bfloat16()
                 else "bfloat16 is slow on this CPU, which has no native bfloat16 (its matmuls are emulated)."
             )
         )

@@ -37,7 +37,6 @@ from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
 MODEL_FILE = Path(__file__).with_name("verifier_model.npz")
-META_FILE = MODEL_FILE.with_suffix(".json")
 # The model reads ~256 word pieces: a longer text's tail would be invisible to it, so a longer turn (or last
 # question) is reused only when it is the same text.
 MAX_COMPARABLE_CHARS = 1000

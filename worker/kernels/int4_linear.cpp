@@ -127,7 +127,7 @@ void dot_rows(const float* x, int64_t K, const uint8_t* w, const Half* scales, c
 #endif
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(LLMSERVE_INT4_NO_BF16)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define LLMSERVE_INT4_BF16 1
 // The 32 codes of one group as bfloat16, in weight order: the group's eight words are repeated in the four
 // 128-bit lanes, lane block t shifted right by 4 t (word j's nibble t is weight 8 t + j), and the low five bits
