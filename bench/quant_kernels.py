@@ -2,14 +2,16 @@
 and the batch sizes the engine runs, side by side.
 
 Columns: oneDNN float32 and bfloat16; the native int8 kernel (worker/kernels/int8_linear.cpp, float32 in);
-the native 4-bit kernel (int4_linear.cpp, float32 in); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
+the native 4-bit kernel (int4_linear.cpp, float32 in); each native layer held instead to dequantize +
+bfloat16 GEMM (what the engine switches to from `DEQUANTIZE_MIN_ROWS` rows; CPUs with native bfloat16
+only); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
 (its only vectorized input on AVX2) and fed float32 (its scalar fallback). Each shape is timed alone (its
 weights stay in the last-level cache) and, in the `stack` rows, as the 30 layers of a decode step with
 distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
 microseconds per call; on a shared machine only the minimum is worth comparing.
 
 Why it exists: it chose worker/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
-groups of 32).
+groups of 32; the row count from which to dequantize).
 
     .venv/bin/python -m bench.quant_kernels [--threads 2] [--rows 1,4,8,32] [--reps 15] [--write-docs]
 """
@@ -24,7 +26,7 @@ import torch
 
 from bench.report import median, write_section
 from services.linear import Linear
-from worker.quant import Int4Groups, Int4Linear, Int8Linear
+from worker.quant import Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
 
 SHAPES = {
     "qkv": (960, 576),
@@ -35,12 +37,14 @@ SHAPES = {
 }
 LAYER_SHAPES = ("qkv", "o_proj", "gate_up", "down")  # one decoder layer, for the stack rows
 NUM_LAYERS = 30
-COLUMNS = ("fp32", "bf16", "int8", "int4", "int4pack", "int4pack_fp32")
+COLUMNS = ("fp32", "bf16", "int8", "int8_deq", "int4", "int4_deq", "int4pack", "int4pack_fp32")
 HEADERS = (
     "oneDNN fp32",
     "oneDNN bf16",
     "int8 native",
+    "int8 dequantized + bf16 GEMM",
     "int4 native",
+    "int4 dequantized + bf16 GEMM",
     "int4pack (bf16 in)",
     "int4pack (fp32 in)",
 )
@@ -68,15 +72,25 @@ def int4pack_layer(weight: torch.Tensor, groups: Int4Groups, dtype: torch.dtype)
     return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(dtype), packed, groups.group_size, pairs)
 
 
+def pinned(layer: Int8Linear | Int4Linear, dequantize_from: int | None) -> Int8Linear | Int4Linear:
+    """The layer held to one path at every row count: its native kernel (None) or dequantize + bfloat16 GEMM
+    (1), where the engine switches at `worker.quant.DEQUANTIZE_MIN_ROWS`."""
+    layer.dequantize_from = dequantize_from
+    return layer
+
+
 def layers_for(weight: torch.Tensor, with_fp32_fallback: bool) -> dict[str, Callable]:
     groups = Int4Groups.from_float(weight)
     layers = {
         "fp32": Linear(weight),
         "bf16": Linear(weight.bfloat16()),  # fed bfloat16 rows (`inputs`)
-        "int8": Int8Linear(weight),
-        "int4": Int4Linear(weight, groups=groups),
+        "int8": pinned(Int8Linear(weight), None),
+        "int4": pinned(Int4Linear(weight, groups=groups), None),
         "int4pack": int4pack_layer(weight, groups, torch.bfloat16),
     }
+    if native_cpu_bfloat16():  # elsewhere bfloat16 GEMMs are emulated and the engine never dequantizes
+        layers["int8_deq"] = pinned(Int8Linear(weight), 1)
+        layers["int4_deq"] = pinned(Int4Linear(weight, groups=groups), 1)
     if with_fp32_fallback:
         layers["int4pack_fp32"] = int4pack_layer(weight, groups, torch.float32)
     return layers
@@ -136,7 +150,7 @@ def main() -> None:
                     for s in LAYER_SHAPES:
                         layer[s][column](xs[s][column])
 
-            columns = [c for c in COLUMNS if c != "int4pack_fp32"]
+            columns = [c for c in COLUMNS if c != "int4pack_fp32" and c in stack[0][LAYER_SHAPES[0]]]
             t = time_us({c: (lambda c=c: step(c)) for c in columns}, max(3, args.reps // 3))
             lines.append(f"| stack: {NUM_LAYERS} layers | {rows} | {cells(t)} |")
             print(lines[-1], flush=True)

@@ -37,7 +37,7 @@ import torch
 from bench.peer_bench import MemorySampler, Server, peer
 from bench.report import write_section
 from services.launch import MODEL_NAME, free_port, start_gateway, start_worker
-from worker.model_loader import native_cpu_bfloat16
+from worker.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -333,6 +333,12 @@ def setup() -> str:
     native_ops()  # registers the kernels' ops
     query = getattr(torch.ops.llmserve, "int4_activation_dtype", None)
     int4_rows = query() if query is not None else "float32"
+    dequantized = (
+        f" On this CPU both quantized rows' layers dequantize to bfloat16 for oneDNN's bfloat16 GEMM from"
+        f" {DEQUANTIZE_MIN_ROWS} rows (prefill chunks, larger decode steps; worker/quant.py)."
+        if native_cpu_bfloat16()
+        else ""
+    )
     return f"""(one run, one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native
 bfloat16: {"yes" if native_cpu_bfloat16() else "no"}) with nothing else running; counts are small, so compare
 rows within this table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output
@@ -340,7 +346,8 @@ tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
 kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU without native bfloat16; int4 is a float32 model
 whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its products read
-the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32). The package
+the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32).{dequantized}
+The package
 ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the same
 weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized
 (its perplexity cannot be better than Q4_1's)."""
@@ -438,9 +445,12 @@ def targets(rows: list[Row]) -> list[str]:
             f"- concurrency 32: int8 {at32('int8'):.1f} and int4 {at32('int4'):.1f} tok/s against bfloat16's "
             f"{at32('bfloat16'):.1f} (target not slower: {verdict(slowest >= at32('bfloat16'))}); "
             + (
-                "this CPU computes bfloat16 natively (AVX512-BF16), so bfloat16's oneDNN matmuls are fast "
-                "at large batches, while the weight-only kernels do float32 (int8) or bfloat16 dot-product "
-                "(int4) arithmetic per weight and are compute-bound there."
+                "this CPU computes bfloat16 natively (AVX512-BF16). From 16 rows the quantized layers "
+                "dequantize to bfloat16 and run oneDNN's bfloat16 GEMM (worker/quant.py), so a 32-row "
+                "decode step does bfloat16's arithmetic plus the dequantization (writing and re-reading "
+                "every weight as bfloat16) and oneDNN reorders the fresh weights each call, where the "
+                "bfloat16 row reads weights it packed at load (section \"Quantized linear kernels\", "
+                "`stack` rows at 32)."
                 if native_cpu_bfloat16()
                 else "bfloat16 is slow on this CPU, which has no native bfloat16 (its matmuls are emulated)."
             )

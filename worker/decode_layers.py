@@ -36,6 +36,9 @@ class DecodeLayers:
     num_heads: int
     num_kv_heads: int
     eps: float
+    # From this many tokens the layers dequantize for a bfloat16 GEMM (worker/quant.py), which beats the
+    # op's native products by more than the op saves; None: the op takes any decode step.
+    max_tokens: int | None = None
     _pools: tuple[list, list[torch.Tensor], list[torch.Tensor]] | None = None
 
     @classmethod
@@ -55,6 +58,7 @@ class DecodeLayers:
         if any(linear.bias is not None for linear in linears):
             return None
         bits, names = _NATIVE_LINEARS[backends.pop()]
+        thresholds = [linear.dequantize_from for linear in linears]
 
         def tensors(role: str) -> list[torch.Tensor]:
             return [getattr(getattr(layer, role), name) for layer in model.layers for name in names]
@@ -69,12 +73,14 @@ class DecodeLayers:
             num_heads=s.num_heads,
             num_kv_heads=s.num_kv_heads,
             eps=s.rms_norm_eps,
+            max_tokens=min((t for t in thresholds if t is not None), default=None),
         )
 
-    @staticmethod
-    def applies(meta: AttentionMetadata, num_tokens: int) -> bool:
-        """A step of decode tokens only, attended by the native kernel."""
-        return meta.native_decode and meta.num_decodes == num_tokens and not meta.prefills
+    def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
+        """A step of decode tokens only, attended by the native kernel, of fewer tokens than the layers
+        dequantize for."""
+        decode_only = meta.native_decode and meta.num_decodes == num_tokens and not meta.prefills
+        return decode_only and (self.max_tokens is None or num_tokens < self.max_tokens)
 
     def run(
         self,

@@ -8,6 +8,7 @@ import os
 import torch
 
 from worker.model import LlamaForPagedAttention
+from worker.quant import native_cpu_bfloat16
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,6 @@ def check_model_type(path: str) -> str:
 
 def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def native_cpu_bfloat16() -> bool:
-    """oneDNN computes bfloat16 natively on this CPU (AVX512-BF16 or AMX), as vLLM's CPU backend checks."""
-    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return probe is not None and bool(probe())
 
 
 def resolve_dtype(name: str, device: str, quantization: str = "none") -> str:

@@ -79,7 +79,7 @@ def test_decode_steps_match_the_per_layer_native_path(quantization, hf_name, num
     while scheduler.num_unfinished:
         plan = scheduler.schedule()
         inputs = runner.prepare(plan)
-        decoding = DecodeLayers.applies(inputs.meta, len(inputs.input_ids))
+        decoding = model.decode_layers.applies(inputs.meta, len(inputs.input_ids))
         args = (inputs.input_ids, inputs.positions, inputs.meta)
         expected_pools = clone_pools(runner.kv_caches)
         model.use_decode_layers = False

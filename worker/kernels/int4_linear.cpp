@@ -284,6 +284,43 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   });
 }
 
+// out = bfloat16(d q + m), the weights whole [N, K]: for batches of many rows, as int8_dequantize is.
+void int4_dequantize(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins, const at::Tensor& out) {
+  TORCH_CHECK(packed.device().is_cpu() && out.device().is_cpu(), "int4_dequantize runs on CPU tensors");
+  TORCH_CHECK(packed.dim() == 2 && out.dim() == 2 && scales.dim() == 2, "int4_dequantize: packed [N, K / 2], out [N, K]");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf &&
+                  out.scalar_type() == at::kBFloat16,
+              "int4_dequantize: uint8 packed codes, float16 scales and mins, bfloat16 out");
+  const int64_t N = out.size(0), K = out.size(1), groups = K / kGroup;
+  TORCH_CHECK(K % kGroup == 0 && packed.size(0) == N && packed.size(1) == K / 2 && scales.size(0) == N &&
+                  scales.size(1) == groups && mins.sizes() == scales.sizes(),
+              "int4_dequantize: shapes differ");
+  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && mins.is_contiguous() && out.is_contiguous(),
+              "int4_dequantize: contiguous tensors only");
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const Half* sp = scales.data_ptr<Half>();
+  const Half* mp = mins.data_ptr<Half>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = wp + n * (K / 2) + g * kGroupBytes;
+        const float d = widen(sp[n * groups + g]), m = widen(mp[n * groups + g]);
+        c10::BFloat16* o = op + n * K + g * kGroup;
+#ifdef LLMSERVE_AVX2
+        __m256 w[4];
+        dequantize_group(b, d, m, w);
+        for (int v = 0; v < 4; ++v) llmserve::store8(o + 8 * v, w[v]);
+#else
+        for (int64_t i = 0; i < kGroup; ++i) {  // weight i = 8 t + j: word j, nibble t
+          const int64_t j = i % 8, t = i / 8;
+          o[i] = c10::BFloat16(d * static_cast<float>((b[2 * j + t / 2] >> (4 * (t % 2))) & 0x0F) + m);
+        }
+#endif
+      }
+  });
+}
+
 }  // namespace llmserve
 
 namespace {
@@ -300,6 +337,10 @@ std::string int4_activation_dtype() {
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
   m.def("int4_activation_dtype() -> str", &int4_activation_dtype);
+  m.def("int4_dequantize(Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int4_linear", &llmserve::int4_linear); }
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
+  m.impl("int4_linear", &llmserve::int4_linear);
+  m.impl("int4_dequantize", &llmserve::int4_dequantize);
+}

@@ -83,8 +83,46 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
   });
 }
 
+// out = bfloat16(codes * scale), the weights whole: a batch of many rows (a prefill chunk) runs faster as
+// this plus one bfloat16 GEMM than through int8_linear, on a CPU whose GEMM has native bfloat16 (worker/quant.py).
+void int8_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out) {
+  TORCH_CHECK(codes.device().is_cpu() && out.device().is_cpu(), "int8_dequantize runs on CPU tensors");
+  TORCH_CHECK(codes.dim() == 2 && out.sizes() == codes.sizes(), "int8_dequantize: codes and out [N, K]");
+  TORCH_CHECK(codes.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat &&
+                  out.scalar_type() == at::kBFloat16,
+              "int8_dequantize: int8 codes, float32 scales, bfloat16 out");
+  const int64_t N = codes.size(0), K = codes.size(1);
+  TORCH_CHECK(scales.numel() == N, "int8_dequantize: one scale per row");
+  TORCH_CHECK(codes.is_contiguous() && scales.is_contiguous() && out.is_contiguous(),
+              "int8_dequantize: contiguous tensors only");
+  const int8_t* wp = codes.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int8_t* w = wp + n * K;
+      c10::BFloat16* o = op + n * K;
+      int64_t k = 0;
+#ifdef LLMSERVE_AVX2
+      const __m256 s = _mm256_set1_ps(sp[n]);
+      for (; k + 8 <= K; k += 8) {
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k)));
+        llmserve::store8(o + k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), s));
+      }
+#endif
+      for (; k < K; ++k) o[k] = c10::BFloat16(static_cast<float>(w[k]) * sp[n]);
+    }
+  });
+}
+
 }  // namespace llmserve
 
-TORCH_LIBRARY_FRAGMENT(llmserve, m) { m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()"); }
+TORCH_LIBRARY_FRAGMENT(llmserve, m) {
+  m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
+  m.def("int8_dequantize(Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
+}
 
-TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("int8_linear", &llmserve::int8_linear); }
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
+  m.impl("int8_linear", &llmserve::int8_linear);
+  m.impl("int8_dequantize", &llmserve::int8_dequantize);
+}

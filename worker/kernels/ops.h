@@ -18,6 +18,8 @@ void silu_and_mul(const at::Tensor& x, const at::Tensor& out);
 void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out);
 void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins,
                  const at::Tensor& out);
+void int8_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out);
+void int4_dequantize(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins, const at::Tensor& out);
 
 // bf16_weight_linear.cpp
 void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& out);
