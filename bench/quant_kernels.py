@@ -2,9 +2,10 @@
 and the batch sizes the engine runs, side by side.
 
 Columns: oneDNN float32 and bfloat16; the native int8 kernel (worker/kernels/int8_linear.cpp, float32 in);
-the native 4-bit kernel (int4_linear.cpp, float32 in); each native layer held instead to dequantize +
-bfloat16 GEMM (what the engine switches to from `DEQUANTIZE_MIN_ROWS` rows; CPUs with native bfloat16
-only); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
+the native 4-bit kernel (int4_linear.cpp, float32 in), each held on one of the paths the engine switches
+between by rows: row-at-a-time products ("rows"), the bfloat16 panel GEMM ("panel", bf16_panel_gemm.h;
+AVX512-BF16 builds) and dequantize + oneDNN bfloat16 GEMM ("dequantized", worker/quant.py; CPUs with
+native bfloat16); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
 (its only vectorized input on AVX2) and fed float32 (its scalar fallback). Each shape is timed alone (its
 weights stay in the last-level cache) and, in the `stack` rows, as the 30 layers of a decode step with
 distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
@@ -26,6 +27,7 @@ import torch
 
 from bench.report import median, write_section
 from services.linear import Linear
+from worker.kernels import native_ops
 from worker.quant import Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
 
 SHAPES = {
@@ -37,14 +39,31 @@ SHAPES = {
 }
 LAYER_SHAPES = ("qkv", "o_proj", "gate_up", "down")  # one decoder layer, for the stack rows
 NUM_LAYERS = 30
-COLUMNS = ("fp32", "bf16", "int8", "int8_deq", "int4", "int4_deq", "int4pack", "int4pack_fp32")
+_ops = native_ops()
+if _ops is None:
+    raise SystemExit("the native kernels are not built: make kernels")
+PANEL_ROWS = _ops.bf16_panel_min_rows()  # the engine's switch, restored at the end; 0: no panel GEMM
+COLUMNS = (
+    "fp32",
+    "bf16",
+    "int8_rows",
+    "int8_panel",
+    "int8_deq",
+    "int4_rows",
+    "int4_panel",
+    "int4_deq",
+    "int4pack",
+    "int4pack_fp32",
+)
 HEADERS = (
     "oneDNN fp32",
     "oneDNN bf16",
-    "int8 native",
-    "int8 dequantized + bf16 GEMM",
-    "int4 native",
-    "int4 dequantized + bf16 GEMM",
+    "int8 rows",
+    "int8 panel",
+    "int8 dequantized",
+    "int4 rows",
+    "int4 panel",
+    "int4 dequantized",
     "int4pack (bf16 in)",
     "int4pack (fp32 in)",
 )
@@ -72,11 +91,20 @@ def int4pack_layer(weight: torch.Tensor, groups: Int4Groups, dtype: torch.dtype)
     return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(dtype), packed, groups.group_size, pairs)
 
 
-def pinned(layer: Int8Linear | Int4Linear, dequantize_from: int | None) -> Int8Linear | Int4Linear:
-    """The layer held to one path at every row count: its native kernel (None) or dequantize + bfloat16 GEMM
-    (1), where the engine switches at `worker.quant.DEQUANTIZE_MIN_ROWS`."""
-    layer.dequantize_from = dequantize_from
-    return layer
+def held(layer: Int8Linear | Int4Linear, path: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The layer held on one path at every row count, where the engine switches by rows: the native kernel's
+    row-at-a-time products ("rows"), its bfloat16 panel GEMM ("panel", from `bf16_panel_min_rows`), or
+    dequantize + oneDNN bfloat16 GEMM ("deq", from `worker.quant.DEQUANTIZE_MIN_ROWS`)."""
+    layer.dequantize_from = 1 if path == "deq" else None
+    ops = native_ops()
+    panel_rows = {"rows": 10**9, "panel": 1}.get(path)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        if panel_rows is not None:
+            ops.set_bf16_panel_min_rows(panel_rows)
+        return layer(x)
+
+    return call
 
 
 def layers_for(weight: torch.Tensor, with_fp32_fallback: bool) -> dict[str, Callable]:
@@ -84,13 +112,16 @@ def layers_for(weight: torch.Tensor, with_fp32_fallback: bool) -> dict[str, Call
     layers = {
         "fp32": Linear(weight),
         "bf16": Linear(weight.bfloat16()),  # fed bfloat16 rows (`inputs`)
-        "int8": pinned(Int8Linear(weight), None),
-        "int4": pinned(Int4Linear(weight, groups=groups), None),
+        "int8_rows": held(Int8Linear(weight), "rows"),
+        "int4_rows": held(Int4Linear(weight, groups=groups), "rows"),
         "int4pack": int4pack_layer(weight, groups, torch.bfloat16),
     }
+    if PANEL_ROWS:  # AVX512-BF16 builds
+        layers["int8_panel"] = held(Int8Linear(weight), "panel")
+        layers["int4_panel"] = held(Int4Linear(weight, groups=groups), "panel")
     if native_cpu_bfloat16():  # elsewhere bfloat16 GEMMs are emulated and the engine never dequantizes
-        layers["int8_deq"] = pinned(Int8Linear(weight), 1)
-        layers["int4_deq"] = pinned(Int4Linear(weight, groups=groups), 1)
+        layers["int8_deq"] = held(Int8Linear(weight), "deq")
+        layers["int4_deq"] = held(Int4Linear(weight, groups=groups), "deq")
     if with_fp32_fallback:
         layers["int4pack_fp32"] = int4pack_layer(weight, groups, torch.float32)
     return layers
@@ -154,6 +185,8 @@ def main() -> None:
             t = time_us({c: (lambda c=c: step(c)) for c in columns}, max(3, args.reps // 3))
             lines.append(f"| stack: {NUM_LAYERS} layers | {rows} | {cells(t)} |")
             print(lines[-1], flush=True)
+    if PANEL_ROWS:
+        _ops.set_bf16_panel_min_rows(PANEL_ROWS)
     body = "\n".join(lines)
     if args.write_docs:
         write_section("quant-kernels", body)

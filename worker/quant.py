@@ -13,6 +13,14 @@
   `_convert_weight_to_int4pack_for_cpu` packs, which computes (q - 8) s + z, i.e. s = d, z = m + 8 d
   (in bfloat16).
 
+Paths by batch size on a CPU with AVX512-BF16: up to 9 rows the native kernels form each weight in
+registers and multiply it into a few rows (a single stream is bound by reading the weights); from 10 rows
+they turn a block of 16 channels into bfloat16 once and run every row against it on the dot-product
+instruction (worker/kernels/bf16_panel_gemm.h: x rounded to bfloat16; int8's codes exact, its scale applied to
+the sums; 4-bit's d q + m rounded to bfloat16); from `DEQUANTIZE_MIN_ROWS` (prefill chunks) the layer
+dequantizes the whole weight and runs oneDNN's bfloat16 GEMM. The 30 layers of a 32-row decode step, int8:
+47 ms row at a time, 26 ms panel, 35 ms dequantized, 24 ms bfloat16 weights (bench/quant_kernels.py).
+
 Why bfloat16 inside torch's kernels: on this AVX2 CPU both are vectorized only for bfloat16 inputs; in float32
 they fall back to a scalar loop, orders of magnitude slower at 8-32 rows (bench/quant_kernels.py). A
 float32 model therefore feeds these layers bfloat16 and takes float32 back; the rest of its forward
@@ -34,13 +42,13 @@ from worker.kernels import native_op
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
 # From this many rows a native layer on a CPU with native bfloat16 dequantizes its weights (worker/kernels:
-# int8_dequantize, int4_dequantize) and runs one bfloat16 GEMM instead of its own kernel, as vLLM's AWQ layers
-# switch to dequantize + GEMM for large batches. The native kernels' float32 (int8) or code-by-code (int4)
-# products cost per row; oneDNN's bfloat16 GEMM costs ~3x less per row. The 30 layers of this model, weights
-# streamed from memory (bench/quant_kernels.py `stack` rows, AVX512-BF16 EPYC), native against dequantized,
-# ms: int8 14.0 / 22.0 at 8 rows, 25.5 / 26.4 at 16, 46.7 / 35.1 at 32, 725 / 305 at 512 (a prefill chunk;
-# oneDNN bfloat16 over its own packed weights: 271); int4 28.6 / 28.4 at 16, 53.8 / 37.3 at 32.
-DEQUANTIZE_MIN_ROWS = 16
+# int8_dequantize, int4_dequantize) and runs one oneDNN bfloat16 GEMM instead of its own kernel, as vLLM's AWQ
+# layers switch to dequantize + GEMM for large batches. Below it the native kernels run: row at a time up to
+# 9 rows, then their bfloat16 panel GEMM (worker/kernels/bf16_panel_gemm.h). The 30 layers of this model,
+# weights streamed from memory, ms (interleaved, AVX512-BF16 EPYC; bench/quant_kernels.py has the table):
+# int8 panel against dequantized 82 / 91 at 128 rows, 123 / 120 at 192, 164 / 167 at 256, 326 / 303 at 512
+# (a prefill chunk; oneDNN over its own packed bfloat16 weights: 263).
+DEQUANTIZE_MIN_ROWS = 256
 
 
 def native_cpu_bfloat16() -> bool:

@@ -1,7 +1,8 @@
 """The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in worker/quant.py.
 
 Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64) and x as
-the kernel reads it: float32, or rounded to bfloat16 on the AVX512-BF16 path (`int4_activation_dtype`).
+the kernel reads it: float32, or rounded to bfloat16 on the AVX512-BF16 path (`int4_activation_dtype`); from
+`bf16_panel_min_rows` rows (worker/kernels/bf16_panel_gemm.h) the weights too are rounded to bfloat16 once.
 The kernel sums in float32 across up to 1536 products, so the tolerance is relative to sum |x| |w| (the
 scale float32 summation error grows with), not to the result.
 """
@@ -34,13 +35,21 @@ def activation_dtype() -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[torch.ops.llmserve.int4_activation_dtype()]
 
 
+def panel_rows() -> float:
+    """From how many rows the kernel runs the bfloat16 panel GEMM (never, where the build has none)."""
+    rows = torch.ops.llmserve.bf16_panel_min_rows()
+    return rows if rows > 0 else float("inf")
+
+
 def reference(x: torch.Tensor, groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (as the kernel reads it) @ W.T in float64, and sum |x| |W| (what float32 rounding error scales
-    with)."""
+    """x @ W.T in float64 over x and W as the kernel reads them, and sum |x| |W| (what float32 rounding
+    error scales with)."""
     x = x.to(activation_dtype())
     n, k = groups.codes.shape
     q = groups.codes.double().reshape(n, k // 32, 32)
     w = (q * groups.scales.double()[..., None] + groups.mins.double()[..., None]).reshape(n, k)
+    if len(x) >= panel_rows():  # d q + m as one FMA rounds it (exact in float64), then bfloat16
+        w = w.float().bfloat16().double()
     return x.double() @ w.T, x.double().abs() @ w.abs().T
 
 
@@ -56,8 +65,8 @@ def assert_matches(got: torch.Tensor, x: torch.Tensor, groups: Int4Groups) -> No
 # 64, so a group is left over after the inner block; 1536: the MLP's width.
 @pytest.mark.parametrize("in_features", [32, 96, 608, 1536])
 @pytest.mark.parametrize(
-    "rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33]
-)  # every row tile, then remainders/chunks
+    "rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 33]
+)  # every row tile, then remainders/chunks; from 10 the panel GEMM's one and several 16-row blocks
 def test_native_int4_kernel_is_float32_x_times_dequantized_weight(rows, in_features):
     ops = native_int4()
     gen = torch.Generator().manual_seed(rows * 10_000 + in_features)
@@ -81,6 +90,10 @@ def test_the_bfloat16_path_is_taken_where_the_cpu_has_it():
                 break
     has_bf16 = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags
     assert torch.ops.llmserve.int4_activation_dtype() == ("bfloat16" if has_bf16 else "float32")
+    # the panel GEMM (bf16_panel_gemm.h) for batches of 10 rows and more, on the same instructions
+    assert (torch.ops.llmserve.bf16_panel_min_rows() > 0) == has_bf16
+    with pytest.raises(RuntimeError, match="at least 1"):
+        torch.ops.llmserve.set_bf16_panel_min_rows(0)
 
 
 def test_pack_int4_layout_is_the_documented_one():

@@ -37,9 +37,11 @@ def test_int8_layer_computes_x_times_its_dequantized_weight(rows):
     assert relative_error(got, F.linear(x, dequantized, bias)) < 1e-2
 
 
-@pytest.mark.parametrize("in_features", [64, 40, 1536])  # whole 16-wide steps, a tail, the MLP's width
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])  # every row tile and remainder of the kernel
-def test_native_int8_kernel_is_float32_x_times_dequantized_weight(rows, in_features):
+@pytest.mark.parametrize("in_features", [64, 40, 33, 1536])  # 16-wide steps, tails, an odd width, the MLP's
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 10, 16, 17, 33])  # row tiles; the panel GEMM's blocks
+def test_native_int8_kernel_is_x_times_dequantized_weight(rows, in_features):
+    """float32 x below `bf16_panel_min_rows` rows, x rounded to bfloat16 from there (bf16_panel_gemm.h: the
+    int8 codes are exact in bfloat16 and the scale multiplies the float32 sums)."""
     ops = native_ops()
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
@@ -48,7 +50,9 @@ def test_native_int8_kernel_is_float32_x_times_dequantized_weight(rows, in_featu
     layer = Int8Linear(weight)
     assert layer.backend == "native-int8" and layer.scales.dtype == torch.float32
     x = torch.randn(rows, in_features, generator=gen)
-    expected = x.double() @ (layer.weight.double() * layer.scales.double()[:, None]).T
+    panel_rows = ops.bf16_panel_min_rows()
+    read = x.bfloat16() if 0 < panel_rows <= rows else x
+    expected = read.double() @ (layer.weight.double() * layer.scales.double()[:, None]).T
     got = torch.empty(rows, 200)
     ops.int8_linear(x, layer.weight, layer.scales, got)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
@@ -200,25 +204,41 @@ def collect_logits(
     return [out[r.request_id] for r in requests]
 
 
-def hold_path(model: LlamaForPagedAttention, dequantize_from: int | None) -> None:
-    """Every decoder linear on one path at every row count (the engine switches at DEQUANTIZE_MIN_ROWS):
-    its native kernel (None) or dequantize + bfloat16 GEMM (1)."""
-    for layer in model.layers:
-        for role in ("qkv", "o_proj", "gate_up", "down"):
-            getattr(layer, role).dequantize_from = dequantize_from
+@pytest.fixture
+def held_path(request):
+    """Every decoder linear of a model held on one of its kernels' paths at every row count, where the engine
+    switches by rows: the native kernels' row-at-a-time products ("rows"), their bfloat16 panel GEMM
+    ("panel", worker/kernels/bf16_panel_gemm.h, AVX512-BF16 builds), or dequantize + oneDNN bfloat16 GEMM
+    ("dequantized", worker/quant.py). Yields a function that holds a model there; the switch is restored."""
+    ops = native_ops()
+    path = request.param
+    if ops is None and path != "rows":
+        pytest.skip("native kernels not built (make kernels)")
+    if path == "panel" and ops.bf16_panel_min_rows() == 0:
+        pytest.skip("this build has no bfloat16 panel GEMM (no AVX512-BF16)")
+    before = ops.bf16_panel_min_rows() if ops is not None else 0
+    if before:
+        ops.set_bf16_panel_min_rows(1 if path == "panel" else 10**9)
+
+    def hold(model: LlamaForPagedAttention) -> None:
+        for layer in model.layers:
+            for role in ("qkv", "o_proj", "gate_up", "down"):
+                getattr(layer, role).dequantize_from = 1 if path == "dequantized" else None
+
+    yield hold
+    if before:
+        ops.set_bf16_panel_min_rows(before)
 
 
-@pytest.mark.parametrize("dequantize_from", [None, 1], ids=["native", "dequantized"])
+@pytest.mark.parametrize("held_path", ["rows", "panel", "dequantized"], indirect=True)
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_quantized_model_through_the_paged_engine_matches_one_sequence_at_a_time(
-    quantization, dequantize_from
-):
+def test_quantized_model_through_the_paged_engine_matches_one_sequence_at_a_time(quantization, held_path):
     """Batching, chunked prefill and prefix-cache hits change nothing but the order of work: the paged
     run's logits equal each sequence run alone in one prefill (bfloat16 kernels: 1e-2). Each path is held
-    for both runs: across the switch, bfloat16-rounded weights can flip a near tie of this random model's
-    greedy token, after which the sequences differ."""
+    for both runs: across a switch, bfloat16 rounding can flip a near tie of this random model's greedy
+    token, after which the sequences differ."""
     model = LlamaForPagedAttention(tiny_llama(), 64, quantization=quantization)
-    hold_path(model, dequantize_from)
+    held_path(model)
     shared = [(5 * i + 1) % 200 + 1 for i in range(16)]
     prompts = [shared + [7, 9, 11], shared + [3], [(3 * i + 2) % 200 + 1 for i in range(21)]]
     alone = [collect_logits(model, [p], budget=64, prefix_caching=False)[0] for p in prompts]

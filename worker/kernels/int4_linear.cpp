@@ -19,7 +19,8 @@
 // float32 path: one thread 8.5 -> 6.8 ms at one row, 122 -> 101 ms at 32 rows; two threads 4.6-4.9 -> 3.6-4.2
 // ms at one row. Still bound by the per-weight work (a shift, a permute, half a dot product), not by memory
 // (~18 GB/s of codes at one row on two threads, where the int8 kernel streams ~29 GB/s).
-// `int4_activation_dtype` says which path this build took.
+// `int4_activation_dtype` says which path this build took. From `panel_min_rows` rows (10) such a build runs
+// bf16_panel_gemm.h instead, over the weights d q + m rounded to bfloat16 (one FMA, then one rounding).
 //
 // Scales and mins are float16, as in a GGUF file: a single stream reads every weight byte once per token, so
 // 20 bytes per group instead of 24 is a sixth less to read.
@@ -40,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_panel_gemm.h"
 #include "blocking.h"
 #include "ops.h"
 #include "vec.h"
@@ -242,6 +244,24 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   const Half* mp = mins.data_ptr<Half>();
   float* op = out.data_ptr<float>();
   const int64_t groups = K / kGroup;
+#ifdef LLMSERVE_BF16_PANEL
+  if (M >= llmserve::panel_min_rows.load(std::memory_order_relaxed)) {  // the weights d q + m rounded to bfloat16 once per call
+    const auto fill = [&](int64_t n0, int64_t count, c10::BFloat16* dst, int64_t ld) {
+      for (int64_t c = 0; c < count; ++c) {
+        const int64_t n = n0 + c;
+        for (int64_t g = 0; g < groups; ++g) {
+          __m256 w[4];
+          dequantize_group(wp + n * (K / 2) + g * kGroupBytes, widen(sp[n * groups + g]), widen(mp[n * groups + g]), w);
+          for (int v = 0; v < 4; ++v)
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c * ld + g * kGroup + 8 * v),
+                             reinterpret_cast<__m128i>(_mm256_cvtneps_pbh(w[v])));
+        }
+      }
+    };
+    llmserve::bf16_panel_gemm(xp, M, K, N, nullptr, fill, op);
+    return;
+  }
+#endif
 #ifdef LLMSERVE_INT4_BF16
   std::vector<c10::BFloat16> xb(static_cast<size_t>(M * K));
   std::vector<float> xsum(static_cast<size_t>(M * groups));

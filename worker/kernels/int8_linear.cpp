@@ -5,6 +5,8 @@
 // Here each output channel's int8 row is widened to float32 eight at a time and multiplied into up to four
 // activation rows while it is in registers: a decode step (1-8 rows) is bound by reading the int8 weights,
 // and larger batches reuse each weight row from cache. Activations and sums are float32.
+// On a CPU with AVX512-BF16, from `panel_min_rows` rows (10) the products run on bf16_panel_gemm.h instead:
+// the codes are exact in bfloat16, x is rounded to bfloat16, sums stay float32 and the scale multiplies them.
 //
 // Layouts: x [M, K] float32, contiguous; codes [N, K] int8, contiguous; scales [N] float32; out [M, N]
 // float32, written. Work is split over output channels on torch's intra-op threads.
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "bf16_panel_gemm.h"
 #include "blocking.h"
 #include "ops.h"
 #include "vec.h"
@@ -67,6 +70,24 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
   const int8_t* wp = codes.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   float* op = out.data_ptr<float>();
+#ifdef LLMSERVE_BF16_PANEL
+  if (M >= llmserve::panel_min_rows.load(std::memory_order_relaxed)) {  // the codes are exact in bfloat16; the scale multiplies the sums
+    const auto fill = [&](int64_t n0, int64_t count, c10::BFloat16* dst, int64_t ld) {
+      for (int64_t c = 0; c < count; ++c) {
+        const int8_t* src = wp + (n0 + c) * K;
+        c10::BFloat16* row = dst + c * ld;
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16) {
+          const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + k), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
+        }
+        for (; k < K; ++k) row[k] = c10::BFloat16(static_cast<float>(src[k]));
+      }
+    };
+    llmserve::bf16_panel_gemm(xp, M, K, N, sp, fill, op);
+    return;
+  }
+#endif
   llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const float* xr = xp + m0 * K;
@@ -117,9 +138,31 @@ void int8_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at
 
 }  // namespace llmserve
 
+namespace {
+// From how many rows int8_linear and int4_linear run bf16_panel_gemm.h (x rounded to bfloat16 there), or 0
+// where this build has no such path (a CPU without AVX512-BF16).
+int64_t bf16_panel_min_rows() {
+#ifdef LLMSERVE_BF16_PANEL
+  return llmserve::panel_min_rows.load();
+#else
+  return 0;
+#endif
+}
+
+// Hold the kernels on one side of the switch (tests, benchmarks): 1 always, a large count never.
+void set_bf16_panel_min_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 1, "set_bf16_panel_min_rows: at least 1, got ", rows);
+#ifdef LLMSERVE_BF16_PANEL
+  llmserve::panel_min_rows.store(rows);
+#endif
+}
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
   m.def("int8_dequantize(Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
+  m.def("bf16_panel_min_rows() -> int", &bf16_panel_min_rows);
+  m.def("set_bf16_panel_min_rows(int rows) -> ()", &set_bf16_panel_min_rows);
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
