@@ -333,10 +333,12 @@ def setup() -> str:
     native_ops()  # registers the kernels' ops
     query = getattr(torch.ops.llmserve, "int4_activation_dtype", None)
     int4_rows = query() if query is not None else "float32"
+    panel_rows = getattr(torch.ops.llmserve, "bf16_panel_min_rows", lambda: 0)()
     dequantized = (
-        f" On this CPU both quantized rows' layers dequantize to bfloat16 for oneDNN's bfloat16 GEMM from"
-        f" {DEQUANTIZE_MIN_ROWS} rows (prefill chunks, larger decode steps; worker/quant.py)."
-        if native_cpu_bfloat16()
+        f" On this CPU both quantized rows change method with the batch (worker/quant.py): from {panel_rows}"
+        f" rows their kernels run a bfloat16 panel GEMM, and from {DEQUANTIZE_MIN_ROWS} rows (prefill"
+        " chunks) the layers dequantize to bfloat16 for oneDNN's GEMM."
+        if native_cpu_bfloat16() and panel_rows
         else ""
     )
     return f"""(one run, one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native
@@ -441,16 +443,24 @@ def targets(rows: list[Row]) -> list[str]:
         )
     if {"int8", "int4", "bfloat16"} <= f.keys():
         slowest = min(at32("int8"), at32("int4"))
+
+        def c32(name: str, key: str) -> float:
+            return f[name]["speed"]["c32"][key]
+
+        split = ", ".join(
+            f"{name} {c32(name, 'median_tpot_ms'):.1f} / {c32(name, 'median_ttft_ms'):.0f} ms"
+            for name in ("bfloat16", "int8", "int4")
+        )
         out.append(
             f"- concurrency 32: int8 {at32('int8'):.1f} and int4 {at32('int4'):.1f} tok/s against bfloat16's "
-            f"{at32('bfloat16'):.1f} (target not slower: {verdict(slowest >= at32('bfloat16'))}); "
+            f"{at32('bfloat16'):.1f} (target not slower: {verdict(slowest >= at32('bfloat16'))}). "
+            f"TPOT / TTFT p50 there: {split}. "
             + (
-                "this CPU computes bfloat16 natively (AVX512-BF16). From 16 rows the quantized layers "
-                "dequantize to bfloat16 and run oneDNN's bfloat16 GEMM (worker/quant.py), so a 32-row "
-                "decode step does bfloat16's arithmetic plus the dequantization (writing and re-reading "
-                "every weight as bfloat16) and oneDNN reorders the fresh weights each call, where the "
-                "bfloat16 row reads weights it packed at load (section \"Quantized linear kernels\", "
-                "`stack` rows at 32)."
+                "This CPU computes bfloat16 natively (AVX512-BF16): decode steps of 10 or more rows run "
+                "the quantized kernels' bfloat16 panel GEMM, and prefill chunks (256 rows and more) "
+                "dequantize each weight for oneDNN's bfloat16 GEMM, which then reorders the fresh weights "
+                "on every call where the bfloat16 row's were packed at load (section \"Quantized linear "
+                "kernels\", `stack` rows: the 30 layers at 32 and 512 rows)."
                 if native_cpu_bfloat16()
                 else "bfloat16 is slow on this CPU, which has no native bfloat16 (its matmuls are emulated)."
             )

@@ -19,7 +19,7 @@ they turn a block of 16 channels into bfloat16 once and run every row against it
 instruction (worker/kernels/bf16_panel_gemm.h: x rounded to bfloat16; int8's codes exact, its scale applied to
 the sums; 4-bit's d q + m rounded to bfloat16); from `DEQUANTIZE_MIN_ROWS` (prefill chunks) the layer
 dequantizes the whole weight and runs oneDNN's bfloat16 GEMM. The 30 layers of a 32-row decode step, int8:
-47 ms row at a time, 26 ms panel, 35 ms dequantized, 24 ms bfloat16 weights (bench/quant_kernels.py).
+48 ms row at a time, 27 ms panel, 39 ms dequantized, 24 ms bfloat16 weights (bench/quant_kernels.py).
 
 Why bfloat16 inside torch's kernels: on this AVX2 CPU both are vectorized only for bfloat16 inputs; in float32
 they fall back to a scalar loop, orders of magnitude slower at 8-32 rows (bench/quant_kernels.py). A
