@@ -9,13 +9,14 @@ from worker.attention import AttentionMetadata, _decode, resolve_attention_backe
 from worker.kernels import native_ops
 
 
-def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0):
+def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0, lens=None):
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = 96
+    num_blocks = 96 if lens is None else 512
     k_cache = torch.randn(num_kv, num_blocks, block_size, head_dim, generator=gen).to(dtype)
     v_cache = torch.randn(num_kv, num_blocks, block_size, head_dim, generator=gen).to(dtype)
     # Context lengths cover 1 token, a partial block, whole blocks and lengths that are not multiples of 8.
-    context_lens = torch.tensor([1, 5, 8, 17, block_size * 3, 29, 64, 3][:num_seqs], dtype=torch.long)
+    lens = lens or [1, 5, 8, 17, block_size * 3, 29, 64, 3]
+    context_lens = torch.tensor(lens[:num_seqs], dtype=torch.long)
     max_blocks = int((context_lens.max() + block_size - 1) // block_size)
     tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in range(num_seqs)])
     q = torch.randn(num_seqs, num_heads, head_dim, generator=gen).to(dtype)
@@ -44,6 +45,21 @@ def test_kernel_matches_gather_path(dtype, num_heads, num_kv, head_dim, block_si
     ops.decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5, out)
     expected = _reference(q, k_cache, v_cache, tables, lens)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output is rounded to 8 mantissa bits
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_heads", "num_kv", "head_dim"), [(9, 3, 64), (8, 2, 128)])
+def test_kernel_matches_gather_path_over_several_token_blocks(dtype, num_heads, num_kv, head_dim):
+    """Contexts longer than the kernel's 64-row blocks, at and around their edges."""
+    ops = native_ops()
+    assert ops is not None, "the kernel is built by `make kernels`, a dependency of `make test`"
+    lens = [63, 64, 65, 128, 150, 200, 257, 1]
+    q, k_cache, v_cache, tables, lens = _case(8, num_heads, num_kv, head_dim, 16, dtype, seed=1, lens=lens)
+    out = torch.empty_like(q)
+    ops.decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5, out)
+    expected = _reference(q, k_cache, v_cache, tables, lens)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
 
 

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -71,43 +72,89 @@ float softmax_numerators(float* s, int64_t n) {
   return sum;
 }
 
-// One (sequence, KV head), head size kDim (a multiple of 8): q . k eight rows at a time, then p . v.
+// Rows of K or V as float32, a block of tokens at a time: a bfloat16 cache's rows are widened once per block
+// into a scratch every head of the group then reads from L1; a float32 cache's rows are read in place (the
+// block's rows stay in L1 while the group's heads pass over them).
+template <typename T, int64_t kDim>
+const float* block_rows(const std::vector<const T*>& rows, int64_t t0, int64_t n, float* scratch, int64_t r) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)t0, (void)n, (void)scratch;
+    return rows[r];
+  } else {
+    return scratch + (r - t0) * kDim;
+  }
+}
+
+template <typename T, int64_t kDim>
+void widen_block(const std::vector<const T*>& rows, int64_t t0, int64_t n, float* scratch) {
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < kDim; c += 8) _mm256_storeu_ps(scratch + r * kDim + c, load8(rows[t0 + r] + c));
+  } else {
+    (void)rows, (void)t0, (void)n, (void)scratch;
+  }
+}
+
+constexpr int64_t kTokenBlock = 64;  // rows per block: 64 x 128 float32 (32 KB) at most, about L1's size
+
+// One (sequence, KV head), head size kDim (a multiple of 8): q . k eight rows at a time, then p . v. The
+// `group` query heads sharing the KV head take turns on each block of kTokenBlock rows, so K and V are read
+// from memory (and a bfloat16 cache widened) once per KV head, not once per query head.
 template <typename T, int64_t kDim>
 void attend(const T* query_heads, const std::vector<const T*>& krows, const std::vector<const T*>& vrows,
             int64_t ctx, const Problem& p, std::vector<float>& scores, T* out_heads) {
   constexpr int64_t C = kDim / 8;
-  scores.resize(ctx);
-  float* s = scores.data();
-  for (int64_t g = 0; g < p.group; ++g) {
-    __m256 q[C];
-    for (int64_t c = 0; c < C; ++c) q[c] = _mm256_mul_ps(load8(query_heads + g * kDim + 8 * c), _mm256_set1_ps(p.scale));
-    int64_t t = 0;
-    for (; t + 8 <= ctx; t += 8) {
-      __m256 dots[8];
-      for (int r = 0; r < 8; ++r) {
-        const T* row = krows[t + r];
-        __m256 a = _mm256_mul_ps(q[0], load8(row));
-        for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], load8(row + 8 * c), a);
-        dots[r] = a;
+  scores.resize(p.group * ctx);
+  alignas(32) float scratch[kTokenBlock * kDim];
+  for (int64_t t0 = 0; t0 < ctx; t0 += kTokenBlock) {
+    const int64_t n = std::min(kTokenBlock, ctx - t0), t1 = t0 + n;
+    widen_block<T, kDim>(krows, t0, n, scratch);
+    for (int64_t g = 0; g < p.group; ++g) {
+      float* s = scores.data() + g * ctx;
+      __m256 q[C];
+      for (int64_t c = 0; c < C; ++c) q[c] = _mm256_mul_ps(load8(query_heads + g * kDim + 8 * c), _mm256_set1_ps(p.scale));
+      int64_t t = t0;
+      for (; t + 8 <= t1; t += 8) {
+        __m256 dots[8];
+        for (int r = 0; r < 8; ++r) {
+          const float* row = block_rows<T, kDim>(krows, t0, n, scratch, t + r);
+          __m256 a = _mm256_mul_ps(q[0], _mm256_loadu_ps(row));
+          for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(row + 8 * c), a);
+          dots[r] = a;
+        }
+        _mm256_storeu_ps(s + t, hsum8(dots));
       }
-      _mm256_storeu_ps(s + t, hsum8(dots));
+      for (; t < t1; ++t) {
+        const float* row = block_rows<T, kDim>(krows, t0, n, scratch, t);
+        __m256 a = _mm256_mul_ps(q[0], _mm256_loadu_ps(row));
+        for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(row + 8 * c), a);
+        s[t] = hsum(a);
+      }
     }
-    for (; t < ctx; ++t) {
-      const T* row = krows[t];
-      __m256 a = _mm256_mul_ps(q[0], load8(row));
-      for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], load8(row + 8 * c), a);
-      s[t] = hsum(a);
+  }
+  std::vector<float> sums(p.group * kDim, 0.f);  // each head's running p . v
+  std::vector<float> inv(p.group);
+  for (int64_t g = 0; g < p.group; ++g) inv[g] = 1.f / softmax_numerators(scores.data() + g * ctx, ctx);
+  for (int64_t t0 = 0; t0 < ctx; t0 += kTokenBlock) {
+    const int64_t n = std::min(kTokenBlock, ctx - t0);
+    widen_block<T, kDim>(vrows, t0, n, scratch);
+    for (int64_t g = 0; g < p.group; ++g) {
+      const float* s = scores.data() + g * ctx;
+      float* sum = sums.data() + g * kDim;
+      __m256 acc[C];
+      for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(sum + 8 * c);
+      for (int64_t i = t0; i < t0 + n; ++i) {
+        const __m256 w = _mm256_set1_ps(s[i]);
+        const float* row = block_rows<T, kDim>(vrows, t0, n, scratch, i);
+        for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
+      }
+      for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(sum + 8 * c, acc[c]);
     }
-    const __m256 inv = _mm256_set1_ps(1.f / softmax_numerators(s, ctx));
-    __m256 acc[C];
-    for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < ctx; ++i) {
-      const __m256 w = _mm256_set1_ps(s[i]);
-      const T* row = vrows[i];
-      for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, load8(row + 8 * c), acc[c]);
-    }
+  }
+  for (int64_t g = 0; g < p.group; ++g) {
+    const __m256 scale = _mm256_set1_ps(inv[g]);
     T* dst = out_heads + g * kDim;
-    for (int64_t c = 0; c < C; ++c) llmserve::store8(dst + 8 * c, _mm256_mul_ps(acc[c], inv));
+    for (int64_t c = 0; c < C; ++c) llmserve::store8(dst + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(sums.data() + g * kDim + 8 * c), scale));
   }
 }
 #else
