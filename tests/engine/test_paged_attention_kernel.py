@@ -49,9 +49,12 @@ def test_kernel_matches_gather_path(dtype, num_heads, num_kv, head_dim, block_si
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("num_heads", "num_kv", "head_dim"), [(9, 3, 64), (8, 2, 128)])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv", "head_dim"), [(9, 3, 64), (8, 2, 64), (4, 4, 64), (8, 2, 128), (4, 4, 128)]
+)
 def test_kernel_matches_gather_path_over_several_token_blocks(dtype, num_heads, num_kv, head_dim):
-    """Contexts longer than the kernel's 64-row blocks, at and around their edges."""
+    """Contexts around the float32 path's 64-row blocks and the bfloat16 path's 16-row steps and token
+    pairs (odd lengths), for every group size the bfloat16 path is compiled for."""
     ops = native_ops()
     assert ops is not None, "the kernel is built by `make kernels`, a dependency of `make test`"
     lens = [63, 64, 65, 128, 150, 200, 257, 1]

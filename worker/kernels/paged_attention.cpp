@@ -8,7 +8,10 @@
 //
 // Layouts: q [B, H, D]; k_cache, v_cache [KV, num_blocks, block_size, D]; block_tables [B, max_blocks]
 // (int64); context_lens [B] (int64: tokens to attend, the new one included); out [B, H, D], written.
-// Scores, softmax and sums are float32 whatever the storage dtype (float32 or bfloat16).
+// Scores, softmax and sums are float32 whatever the storage dtype (float32 or bfloat16); with a bfloat16 cache
+// on a CPU with AVX512-BF16 the products run on its dot-product instruction and the softmax weights are
+// rounded to bfloat16 before p . v (`attend_bf16`). 32 sequences of 256 tokens, SmolLM2's heads, interleaved:
+// 400 -> 287 us a layer there, about what reading their 6.3 MB of K/V at this machine's bandwidth takes.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -157,6 +160,124 @@ void attend(const T* query_heads, const std::vector<const T*>& krows, const std:
     for (int64_t c = 0; c < C; ++c) llmserve::store8(dst + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(sums.data() + g * kDim + 8 * c), scale));
   }
 }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define LLMSERVE_ATTENTION_BF16 1
+using BF16 = c10::BFloat16;
+
+// 16 vectors in, one out whose lane r is the sum of vector r's lanes: pairs of rows interleaved and added
+// within 128-bit lanes, then pairs of pairs, then the four 128-bit lanes across vectors.
+inline __m512 hsum16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i)
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+}
+
+// A bfloat16 cache on a CPU with AVX512-BF16, G query heads per KV head, head size kDim (a multiple of 32).
+// q . k: VDPBF16PS over the stored rows as they are (q is bfloat16 too, so every product is exact and the
+// sums float32), sixteen rows at a time, each head in turn while the rows are in L1. p . v: the softmax
+// numerators rounded to bfloat16 (what a bfloat16 model's own attention multiplies by), two tokens per
+// instruction: rows t and t + 1 interleaved element by element, times the pair (p_t, p_t+1) broadcast. The
+// interleave puts each 128-bit lane's elements 0-3 in one vector and 4-7 in another; the output is put back
+// in order at the end. About 4x fewer instructions than the float32 path for the same rows.
+template <int G, int64_t kDim>
+void attend_bf16(const BF16* query_heads, const std::vector<const BF16*>& krows, const std::vector<const BF16*>& vrows,
+                 int64_t ctx, const Problem& p, std::vector<float>& scores, BF16* out_heads) {
+  constexpr int V = kDim / 32;  // vectors per row
+  scores.resize(G * ctx);
+  __m512bh q[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < V; ++v) q[g][v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(query_heads + g * kDim + 32 * v));
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  int64_t t = 0;
+  for (; t + 16 <= ctx; t += 16) {
+    for (int g = 0; g < G; ++g) {
+      __m512 dots[16];
+      for (int r = 0; r < 16; ++r) {
+        const BF16* row = krows[t + r];
+        __m512 a = _mm512_setzero_ps();
+        for (int v = 0; v < V; ++v) a = _mm512_dpbf16_ps(a, q[g][v], reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + 32 * v)));
+        dots[r] = a;
+      }
+      _mm512_storeu_ps(scores.data() + g * ctx + t, _mm512_mul_ps(hsum16(dots), scale));
+    }
+  }
+  for (; t < ctx; ++t)
+    for (int g = 0; g < G; ++g) {
+      __m512 a = _mm512_setzero_ps();
+      for (int v = 0; v < V; ++v)
+        a = _mm512_dpbf16_ps(a, q[g][v], reinterpret_cast<__m512bh>(_mm512_loadu_si512(krows[t] + 32 * v)));
+      scores[g * ctx + t] = _mm512_reduce_add_ps(a) * p.scale;
+    }
+  // p . v over pairs of tokens; an odd last token is paired with a zero row and a zero weight
+  const int64_t pairs = (ctx + 1) / 2;
+  std::vector<uint32_t> weights(static_cast<size_t>(G * pairs));
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* s = scores.data() + g * ctx;
+    inv[g] = 1.f / softmax_numerators(s, ctx);
+    auto* w = reinterpret_cast<uint16_t*>(weights.data() + g * pairs);
+    for (int64_t i = 0; i < ctx; ++i) w[i] = BF16(s[i]).x;
+    if (ctx % 2) w[ctx] = 0;
+  }
+  __m512 acc[G][2 * V];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 2 * V; ++j) acc[g][j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < pairs; ++i) {
+    const BF16* a = vrows[2 * i];
+    const bool paired = 2 * i + 1 < ctx;
+    __m512i both[2 * V];
+    for (int v = 0; v < V; ++v) {
+      const __m512i x = _mm512_loadu_si512(a + 32 * v);
+      const __m512i y = paired ? _mm512_loadu_si512(vrows[2 * i + 1] + 32 * v) : _mm512_setzero_si512();
+      both[2 * v] = _mm512_unpacklo_epi16(x, y);
+      both[2 * v + 1] = _mm512_unpackhi_epi16(x, y);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(weights[g * pairs + i])));
+      for (int j = 0; j < 2 * V; ++j) acc[g][j] = _mm512_dpbf16_ps(acc[g][j], reinterpret_cast<__m512bh>(both[j]), w);
+    }
+  }
+  // lo holds elements 0-3 of each 128-bit lane of the row's 32, hi elements 4-7
+  const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i second = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+  for (int g = 0; g < G; ++g) {
+    const __m512 norm = _mm512_set1_ps(inv[g]);
+    BF16* dst = out_heads + g * kDim;
+    for (int v = 0; v < V; ++v) {
+      const __m512 lo = acc[g][2 * v], hi = acc[g][2 * v + 1];
+      const __m512 x0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), norm);
+      const __m512 x1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), norm);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * v), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x0)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * v + 16), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x1)));
+    }
+  }
+}
+
+// The bfloat16 path where it applies (head size 64 or 128, 1-4 query heads per KV head); false otherwise.
+template <typename T>
+bool attend_native_bf16(const T* q, const std::vector<const T*>& krows, const std::vector<const T*>& vrows, int64_t ctx,
+                        int64_t dim, const Problem& p, std::vector<float>& scores, T* out) {
+  if constexpr (!std::is_same_v<T, BF16>) {
+    (void)q, (void)krows, (void)vrows, (void)ctx, (void)dim, (void)p, (void)scores, (void)out;
+    return false;
+  } else {
+#define LLMSERVE_ATTEND(G, D) \
+  if (p.group == G && dim == D) return attend_bf16<G, D>(q, krows, vrows, ctx, p, scores, out), true;
+    LLMSERVE_ATTEND(1, 64) LLMSERVE_ATTEND(2, 64) LLMSERVE_ATTEND(3, 64) LLMSERVE_ATTEND(4, 64)
+    LLMSERVE_ATTEND(1, 128) LLMSERVE_ATTEND(2, 128)
+#undef LLMSERVE_ATTEND
+    return false;
+  }
+}
+#endif
 #else
 float softmax_numerators(float* s, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
@@ -212,6 +333,9 @@ void decode_attention_typed(const at::Tensor& q, const at::Tensor& k_cache, cons
       row_pointers(k_ptr, table, ctx, kv, p, dim, krows);
       row_pointers(v_ptr, table, ctx, kv, p, dim, vrows);
       const int64_t head_offset = (seq * p.num_heads + kv * p.group) * dim;
+#ifdef LLMSERVE_ATTENTION_BF16
+      if (attend_native_bf16<T>(q_ptr + head_offset, krows, vrows, ctx, dim, p, scores, out_ptr + head_offset)) continue;
+#endif
 #ifdef LLMSERVE_AVX2
       if (dim == 64) {
         attend<T, 64>(q_ptr + head_offset, krows, vrows, ctx, p, scores, out_ptr + head_offset);
