@@ -152,11 +152,14 @@ class Int8Linear:
         self.dequantize_from = dequantize_min_rows(w.device) if self.native is not None else None
         _probe(self)
 
+    def bfloat16_weight(self) -> torch.Tensor:
+        weight = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
+        self.native.int8_dequantize(self.weight, self.scales, weight)
+        return weight
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dequantize_from is not None and x.shape[0] >= self.dequantize_from:
-            weight = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
-            self.native.int8_dequantize(self.weight, self.scales, weight)
-            return _bfloat16_linear(x, weight, self.bias)
+        if (y := _dequantized_call(self, x)) is not None:
+            return y
         rows = x.to(self.compute_dtype).contiguous()
         if self.native is not None:
             y = rows.new_empty(rows.shape[0], self.out_features)
@@ -214,11 +217,14 @@ class Int4Linear:
             self.dequantize_from = None
         _probe(self)
 
+    def bfloat16_weight(self) -> torch.Tensor:
+        weight = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
+        self.native.int4_dequantize(self.weight, self.scales, self.mins, weight)
+        return weight
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dequantize_from is not None and x.shape[0] >= self.dequantize_from:
-            weight = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
-            self.native.int4_dequantize(self.weight, self.scales, self.mins, weight)
-            return _bfloat16_linear(x, weight, self.bias)
+        if (y := _dequantized_call(self, x)) is not None:
+            return y
         rows = x.to(self.compute_dtype).contiguous()
         if self.native is not None:
             y = rows.new_empty(rows.shape[0], self.out_features)
@@ -231,11 +237,14 @@ class Int4Linear:
         return y + self.bias if self.bias is not None else y
 
 
-def _bfloat16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T (+ bias) on oneDNN's bfloat16 GEMM (products and sums as it does them, output rounded to
-    bfloat16), returned in x's dtype."""
-    y = F.linear(x.to(torch.bfloat16), weight).to(x.dtype)
-    return y + bias if bias is not None else y
+def _dequantized_call(layer: Int8Linear | Int4Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """From `dequantize_from` rows: x @ W.T (+ b) on oneDNN's bfloat16 GEMM over the layer's weights
+    dequantized to bfloat16 (products and sums as oneDNN does them, output rounded to bfloat16), in x's
+    dtype; None below it (or where the layer never dequantizes)."""
+    if layer.dequantize_from is None or x.shape[0] < layer.dequantize_from:
+        return None
+    y = F.linear(x.to(torch.bfloat16), layer.bfloat16_weight()).to(x.dtype)
+    return y + layer.bias if layer.bias is not None else y
 
 
 def _probe(layer: Int8Linear | Int4Linear) -> None:
