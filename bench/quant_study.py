@@ -12,7 +12,8 @@ Per row:
             completions re-tokenized by the model's tokenizer), exact-answer accuracy on 16 fixed questions.
 Engine perplexity is computed in-process through the engine's own forward pass (scheduler + runner);
 llama.cpp's with its llama-perplexity tool when built. llama.cpp is built by ../shared/peers/llama-server.sh
-into .peers/llama (never a dependency of the stack); its rows are skipped, and say so, when it is absent.
+into .peers/llama on the first run (never a dependency of the stack); its rows are skipped, and say so, when
+that script is absent or its build fails.
 
     .venv/bin/python -m bench.quant_study [--rows float32 bfloat16 int8 int4 llama-q4_1 llama-q8_0]
                                           [--quick] [--write-docs]
@@ -587,6 +588,12 @@ def main() -> None:
     if args.quick:
         tokens = tokens[: 4 * PPL_CONTEXT]
     rows, skipped = [all_rows()[name] for name in args.rows], {}
+    wants_llama = any(r.kind == "llama" for r in rows) and not args.from_figures
+    if wants_llama and not (LLAMA_BIN / "llama-server").exists() and LLAMA_SCRIPT.exists():
+        print("building llama-server into .peers/llama (about 10 minutes on two cores)", flush=True)
+        done = llama("build")
+        if done.returncode:
+            print(f"llama-server.sh build failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}", flush=True)
     if any(r.kind == "llama" for r in rows) and not (LLAMA_BIN / "llama-server").exists():
         skipped.update(
             {r.name: "llama-server is not built in .peers/llama" for r in rows if r.kind == "llama"}
