@@ -36,7 +36,7 @@ import httpx
 import torch
 
 from bench.peer_bench import MemorySampler, Server, peer
-from bench.report import write_section
+from bench.report import median, write_section
 from services.launch import MODEL_NAME, free_port, start_gateway, start_worker
 from worker.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
@@ -325,8 +325,13 @@ def serve_and_measure(row: Row, log_dir: Path, quick: bool) -> None:
 
 
 # ---- report ----------------------------------------------------------------------------------------
-def setup() -> str:
+def setup(repeats: int) -> str:
     """What the table's rows are, on this machine."""
+    runs = (
+        f"speeds are medians of {repeats} serving runs per row, the rows taking turns, quality from the first"
+        if repeats > 1
+        else "one run"
+    )
     import torch
 
     from worker.kernels import native_ops
@@ -342,8 +347,8 @@ def setup() -> str:
         if native_cpu_bfloat16() and panel_rows
         else ""
     )
-    return f"""(one run, one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native
-bfloat16: {"yes" if native_cpu_bfloat16() else "no"}) with nothing else running; counts are small, so compare
+    return f"""(one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native bfloat16:
+{"yes" if native_cpu_bfloat16() else "no"}) with nothing else running; {runs}; counts are small, so compare
 rows within this table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output
 tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
@@ -370,10 +375,11 @@ def cpu_model() -> str:
 def render(
     rows: list[Row], skipped: dict[str, str], command: str, png: str | None, len_tokens: int, reference: str
 ) -> str:
+    repeats = max((len(r.figures.get("speed_runs", [])) for r in rows), default=1) or 1
     lines = [
         "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF)",
         "",
-        *textwrap.wrap(f"Command: `{command}` " + " ".join(setup().split()), 105),
+        *textwrap.wrap(f"Command: `{command}` " + " ".join(setup(repeats).split()), 105),
         f"Perplexity: bench/data/quant_text.txt (Shakespeare, public domain; the first {len_tokens} tokens),",
         "512-token chunks,",
         "second half scored. Agreement: identical tokens before the first difference from float32,",
@@ -551,7 +557,26 @@ def plot(rows: list[Row]) -> str | None:
     return str(path.relative_to(ROOT / "docs"))
 
 
-def measure(rows: list[Row], tokens: list[int], quick: bool) -> None:
+def speed_only(row: Row, log_dir: Path, quick: bool) -> dict[str, dict]:
+    server = start_engine(row, log_dir) if row.kind == "engine" else start_llama(row)
+    try:
+        return speed(server, quick)
+    finally:
+        server.stop()
+
+
+def median_speed(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per concurrency, the median over runs of every number the client reported."""
+    out = {}
+    for c, first in runs[0].items():
+        numbers = [k for k, v in first.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+        out[c] = {k: median([run[c][k] for run in runs]) for k in numbers}
+    return out
+
+
+def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> None:
+    """Quality and one serving run per row, then repeats - 1 more serving runs of every row, row after row
+    (so a slow spell of the machine lands on all rows, not on one); the table's speeds are the medians."""
     if any(r.name == "llama-q8_0" for r in rows):
         make_q8_0()
     log_dir = Path(tempfile.mkdtemp(prefix="quant-study-"))
@@ -568,6 +593,15 @@ def measure(rows: list[Row], tokens: list[int], quick: bool) -> None:
         print(
             f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
         )
+    for row in rows:
+        row.figures["speed_runs"] = [row.figures["speed"]]
+    for run in range(1, repeats):
+        for row in rows:
+            print(f"[{row.name}] serving run {run + 1} of {repeats}", flush=True)
+            row.figures["speed_runs"].append(speed_only(row, log_dir, quick))
+    for row in rows:
+        row.figures["speed"] = median_speed(row.figures["speed_runs"])
+    (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
 
 
 def main() -> None:
@@ -577,6 +611,9 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(all_rows()), choices=list(all_rows()))
     parser.add_argument(
         "--quick", action="store_true", help="half the prompts per concurrency, 4 perplexity chunks"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="serving runs per row, interleaved; the table shows medians"
     )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--from-figures", action="store_true", help="re-render docs/bench/quant/figures.json")
@@ -606,7 +643,7 @@ def main() -> None:
         skipped.update({r.name: "the run ended before this row" for r in rows if "speed" not in r.figures})
         rows = [r for r in rows if "speed" in r.figures]
     else:
-        measure(rows, tokens, args.quick)
+        measure(rows, tokens, args.quick, args.repeats)
     # float32 is the reference; a run without it compares with bfloat16 (and the table says so)
     reference = next((r for r in rows if r.name == "float32"), None) or next(
         (r for r in rows if r.name == "bfloat16"), None
