@@ -60,12 +60,12 @@ inline std::vector<uint32_t> pack_rows(const float* x, int64_t M, int64_t K, int
 }
 
 // 16 rows (one x block) against 16 channels (the weight buffer): acc[c] lane r = sum_k x[r][k] w[c][k].
-inline void panel_tile(const uint32_t* xblock, const uint32_t* w, int64_t ld_pairs, int64_t pairs, __m512 (&acc)[16]) {
+inline void panel_tile(const uint32_t* xblock, const uint32_t* w, int64_t pairs, __m512 (&acc)[16]) {
   for (int c = 0; c < 16; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xblock + p * kPanelLanes));
     for (int c = 0; c < 16; ++c) {
-      const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(w[c * ld_pairs + p])));
+      const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(w[c * pairs + p])));
       acc[c] = _mm512_dpbf16_ps(acc[c], xv, wv);
     }
   }
@@ -95,7 +95,7 @@ void bf16_panel_gemm(const float* x, int64_t M, int64_t K, int64_t N, const floa
       const __m512 s = scales ? _mm512_maskz_loadu_ps(valid, scales + n0) : _mm512_set1_ps(1.0f);
       for (int64_t rb = 0; rb < row_blocks; ++rb) {
         __m512 acc[16];
-        panel_tile(xp.data() + rb * pairs * kPanelLanes, buffer.data(), pairs, pairs, acc);
+        panel_tile(xp.data() + rb * pairs * kPanelLanes, buffer.data(), pairs, acc);
         for (int c = 0; c < 16; ++c) _mm512_store_ps(tile[c], acc[c]);
         const int64_t rows = std::min(kPanelLanes, M - rb * kPanelLanes);
         for (int64_t r = 0; r < rows; ++r) {  // column r of the tile: row r's 16 channels

@@ -79,9 +79,9 @@ float softmax_numerators(float* s, int64_t n) {
 // into a scratch every head of the group then reads from L1; a float32 cache's rows are read in place (the
 // block's rows stay in L1 while the group's heads pass over them).
 template <typename T, int64_t kDim>
-const float* block_rows(const std::vector<const T*>& rows, int64_t t0, int64_t n, float* scratch, int64_t r) {
+const float* block_rows(const std::vector<const T*>& rows, int64_t t0, float* scratch, int64_t r) {
   if constexpr (std::is_same_v<T, float>) {
-    (void)t0, (void)n, (void)scratch;
+    (void)t0, (void)scratch;
     return rows[r];
   } else {
     return scratch + (r - t0) * kDim;
@@ -120,7 +120,7 @@ void attend(const T* query_heads, const std::vector<const T*>& krows, const std:
       for (; t + 8 <= t1; t += 8) {
         __m256 dots[8];
         for (int r = 0; r < 8; ++r) {
-          const float* row = block_rows<T, kDim>(krows, t0, n, scratch, t + r);
+          const float* row = block_rows<T, kDim>(krows, t0, scratch, t + r);
           __m256 a = _mm256_mul_ps(q[0], _mm256_loadu_ps(row));
           for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(row + 8 * c), a);
           dots[r] = a;
@@ -128,7 +128,7 @@ void attend(const T* query_heads, const std::vector<const T*>& krows, const std:
         _mm256_storeu_ps(s + t, hsum8(dots));
       }
       for (; t < t1; ++t) {
-        const float* row = block_rows<T, kDim>(krows, t0, n, scratch, t);
+        const float* row = block_rows<T, kDim>(krows, t0, scratch, t);
         __m256 a = _mm256_mul_ps(q[0], _mm256_loadu_ps(row));
         for (int64_t c = 1; c < C; ++c) a = _mm256_fmadd_ps(q[c], _mm256_loadu_ps(row + 8 * c), a);
         s[t] = hsum(a);
@@ -148,7 +148,7 @@ void attend(const T* query_heads, const std::vector<const T*>& krows, const std:
       for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(sum + 8 * c);
       for (int64_t i = t0; i < t0 + n; ++i) {
         const __m256 w = _mm256_set1_ps(s[i]);
-        const float* row = block_rows<T, kDim>(vrows, t0, n, scratch, i);
+        const float* row = block_rows<T, kDim>(vrows, t0, scratch, i);
         for (int64_t c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
       }
       for (int64_t c = 0; c < C; ++c) _mm256_storeu_ps(sum + 8 * c, acc[c]);
