@@ -4,11 +4,15 @@ Each seed is one question with its paraphrases, a near repeat and trap variants 
 (negation, entity swap, changed number or date, changed scope); each conversation seed is a multi-turn chat
 with versions that ask the same thing and versions whose earlier turns change the answer. Every text gets
 an answer group: two texts share one only if one answer serves both, so a lookup can be judged with many
-entries stored at once. Seeds are split by topic (a hash of the seed's first question, never by pair):
-`test` is frozen and only evaluated; `tune` is the only data anything is fitted or chosen on, in two
-folds, also by topic: the verifier's classifier is fitted on `fit` and the thresholds are chosen on
-`calibrate` (probabilities of pairs the classifier was fitted on would be optimistic). The older
-hand-written set (cache_eval.jsonl) was read while the former word lists were written, so it joins `fit`.
+entries stored at once. Three splits, by topic (never by pair):
+
+- `test`, frozen, only evaluated: half the topics of the first author's seeds (a hash of the seed's first
+  question);
+- `tune`, the only data anything is fitted or chosen on: the other half, the older hand-written set
+  (cache_eval.jsonl, which the former word lists were written from) and two more writers' seeds
+  (cache_seeds_tune_writers*.jsonl);
+- `external`, frozen, only evaluated: seeds by two further writers who saw neither this code nor any of
+  the data above (cache_seeds_external*.jsonl): the nearest thing here to questions nobody here wrote.
 
     .venv/bin/python -m bench.data.build_cache_pairs
 """
@@ -19,13 +23,24 @@ import hashlib
 import json
 from pathlib import Path
 
+from cache_service.keys import normalize_text
+
 HERE = Path(__file__).parent
-SEED_FILES = ("cache_seeds_a.jsonl", "cache_seeds_b.jsonl", "cache_seeds_c.jsonl")
-CONVERSATIONS = "cache_seeds_conv.jsonl"
+
+# (seed files, topic prefix, split: None = by topic hash)
+SINGLE_SOURCES = (
+    (("cache_seeds_a.jsonl", "cache_seeds_b.jsonl", "cache_seeds_c.jsonl"), "s", None),
+    (("cache_seeds_tune_writers.jsonl",), "w", "tune"),
+    (("cache_seeds_external.jsonl",), "x", "external"),
+)
+CONVERSATION_SOURCES = (
+    (("cache_seeds_conv.jsonl",), "c", None),
+    (("cache_seeds_tune_writers_conv.jsonl",), "wc", "tune"),
+    (("cache_seeds_external_conv.jsonl",), "xc", "external"),
+)
 LEGACY = "cache_eval.jsonl"
 OUT = HERE / "cache_pairs.jsonl"
 TEST_SHARE = 0.5
-CALIBRATE_SHARE = 0.35  # of the tuning topics
 TRAP_KINDS = {
     "neg": "negation",
     "ent": "entity_swap",
@@ -53,12 +68,10 @@ def split_of(topic: str) -> str:
     return "test" if digest / 0xFFFFFFFF < TEST_SHARE else "tune"
 
 
-def fold_of(topic: str) -> str:
-    """Within `tune`: `fit` or `calibrate`; empty for `test`."""
-    if split_of(topic) == "test":
-        return ""
-    digest = int(hashlib.sha256(("fold:" + topic).encode()).hexdigest()[:8], 16)
-    return "calibrate" if digest / 0xFFFFFFFF < CALIBRATE_SHARE else "fit"
+
+
+def read_seeds(files: tuple[str, ...]) -> list[dict]:
+    return [json.loads(line) for f in files for line in (HERE / f).read_text().splitlines() if line.strip()]
 
 
 def user_turns(turns: list[str]) -> list[dict[str, str]]:
@@ -66,12 +79,10 @@ def user_turns(turns: list[str]) -> list[dict[str, str]]:
     return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
 
 
-def single_pairs(seed: dict, n: int) -> list[dict]:
-    topic = f"s{n:03d}"
+def single_pairs(seed: dict, topic: str, split: str | None) -> list[dict]:
     base = {
         "topic": topic,
-        "split": split_of(seed["q"]),
-        "fold": fold_of(seed["q"]),
+        "split": split or split_of(seed["q"]),
         "a": seed["q"],
         "a_group": topic,
     }
@@ -83,13 +94,11 @@ def single_pairs(seed: dict, n: int) -> list[dict]:
     return rows
 
 
-def conversation_pairs(seed: dict, n: int) -> list[dict]:
-    topic = f"c{n:03d}"
+def conversation_pairs(seed: dict, topic: str, split: str | None) -> list[dict]:
     a = user_turns(seed["a"])
     base = {
         "topic": topic,
-        "split": split_of(seed["a"][0]),
-        "fold": fold_of(seed["a"][0]),
+        "split": split or split_of(seed["a"][0]),
         "a": a,
         "a_group": topic,
     }
@@ -146,7 +155,6 @@ def legacy_pairs() -> list[dict]:
             {
                 "topic": f"v1:{r['id']}",
                 "split": "tune",
-                "fold": "fit",
                 "kind": LEGACY_KINDS[r["kind"]],
                 "a": a_msgs if len(a_msgs) > 1 else r["a"],
                 "b": b_msgs if len(b_msgs) > 1 else r["b"],
@@ -161,15 +169,30 @@ def legacy_pairs() -> list[dict]:
     return rows
 
 
+def user_texts(row: dict) -> set[str]:
+    texts = set()
+    for side in (row["a"], row["b"]):
+        turns = [side] if isinstance(side, str) else [m["content"] for m in side if m["role"] == "user"]
+        texts |= {normalize_text(t) for t in turns}
+    return texts
+
+
+def without_frozen_texts(rows: list[dict]) -> list[dict]:
+    """The rows, less every tuning row that shares a user text with a frozen split: writers reach for the
+    same common questions ("When did World War II end?"), and a classifier fitted on a pair holding a test
+    question has seen part of the test."""
+    frozen = set().union(*(user_texts(r) for r in rows if r["split"] != "tune"))
+    return [r for r in rows if r["split"] != "tune" or not user_texts(r) & frozen]
+
+
 def build() -> list[dict]:
     rows: list[dict] = []
-    seeds = [json.loads(line) for f in SEED_FILES for line in (HERE / f).read_text().splitlines() if line]
-    for n, seed in enumerate(seeds):
-        rows += single_pairs(seed, n)
-    convs = [json.loads(line) for line in (HERE / CONVERSATIONS).read_text().splitlines() if line]
-    for n, seed in enumerate(convs):
-        rows += conversation_pairs(seed, n)
+    for sources, make in ((SINGLE_SOURCES, single_pairs), (CONVERSATION_SOURCES, conversation_pairs)):
+        for files, prefix, split in sources:
+            for n, seed in enumerate(read_seeds(files)):
+                rows += make(seed, f"{prefix}{n:03d}", split)
     rows += legacy_pairs()
+    rows = without_frozen_texts(rows)
     for i, r in enumerate(rows):
         r["id"] = f"{r['topic']}-{i:04d}"
         r["should_hit"] = r["a_group"] == r["b_group"]

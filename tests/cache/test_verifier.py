@@ -230,3 +230,15 @@ def test_training_rows_never_include_the_test_split_or_the_held_out_fold() -> No
         kept = tune_rows(rows, held_out_fold=fold)
         assert all(fold_of(r["topic"]) != fold for r in kept)
         assert len(kept) < len(everything)
+
+
+def test_no_tuning_pair_shares_a_question_with_a_frozen_split() -> None:
+    """Writers reach for the same common questions; the build drops tuning pairs that hold a frozen one."""
+    from bench.data.build_cache_pairs import user_texts
+    from cache_service.verifier_training import load_rows
+
+    rows = load_rows()
+    splits = {r["split"] for r in rows}
+    assert {"tune", "test", "external"} <= splits
+    frozen = set().union(*(user_texts(r) for r in rows if r["split"] != "tune"))
+    assert not any(user_texts(r) & frozen for r in rows if r["split"] == "tune")
