@@ -12,7 +12,8 @@ again once per fold of the tuning topics (cache_service/verifier_training.py, th
 one) and every tuning pair is judged by the classifier that did not see its topic. The cosine floor and the
 verifier's probability are the pair that serves most with false hits at most 1% of every kind of trap.
 The `test` split (other topics) is judged by the shipped classifier, fitted on the whole tuning split, at the
-configured defaults, once: it is the headline. Rates come with Wilson 95% intervals.
+configured defaults, once: it is the headline. The `external` split (questions by writers who saw neither
+the code nor the other data) is judged the same way. Rates come with Wilson 95% intervals.
 
     .venv/bin/python -m bench.cache_quality [--write-docs] [--tune-only]
 """
@@ -41,10 +42,11 @@ from services.gen import cache_pb2
 
 DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
 FLOORS = [round(0.50 + 0.05 * i, 2) for i in range(9)]
-VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99]
+VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.995]
 TARGET_FALSE_HIT = 0.01
 LEGACY_TOPIC = "v1:"
 HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")
+EXTERNAL = "other writers (frozen)"
 
 
 def evaluation_rows(rows: list[dict]) -> list[dict]:
@@ -214,7 +216,7 @@ def pick(rows: list[dict], lookups: list[Lookup]) -> tuple[float, Thresholds]:
 
 
 def describe(thresholds: Thresholds) -> str:
-    return f"verifier {thresholds.question:.2f} on the question, {thresholds.context:.2f} on earlier turns"
+    return f"verifier {thresholds.question:g} on the question, {thresholds.context:g} on earlier turns"
 
 
 def kind_table(
@@ -283,11 +285,12 @@ def main() -> None:
 
     parts = {
         "test (frozen, headline)": part(lambda r: r["split"] == "test"),
+        EXTERNAL: part(lambda r: r["split"] == "external"),
         "tune, out of fold (thresholds chosen here)": part(lambda r: r["split"] == "tune"),
     }
     floor, picked = pick(*parts["tune, out of fold (thresholds chosen here)"])
     if args.tune_only:
-        del parts["test (frozen, headline)"]
+        del parts["test (frozen, headline)"], parts[EXTERNAL]
         print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, {describe(picked)}")
         print("\n".join(kind_table(parts, floor, picked)))
         return
@@ -295,6 +298,7 @@ def main() -> None:
     d_floor, d_p = settings.similarity_threshold, settings.verifier_thresholds()
     test_rows, test_lookups = parts["test (frozen, headline)"]
     served, positives, wrong, traps = totals(tally(test_rows, test_lookups, d_floor, d_p))
+    x_served, x_positives, x_wrong, x_traps = totals(tally(*parts[EXTERNAL], d_floor, d_p))
     kinds = Counter(r["kind"] for r in rows)
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_quality', *sys.argv[1:]])}` ({len(rows)} "
@@ -307,6 +311,10 @@ def main() -> None:
         f"**Headline, frozen test split, defaults (cosine floor {d_floor:.2f}, {describe(d_p)})**: "
         f"should-hit pairs served {rate(served, positives)}; false hits {rate(wrong, traps)} of traps "
         "(95% Wilson intervals).",
+        "",
+        f"**Other writers' questions (frozen, {len(parts[EXTERNAL][0])} pairs by two writers who saw neither "
+        f"the code nor the data above)**: served {rate(x_served, x_positives)}; false hits "
+        f"{rate(x_wrong, x_traps)} of traps.",
         "",
         f"Thresholds picked by this script on the tuning split only, judged out of fold ({FOLDS} folds by "
         f"topic; false hits <= {TARGET_FALSE_HIT:.0%} of every kind of trap, then most pairs served): "

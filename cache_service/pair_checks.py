@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from pathlib import Path
 
 _WORD = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?")
@@ -64,6 +65,28 @@ def expand_contractions(text: str) -> str:
     for pattern, replacement in _CONTRACTIONS:
         text = pattern.sub(replacement, text)
     return text
+
+
+_DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
+_NOT_WORDING = re.compile(r"[^\w%$#+&@\x00]+")  # punctuation, hyphens, quotes, spaces
+# Articles; a capital "A" counts only where it starts the text ("vitamin A", "plan A" keep theirs).
+_ARTICLE = re.compile(r"\b(?:a|[Aa]n|[Tt]he)\b|^A\b")
+
+
+def wording(text: str) -> str:
+    """What is left of a text once case, punctuation, hyphens, spacing and articles are gone, as answer
+    normalization in question-answering evaluation does (SQuAD's: lower case, no punctuation, no articles):
+    "carry-on" = "carry on", "7pm" = "7 pm", "co-worker" = "coworker", "$3,000" = "$3000", "the second coat" =
+    "a second coat". Decimal points and the symbols that change a quantity or a name (% $ # + & @) stay:
+    "3.5" is not "35", "C++" is not "C"."""
+    text = _ARTICLE.sub(" ", unicodedata.normalize("NFKC", text).strip()).lower()
+    text = _DECIMAL_POINT.sub("\x00", _THOUSANDS.sub("", text))
+    text = _NOT_WORDING.sub(" ", text)
+    return re.sub(r"\s+", "", text).replace("\x00", ".")
+
+
+def same_wording(a: str, b: str) -> bool:
+    return wording(a) == wording(b)
 
 
 def words(text: str) -> list[str]:

@@ -11,11 +11,13 @@ Germany", so a candidate above the similarity floor must also pass:
    serves both; the candidate passes at CACHE_VERIFIER_THRESHOLD or above (chosen on the tuning split).
 
 A conversation is compared turn by turn (the partition already guarantees the same roles in the same
-order): identical turns pass, every other turn must pass the cheap checks, the last turn (the question)
-must reach CACHE_VERIFIER_THRESHOLD and the least likely earlier turn (the context: "I use a Mac", "My dog
-is a labrador") CACHE_CONTEXT_VERIFIER_THRESHOLD. Two thresholds because the two are different questions:
-a context statement reworded scores lower than a reworded question, and the traps among earlier turns (a
-changed fact) score far lower still (docs/SEMANTIC_CACHE.md, "Conversations").
+order): turns worded the same pass (case, punctuation, hyphens, spacing and articles aside:
+pair_checks.wording, so "carry-on" = "carry on" and "7pm" = "7 pm"), every other turn must pass the cheap
+checks, the last turn (the question) must reach CACHE_VERIFIER_THRESHOLD and the least likely earlier turn
+(the context: "I use a Mac", "My dog is a labrador") CACHE_CONTEXT_VERIFIER_THRESHOLD. Two thresholds
+because the two are different questions: a context statement reworded scores lower than a reworded
+question, and the traps among earlier turns (a changed fact) score far lower still (docs/SEMANTIC_CACHE.md,
+"Conversations").
 The pieces' states come from the forward pass that embedded each text (cache_service/token_states.py): the
 query's user turns ride in its embedding batch, a stored entry's were computed when it was stored, so a
 hit usually runs the model once. Whatever is missing (an entry stored by another replica, a text that fell
@@ -30,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cache_service.keys import Conversation, normalize_text
-from cache_service.pair_checks import expand_contractions, veto
+from cache_service.keys import Conversation
+from cache_service.pair_checks import expand_contractions, same_wording, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
@@ -148,7 +150,7 @@ def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[bool,
         if role_a != role_b:
             return [], "roles differ"
         text_a, text_b = expand_contractions(text_a), expand_contractions(text_b)
-        if normalize_text(text_a) == normalize_text(text_b):
+        if same_wording(text_a, text_b):
             continue
         if max(len(text_a), len(text_b)) > MAX_COMPARABLE_CHARS:
             return [], "a long turn differs"

@@ -1,13 +1,14 @@
 """Fits the verifier's classifier on the tuning split of bench/data/cache_pairs.jsonl and writes
 cache_service/verifier_model.npz (the trees as arrays, cache_service/tree_ensemble.py; + .json: what it was
-fitted on). Never reads the test split.
+fitted on). Never reads the frozen splits (test, external).
 
 Every labelled pair becomes the turn pairs the verifier would be asked about: a single question pair as
-itself; a conversation pair turn by turn, skipping identical turns. A turn pair is positive when one answer
-serves both (a pair that should hit, or the reworded last question of a conversation whose earlier turns
-changed) and negative otherwise. Pairs the cheap checks already veto never reach the classifier, so they
-are left out. Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1 ms for four candidates),
-and they can learn that near-identical questions are the dangerous ones (one substituted word).
+itself; a conversation pair turn by turn, skipping turns worded the same (pair_checks.wording). A turn pair
+is positive when one answer serves both (a pair that should hit, or the reworded last question of a
+conversation whose earlier turns changed) and negative otherwise. Pairs the cheap checks already veto never
+reach the classifier, so they are left out. Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1
+ms for four candidates), and they can learn that near-identical questions are the dangerous ones (one
+substituted word).
 
 `bench/cache_quality.py` fits the same recipe once per cross-validation fold (FOLDS folds of the tuning
 topics) to choose the thresholds on predictions for pairs the classifier has not seen.
@@ -26,8 +27,7 @@ import sklearn
 from sklearn.ensemble import HistGradientBoostingClassifier
 
 from cache_service.embedder import Embedder
-from cache_service.keys import normalize_text
-from cache_service.pair_checks import expand_contractions, veto
+from cache_service.pair_checks import expand_contractions, same_wording, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.tree_ensemble import TreeEnsemble
 from cache_service.verifier import MODEL_FILE
@@ -61,7 +61,7 @@ def turns(side: str | list[dict[str, str]]) -> list[str]:
 
 
 def _comparable(x: str, y: str) -> bool:
-    return normalize_text(x) != normalize_text(y) and not veto(x, y)
+    return not same_wording(x, y) and not veto(x, y)
 
 
 def turn_pairs(row: dict) -> list[Pair]:

@@ -54,7 +54,7 @@ def test_hard_negatives_miss(stub, stored_q: str, asked_q: str) -> None:
 
 def test_threshold_per_request(stub) -> None:
     store(stub, chat_key("What is the capital of France?", "t-thr"), "Paris")
-    key = chat_key("Which city is the capital of France?", "t-thr")
+    key = chat_key("Which city is France's capital?", "t-thr")
     assert lookup(stub, key).hit
     strict = stub.Lookup(cache_pb2.LookupRequest(key=key, threshold=0.999), timeout=30)
     assert not strict.hit
@@ -80,13 +80,13 @@ def test_earlier_conversation_must_match(stub) -> None:
 
 def test_a_reworded_conversation_hits_and_a_changed_one_does_not(stub) -> None:
     france = [("user", "What is the capital of France?"), ("assistant", "Paris.")]
-    store(stub, chat_key("What is its population?", "t-conv", france), "About 2.1 million.")
-    reworded = [("user", "Which city is the capital of France?"), ("assistant", "Paris.")]
-    hit = lookup(stub, chat_key("How many people live there?", "t-conv", reworded))
+    store(stub, chat_key("What is the population of Paris?", "t-conv", france), "About 2.1 million.")
+    reworded = [("user", "Which city is France's capital?"), ("assistant", "Paris.")]
+    hit = lookup(stub, chat_key("How many people live in Paris?", "t-conv", reworded))
     assert hit.hit and not hit.exact and hit.response == "About 2.1 million."
     germany = [("user", "What is the capital of Germany?"), ("assistant", "Paris.")]
-    assert not lookup(stub, chat_key("What is its population?", "t-conv", germany)).hit
-    assert not lookup(stub, chat_key("What is 3 times its population?", "t-conv", france)).hit
+    assert not lookup(stub, chat_key("What is the population of Paris?", "t-conv", germany)).hit
+    assert not lookup(stub, chat_key("What is 3 times the population of Paris?", "t-conv", france)).hit
 
 
 def test_parameters_are_part_of_the_key(stub) -> None:

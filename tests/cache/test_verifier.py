@@ -81,6 +81,28 @@ def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
     assert veto(a, b) == ""
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("Can I bring a laptop in my carry-on bag?", "can i bring a laptop in my carry on bag", True),
+        ("How do I book a table for 4 at 7 pm?", "How do I book a table for 4 at 7pm?", True),
+        ("How do I decline an invite from a co-worker?", "how do I decline an invite from a coworker", True),
+        ("Is $3,000 enough?", "Is $3000 enough?", True),
+        ("How long before the second coat?", "How long before a second coat?", True),
+        ("What does 'ubiquitous' mean?", "What does ubiquitous mean?", True),
+        ("Is 3.5 GB enough?", "Is 35 GB enough?", False),  # a decimal point is not punctuation
+        ("Is C++ hard to learn?", "Is C hard to learn?", False),
+        ("How much vitamin A per day?", "How much vitamin per day?", False),  # a capital A mid-text is a name
+        ("Is 15% of 80 a lot?", "Is 15 of 80 a lot?", False),
+        ("How often should I water my snake plant?", "How often should I water a snake plant?", False),
+    ],
+)
+def test_turns_worded_the_same_skip_the_models(a: str, b: str, same: bool) -> None:
+    from cache_service.pair_checks import same_wording
+
+    assert same_wording(a, b) is same
+
+
 def chat(*turns: tuple[str, str], system: str | None = None, scope: str = "s") -> cache_pb2.CacheKey:
     messages = [cache_pb2.Message(role="system", content=system)] if system else []
     messages += [cache_pb2.Message(role=r, content=c) for r, c in turns]
@@ -136,8 +158,8 @@ def conv(*texts: str) -> Conversation:
     ("a", "b"),
     [
         ("What is the population of Tokyo?", "How many people live in Tokyo?"),
-        ("What is the capital of France?", "Which city is the capital of France?"),
-        ("How do I make a cup of green tea?", "What is the way to brew green tea?"),
+        ("What is the capital of France?", "Which city is France's capital?"),
+        ("How do I brew green tea?", "What is the way to brew green tea?"),
     ],
 )
 def test_classifier_accepts_rewordings(verifier, a: str, b: str) -> None:
@@ -160,10 +182,10 @@ def test_classifier_refuses_other_questions(verifier, a: str, b: str) -> None:
 
 
 def test_conversations_are_judged_turn_by_turn(verifier) -> None:
-    france = conv("What is the capital of France?", "Paris.", "What is its population?")
-    reworded = conv("Which city is the capital of France?", "Paris.", "How many people live there?")
-    germany = conv("What is the capital of Germany?", "Berlin.", "What is its population?")
-    tripled = conv("What is the capital of France?", "Paris.", "What is 3 times its population?")
+    france = conv("What is the capital of France?", "Paris.", "What is the population of Paris?")
+    reworded = conv("Which city is France's capital?", "Paris.", "How many people live in Paris?")
+    germany = conv("What is the capital of Germany?", "Berlin.", "What is the population of Paris?")
+    tripled = conv("What is the capital of France?", "Paris.", "What is 3 times the population of Paris?")
     same, other, numbers = verifier.judge(france, [reworded, germany, tripled], DEFAULTS)
     assert same.ok
     assert not other.ok and other.reason == "verifier: different context"
