@@ -42,13 +42,13 @@ SCOPE = "bench-tenant"
 GREEDY = {"temperature": 0.0, "max_tokens": 32}
 REAL = [
     ("How do I reset my password?", "How can I reset my password?"),
-    ("What is the capital of France?", "Which city is the capital of France?"),
+    ("What is the capital of France?", "Which city is France's capital?"),
     ("What is the population of Tokyo?", "How many people live in Tokyo?"),
     ("What is the boiling point of water?", "What's the boiling point of water"),
     ("How do I cancel my subscription?", "How can I cancel my subscription?"),
-    ("Who painted the Mona Lisa?", "Who is the painter of the Mona Lisa?"),
+    ("Who painted the Mona Lisa?", "Which painter painted the Mona Lisa?"),
     ("How do I clear my browser cache?", "How can I clear the browser cache?"),
-    ("How do I make a cup of green tea?", "What is the way to brew green tea?"),
+    ("How do I brew green tea?", "What is the way to brew green tea?"),
 ]
 # Multi-turn: the earlier turns reworded too; the verifier compares them turn by turn.
 CONVERSATIONS = [

@@ -68,9 +68,10 @@ def expand_contractions(text: str) -> str:
 
 
 _DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
-_NOT_WORDING = re.compile(r"[^\w%$#+&@\x00]+")  # punctuation, hyphens, quotes, spaces
-# Articles; a capital "A" counts only where it starts the text ("vitamin A", "plan A" keep theirs).
-_ARTICLE = re.compile(r"\b(?:a|[Aa]n|[Tt]he)\b|^A\b")
+_NOT_WORDING = re.compile(r"[^\w%$#+&@\x00\x01]+")  # punctuation, hyphens, quotes, spaces
+# A capital "A" inside a text is a name, not an article ("vitamin A", "plan A"): kept, as \x01.
+_NAMED_A = re.compile(r"(?<=\S)(\s+)A\b")
+_ARTICLE = re.compile(r"\b(?:a|an|the)\b")
 
 
 def wording(text: str) -> str:
@@ -79,8 +80,8 @@ def wording(text: str) -> str:
     "carry-on" = "carry on", "7pm" = "7 pm", "co-worker" = "coworker", "$3,000" = "$3000", "the second coat" =
     "a second coat". Decimal points and the symbols that change a quantity or a name (% $ # + & @) stay:
     "3.5" is not "35", "C++" is not "C"."""
-    text = _ARTICLE.sub(" ", unicodedata.normalize("NFKC", text).strip()).lower()
-    text = _DECIMAL_POINT.sub("\x00", _THOUSANDS.sub("", text))
+    text = _NAMED_A.sub("\\1\x01", unicodedata.normalize("NFKC", text).strip()).lower()
+    text = _ARTICLE.sub(" ", _DECIMAL_POINT.sub("\x00", _THOUSANDS.sub("", text)))
     text = _NOT_WORDING.sub(" ", text)
     return re.sub(r"\s+", "", text).replace("\x00", ".")
 

@@ -68,8 +68,6 @@ def split_of(topic: str) -> str:
     return "test" if digest / 0xFFFFFFFF < TEST_SHARE else "tune"
 
 
-
-
 def read_seeds(files: tuple[str, ...]) -> list[dict]:
     return [json.loads(line) for f in files for line in (HERE / f).read_text().splitlines() if line.strip()]
 

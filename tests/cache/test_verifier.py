@@ -90,6 +90,7 @@ def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
         ("Is $3,000 enough?", "Is $3000 enough?", True),
         ("How long before the second coat?", "How long before a second coat?", True),
         ("What does 'ubiquitous' mean?", "What does ubiquitous mean?", True),
+        ("WHAT IS THE BOILING POINT OF WATER", "What is the boiling point of water?", True),
         ("Is 3.5 GB enough?", "Is 35 GB enough?", False),  # a decimal point is not punctuation
         ("Is C++ hard to learn?", "Is C hard to learn?", False),
         ("How much vitamin A per day?", "How much vitamin per day?", False),  # a capital A mid-text is a name
