@@ -41,13 +41,13 @@ E2E_ROUNDS = 10  # each stored question and its rewording asked this many times:
 SCOPE = "bench-tenant"
 GREEDY = {"temperature": 0.0, "max_tokens": 32}
 REAL = [
-    ("How do I reset my password?", "How can I reset my password?"),
+    ("How do I reset my password?", "What is the way to reset my password?"),
     ("What is the capital of France?", "Which city is France's capital?"),
     ("What is the population of Tokyo?", "How many people live in Tokyo?"),
     ("What is the boiling point of water?", "What's the boiling point of water"),
-    ("How do I cancel my subscription?", "How can I cancel my subscription?"),
-    ("Who painted the Mona Lisa?", "Which painter painted the Mona Lisa?"),
-    ("How do I clear my browser cache?", "How can I clear the browser cache?"),
+    ("How do I cancel my subscription?", "What is the way to cancel my subscription?"),
+    ("Who painted the Mona Lisa?", "The Mona Lisa was painted by whom?"),
+    ("How do I clear my browser cache?", "What is the way to clear my browser cache?"),
     ("How do I brew green tea?", "What is the way to brew green tea?"),
 ]
 # Multi-turn: the earlier turns reworded too; the verifier compares them turn by turn.

@@ -14,9 +14,9 @@ from cache_service.verifier import Thresholds
 # (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
 # verifier's probability that one answer serves both questions (the question itself; every earlier turn of
 # a conversation that differs: cache_service/verifier.py).
-DEFAULT_SIMILARITY_THRESHOLD = 0.55
+DEFAULT_SIMILARITY_THRESHOLD = 0.60
 DEFAULT_VERIFIER_THRESHOLD = 0.99
-DEFAULT_CONTEXT_VERIFIER_THRESHOLD = 0.80
+DEFAULT_CONTEXT_VERIFIER_THRESHOLD = 0.60
 
 
 class CacheSettings(BaseSettings):

@@ -125,7 +125,7 @@ async def test_store_then_hit_through_the_client(cache_service: CacheService) ->
             "m",
             "client-t",
             params=GREEDY,
-            messages=[MESSAGES[0], {"role": "user", "content": "What is Italy's capital?"}],
+            messages=[MESSAGES[0], {"role": "user", "content": "Which city is Italy's capital?"}],
         )
         semantic = await client.lookup(para)
         assert semantic is not None and semantic.text == "Rome." and not semantic.exact
