@@ -182,6 +182,15 @@ def test_classifier_refuses_other_questions(verifier, a: str, b: str) -> None:
     assert not verdict.ok and verdict.question_probability < DEFAULTS.question
 
 
+def test_verifier_passes_turns_worded_the_same_without_the_classifier(verifier) -> None:
+    """ "carry-on" / "carry on" differ in word pieces (the classifier scores such pairs well under the
+    threshold); worded the same, they pass as identical text, probability 1.0."""
+    a, b = "Can I bring a laptop in my carry-on bag?", "can i bring a laptop in my carry on bag"
+    assert verifier.probabilities([(a, b)])[0] < DEFAULTS.question
+    verdict = verifier.judge(conv(a), [conv(b)], DEFAULTS)[0]
+    assert verdict.ok and verdict.question_probability == 1.0
+
+
 def test_conversations_are_judged_turn_by_turn(verifier) -> None:
     france = conv("What is the capital of France?", "Paris.", "What is the population of Paris?")
     reworded = conv("Which city is France's capital?", "Paris.", "How many people live in Paris?")
