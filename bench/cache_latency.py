@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import publish
 from cache_service.embedder import EMBEDDING_DTYPES, resolve_dtype
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key
@@ -43,7 +44,7 @@ GREEDY = {"temperature": 0.0, "max_tokens": 32}
 REAL = [
     ("How do I reset my password?", "What is the way to reset my password?"),
     ("What is the capital of France?", "Which city is France's capital?"),
-    ("What is the population of Tokyo?", "How many people live in Tokyo?"),
+    ("How do I delete my account?", "What is the way to delete my account?"),
     ("What is the boiling point of water?", "What's the boiling point of water"),
     ("How do I cancel my subscription?", "What is the way to cancel my subscription?"),
     ("Who painted the Mona Lisa?", "The Mona Lisa was painted by whom?"),
@@ -83,7 +84,7 @@ def scope_partition(scope: str) -> str:
     return parse_key(chat_key("x", scope)).partition
 
 
-def bulk_load(r: redis.Redis, n: int, tenants: int = 1, seed: int = 0) -> None:
+def bulk_load(r: redis.Redis, n: int, tenants: int = 1, seed: int = 0, dim: int = 384) -> None:
     """n entries with random unit embeddings (the service's Redis layout), spread over `tenants` scopes; the
     first scope is the lookups' own, so with tenants=1 every entry is in the partition a lookup scans."""
     rng = np.random.default_rng(seed)
@@ -91,7 +92,7 @@ def bulk_load(r: redis.Redis, n: int, tenants: int = 1, seed: int = 0) -> None:
     parts = [scope_partition(s) for s in scopes]
     batch = 5000
     for start in range(0, n, batch):
-        vecs = rng.normal(size=(min(batch, n - start), 384)).astype(np.float32)
+        vecs = rng.normal(size=(min(batch, n - start), dim)).astype(np.float32)
         vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
         pipe = r.pipeline(transaction=False)
         for j, v in enumerate(vecs):
@@ -162,11 +163,15 @@ async def cold_client_lookups(addr: str, n: int) -> list[float]:
     return out
 
 
-def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str], dtype: str) -> str:
+def measure_size(
+    n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str], dtype: str, model: str
+) -> str:
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
-    bulk_load(r, n, tenants)
-    service = launch.cache_service("cache", tmp, redis_url, CACHE_EMBEDDING_DTYPE=dtype)
+    bulk_load(r, n, tenants, dim=EMBEDDING_MODELS[model].dim)
+    service = launch.cache_service(
+        "cache", tmp, redis_url, CACHE_EMBEDDING_DTYPE=dtype, CACHE_EMBEDDING_MODEL=model
+    )
     addr, metrics_url = service.addr, launch.metrics_url(service, "CACHE_METRICS_PORT")
     try:
         startup = service.start(timeout_s=300).startup_s
@@ -198,14 +203,19 @@ def measure_size(n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str
     return addr
 
 
-def gateway_e2e(redis_url: str, tmp: Path, dtype: str) -> list[str]:
+def gateway_e2e(redis_url: str, tmp: Path, dtype: str, model: str) -> list[str]:
     """Hit vs miss through the gateway: each question asked twice (miss, then hit), greedy, 32 tokens max."""
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     started: list[launch.Service] = []
     try:
         cache = launch.start_cache_service(
-            "cache-e2e", tmp, redis_url, CACHE_METRICS_PORT="0", CACHE_EMBEDDING_DTYPE=dtype
+            "cache-e2e",
+            tmp,
+            redis_url,
+            CACHE_METRICS_PORT="0",
+            CACHE_EMBEDDING_DTYPE=dtype,
+            CACHE_EMBEDDING_MODEL=model,
         )
         started.append(cache)
         worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8")
@@ -300,7 +310,7 @@ def scan_only(sizes: list[int]) -> list[str]:
     return out
 
 
-def embed_only(dtype: str, n: int = 200) -> str:
+def embed_only(dtype: str, model: str, n: int = 200) -> str:
     """The model work of a semantic hit, in process, interleaved so that load on the machine hits all alike:
     the query's embedding pass (its verifier text in the same batch), the verifier with both sides' states
     in memory (the service's usual case), and the verifier when the candidate's are not (an entry another
@@ -309,12 +319,14 @@ def embed_only(dtype: str, n: int = 200) -> str:
     from cache_service.keys import Conversation
     from cache_service.settings import CacheSettings
     from cache_service.token_states import TokenStateCache
-    from cache_service.verifier import PairVerifier, verifier_texts
+    from cache_service.verifier import PairVerifier, load_classifier, verifier_texts
 
-    embedder = Embedder(dtype=dtype)
-    thresholds = CacheSettings().verifier_thresholds()
+    embedder = Embedder(dtype=dtype, model=model)
+    settings = CacheSettings(embedding_model=model)
+    thresholds = settings.verifier_thresholds()
     states = TokenStateCache(embedder)
-    warm, cold = PairVerifier(states), PairVerifier(embedder)
+    classifier = load_classifier(settings.model().verifier_file, model)
+    warm, cold = PairVerifier(states, classifier), PairVerifier(embedder, classifier)
     embed_t, warm_t, cold_t = [], [], []
     for i in range(n):
         stored, asked = REAL[i % len(REAL)]
@@ -348,6 +360,12 @@ def main() -> None:
     parser.add_argument(
         "--embedding-dtype", default="auto", choices=EMBEDDING_DTYPES, help="CACHE_EMBEDDING_DTYPE"
     )
+    parser.add_argument(
+        "--embedding-model",
+        default=DEFAULT_EMBEDDING_MODEL,
+        choices=sorted(EMBEDDING_MODELS),
+        help="CACHE_EMBEDDING_MODEL",
+    )
     args = parser.parse_args()
     sizes = [(int(n), int(t or 1)) for n, _, t in (s.partition("x") for s in args.sizes.split(","))]
     load_before = os.getloadavg()[0]
@@ -362,12 +380,16 @@ def main() -> None:
                 "| --- | --- | --- | --- | --- | --- | --- |",
             ]
             for n, tenants in sizes:
-                measure_size(n, tenants, redis_url, tmp, rows, args.embedding_dtype)
-            e2e = [] if args.no_gateway else gateway_e2e(redis_url, tmp, args.embedding_dtype)
+                measure_size(n, tenants, redis_url, tmp, rows, args.embedding_dtype, args.embedding_model)
+            e2e = (
+                []
+                if args.no_gateway
+                else gateway_e2e(redis_url, tmp, args.embedding_dtype, args.embedding_model)
+            )
         finally:
             rservice.stop()
     scan = scan_only(sorted({n // t for n, t in sizes}))
-    embed = embed_only(args.embedding_dtype)
+    embed = embed_only(args.embedding_dtype, args.embedding_model)
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_latency', *sys.argv[1:]])}` "
         f"({os.cpu_count()} CPUs, load average {load_before:.1f} at start and {os.getloadavg()[0]:.1f} at "
@@ -379,12 +401,16 @@ def main() -> None:
         "Index search alone (int8 sketch from 4k rows, else float16; re-scored in float32; in process): "
         + "; ".join(scan)
         + ".",
-        f"Model work of one semantic hit, in process, interleaved, embedder "
-        f"{resolve_dtype(args.embedding_dtype)} ({embed}).",
+        f"Model work of one semantic hit, in process, interleaved, embedder {args.embedding_model} "
+        f"{resolve_dtype(args.embedding_dtype, args.embedding_model)} ({embed}).",
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]
-    publish("cache-latency", ["## Semantic cache latency", "", *lines], args.write_docs)
+    if args.embedding_model == DEFAULT_EMBEDDING_MODEL:
+        publish("cache-latency", ["## Semantic cache latency", "", *lines], args.write_docs)
+    else:
+        title = f"## Semantic cache latency with {args.embedding_model} (opt-in)"
+        publish(f"cache-latency-{args.embedding_model}", [title, "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ The `test` split (other topics) is judged by the shipped classifier, fitted on t
 configured defaults, once: it is the headline. The `external` split (questions by writers who saw neither
 the code nor the other data) is judged the same way. Rates come with Wilson 95% intervals.
 
-    .venv/bin/python -m bench.cache_quality [--write-docs] [--tune-only]
+    .venv/bin/python -m bench.cache_quality [--write-docs] [--tune-only] [--embedding-model all-mpnet-base-v2]
+
+Every text is run through the model once (its states kept in memory for the folds and the lookups).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from pathlib import Path
 from bench.report import publish
 from cache_service.core import TOP_K
 from cache_service.embedder import EMBEDDING_DTYPES, Embedder
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_key
 from cache_service.settings import CacheSettings
+from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import PairVerifier, Thresholds
+from cache_service.verifier import PairVerifier, Thresholds, load_classifier
 from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tune_rows
 from services.gen import cache_pb2
 
@@ -126,7 +130,7 @@ def rate(k: int, n: int) -> str:
 
 
 def run_lookups(
-    rows: list[dict], embedder: Embedder, verifier_for: Callable[[dict], PairVerifier]
+    rows: list[dict], embedder: TokenStateCache, dim: int, verifier_for: Callable[[dict], PairVerifier]
 ) -> list[Lookup]:
     """Every row's lookup; its candidates judged by verifier_for(row)."""
     stored = {}
@@ -135,8 +139,11 @@ def run_lookups(
         stored.setdefault(key.entry_id, (key, r["a_group"]))
     queries = [make_key(r["b"], r.get("b_scope", "tenant-a")) for r in rows]
     texts = sorted({k.query for k, _ in stored.values()} | {k.query for k in queries})
-    vectors = dict(zip(texts, embedder.encode(texts), strict=True))
-    index = VectorIndex(dim=embedder.dim)
+    vectors = {}
+    for start in range(0, len(texts), 64):
+        chunk = texts[start : start + 64]
+        vectors.update(zip(chunk, embedder.encode(chunk), strict=True))
+    index = VectorIndex(dim=dim)
     groups = {}
     for entry_id, (key, group) in stored.items():
         index.add(entry_id, key.partition, key.scope, vectors[key.query], key.stored_text)
@@ -257,6 +264,12 @@ def main() -> None:
         "--tune-only", action="store_true", help="pick the thresholds and print tuning figures, no test split"
     )
     parser.add_argument(
+        "--embedding-model",
+        default=DEFAULT_EMBEDDING_MODEL,
+        choices=sorted(EMBEDDING_MODELS),
+        help="as CACHE_EMBEDDING_MODEL: its own verifier and default thresholds",
+    )
+    parser.add_argument(
         "--embedding-dtype",
         default=CacheSettings().embedding_dtype,
         choices=EMBEDDING_DTYPES,
@@ -266,17 +279,24 @@ def main() -> None:
     started = time.perf_counter()
     all_rows = load_rows(DATA)
     rows = evaluation_rows(all_rows)
-    embedder = Embedder(dtype=args.embedding_dtype)
+    model = EMBEDDING_MODELS[args.embedding_model]
+    embedder = Embedder(dtype=args.embedding_dtype, model=model.name)
+    states = TokenStateCache(embedder, capacity_mb=1 << 16)  # every text once, for every fold and lookup
     # The tuning split judged out of fold: one pair of models per fold, trained without that fold's topics.
     by_fold = {}
     for fold in range(FOLDS):
-        classifier, _ = train(tune_rows(all_rows, held_out_fold=fold), embedder)
-        by_fold[fold] = PairVerifier(embedder, TreeEnsemble.from_sklearn(classifier))
-    shipped = PairVerifier(embedder)
-    if args.tune_only:
+        classifier, _ = train(tune_rows(all_rows, held_out_fold=fold), states)
+        by_fold[fold] = PairVerifier(states, TreeEnsemble.from_sklearn(classifier))
+    if args.tune_only:  # the shipped classifier is not needed (nor loaded: it may be refitted after this)
         rows = [r for r in rows if r["split"] == "tune"]
+        shipped = None
+    else:
+        shipped = PairVerifier(states, load_classifier(model.verifier_file, model.name))
     lookups = run_lookups(
-        rows, embedder, lambda r: by_fold[fold_of(r["topic"])] if r["split"] == "tune" else shipped
+        rows,
+        states,
+        embedder.dim,
+        lambda r: by_fold[fold_of(r["topic"])] if r["split"] == "tune" else shipped,
     )
 
     def part(pred) -> tuple[list[dict], list[Lookup]]:
@@ -294,7 +314,7 @@ def main() -> None:
         print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, {describe(picked)}")
         print("\n".join(kind_table(parts, floor, picked)))
         return
-    settings = CacheSettings()
+    settings = CacheSettings(embedding_model=model.name)
     d_floor, d_p = settings.similarity_threshold, settings.verifier_thresholds()
     test_rows, test_lookups = parts["test (frozen, headline)"]
     served, positives, wrong, traps = totals(tally(test_rows, test_lookups, d_floor, d_p))
@@ -334,7 +354,11 @@ def main() -> None:
     for f in (0.80, 0.85, 0.90, 0.95):
         s, p, w, t = totals(tally(test_rows, test_lookups, f, None))
         lines.append(f"| {f:.2f} | {rate(s, p)} | {rate(w, t)} |")
-    publish("cache-quality", ["## Semantic cache quality", "", *lines], args.write_docs)
+    if model.name == DEFAULT_EMBEDDING_MODEL:
+        publish("cache-quality", ["## Semantic cache quality", "", *lines], args.write_docs)
+    else:
+        title = f"## Semantic cache quality with {model.name} (opt-in: CACHE_EMBEDDING_MODEL={model.name})"
+        publish(f"cache-quality-{model.name}", [title, "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":

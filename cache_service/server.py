@@ -18,7 +18,7 @@ from cache_service.settings import CacheSettings
 from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
 from cache_service.token_states import TokenStateCache
-from cache_service.verifier import PairVerifier
+from cache_service.verifier import PairVerifier, load_classifier
 from services.gen import cache_pb2, cache_pb2_grpc
 from services.grpc_server import GrpcServer, wait_for_stop_signal
 
@@ -44,8 +44,13 @@ async def serve(settings: CacheSettings) -> None:
     metrics = CacheMetrics()
     store = RedisStore(settings.redis_url)
     await store.ping()
+    model = settings.model()
     embedder = await asyncio.to_thread(
-        Embedder, num_threads=settings.embedding_threads, dtype=settings.embedding_dtype
+        Embedder,
+        settings.embedding_model_dir or None,
+        settings.embedding_threads,
+        settings.embedding_dtype,
+        model.name,
     )
     token_states = TokenStateCache(embedder, settings.token_state_mb, on_encode=metrics.on_token_states)
     metrics.watch_token_states(token_states)
@@ -68,7 +73,11 @@ async def serve(settings: CacheSettings) -> None:
         replica_id=replica_id,
         threshold=settings.similarity_threshold,
         ttl_seconds=settings.ttl_seconds,
-        verifier=PairVerifier(token_states) if settings.verifier_enabled else None,
+        verifier=(
+            PairVerifier(token_states, load_classifier(model.verifier_file, model.name))
+            if settings.verifier_enabled
+            else None
+        ),
         verifier_thresholds=settings.verifier_thresholds(),
     )
 
@@ -82,10 +91,12 @@ async def serve(settings: CacheSettings) -> None:
         lambda: asyncio.wait_for(store.ping(), timeout=HEALTH_PERIOD_S), HEALTH_PERIOD_S, _log_redis_health
     )
     log.info(
-        "cache service on %s (%d entries, threshold %.2f, embedder %s, %d torch thread(s), %d scan threads)",
+        "cache service on %s (%d entries, threshold %.2f, embedder %s %s, %d torch thread(s), "
+        "%d scan threads)",
         address,
         len(index),
         settings.similarity_threshold,
+        model.name,
         embedder.dtype,
         embedder.num_threads,
         index.scan_threads,

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS, EmbeddingModel
 from cache_service.token_states import DEFAULT_CAPACITY_MB
 from cache_service.verifier import Thresholds
-
-# Chosen by bench/cache_quality.py on the tuning split of bench/data/cache_pairs.jsonl only
-# (docs/BENCHMARKS.md): the cosine floor a candidate must reach before the verifier reads it, and the
-# verifier's probability that one answer serves both questions (the question itself; every earlier turn of
-# a conversation that differs: cache_service/verifier.py).
-DEFAULT_SIMILARITY_THRESHOLD = 0.60
-DEFAULT_VERIFIER_THRESHOLD = 0.99
-DEFAULT_CONTEXT_VERIFIER_THRESHOLD = 0.60
 
 
 class CacheSettings(BaseSettings):
@@ -31,11 +24,18 @@ class CacheSettings(BaseSettings):
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0", validation_alias=AliasChoices("REDIS_URL", "redis_url")
     )
-    similarity_threshold: float = Field(default=DEFAULT_SIMILARITY_THRESHOLD, ge=0.0, le=1.0)
+    # all-minilm-l6-v2 or all-mpnet-base-v2 (opt-in: `make cache-models`): cache_service/embedding_models.py
+    embedding_model: Literal["all-minilm-l6-v2", "all-mpnet-base-v2"] = DEFAULT_EMBEDDING_MODEL
+    embedding_model_dir: str = ""  # its sentence-transformers directory; "": where the model ships
+    # The three thresholds default to the embedding model's, chosen by bench/cache_quality.py on the tuning
+    # split of bench/data/cache_pairs.jsonl only (docs/BENCHMARKS.md): the cosine floor a candidate must
+    # reach before the verifier reads it, and the verifier's probability that one answer serves both
+    # questions (the question itself; every earlier turn of a conversation that differs).
+    similarity_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     ttl_seconds: int = Field(default=86400, ge=1)
     verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
-    verifier_threshold: float = Field(default=DEFAULT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
-    context_verifier_threshold: float = Field(default=DEFAULT_CONTEXT_VERIFIER_THRESHOLD, ge=0.0, le=1.0)
+    verifier_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    context_verifier_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
     # auto: the type the verifier was fitted on (float32); bfloat16-weights: float32 arithmetic on weights
@@ -48,5 +48,20 @@ class CacheSettings(BaseSettings):
     token_state_mb: float = Field(default=DEFAULT_CAPACITY_MB, ge=0.0)
     drain_timeout_s: float = Field(default=30.0, ge=0.0)  # on SIGTERM: lookups in flight may finish
 
+    @model_validator(mode="after")
+    def _model_thresholds(self) -> CacheSettings:
+        model = self.model()
+        if self.similarity_threshold is None:
+            self.similarity_threshold = model.similarity_threshold
+        if self.verifier_threshold is None:
+            self.verifier_threshold = model.verifier_threshold
+        if self.context_verifier_threshold is None:
+            self.context_verifier_threshold = model.context_verifier_threshold
+        return self
+
+    def model(self) -> EmbeddingModel:
+        return EMBEDDING_MODELS[self.embedding_model]
+
     def verifier_thresholds(self) -> Thresholds:
+        assert self.verifier_threshold is not None and self.context_verifier_threshold is not None
         return Thresholds(question=self.verifier_threshold, context=self.context_verifier_threshold)

@@ -32,13 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import Conversation
 from cache_service.pair_checks import expand_contractions, same_wording, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
-MODEL_FILE = Path(__file__).with_name("verifier_model.npz")
+MODEL_FILE = EMBEDDING_MODELS[DEFAULT_EMBEDDING_MODEL].verifier_file  # the default model's classifier
 # The model reads ~256 word pieces: a longer text's tail would be invisible to it, so a longer turn (or last
 # question) is reused only when it is the same text.
 MAX_COMPARABLE_CHARS = 1000
@@ -65,11 +66,14 @@ class Verdict:
         return min(self.question_probability, self.context_probability)
 
 
-def load_classifier(path: Path = MODEL_FILE) -> TreeEnsemble:
-    """The fitted trees (exported by cache_service.verifier_training); their feature list must be ours."""
+def load_classifier(path: Path = MODEL_FILE, embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> TreeEnsemble:
+    """The fitted trees (exported by cache_service.verifier_training); their feature list must be ours and
+    they must have been fitted on the vectors of the model that will embed."""
     meta = json.loads(path.with_suffix(".json").read_text())
     if tuple(meta["features"]) != FEATURE_NAMES:
         raise RuntimeError(f"{path} was fitted on other features: run cache_service.verifier_training")
+    if meta["embedding_model"] != embedding_model:
+        raise RuntimeError(f"{path} was fitted on {meta['embedding_model']} vectors, not {embedding_model}")
     return TreeEnsemble.load(path)
 
 

@@ -13,11 +13,15 @@ substituted word).
 `bench/cache_quality.py` fits the same recipe once per cross-validation fold (FOLDS folds of the tuning
 topics) to choose the thresholds on predictions for pairs the classifier has not seen.
 
-    .venv/bin/python -m cache_service.verifier_training
+    .venv/bin/python -m cache_service.verifier_training [--embedding-model all-mpnet-base-v2]
+
+Each embedding model has its own classifier (cache_service/embedding_models.py): the features are read off
+the model's vectors.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -27,10 +31,11 @@ import sklearn
 from sklearn.ensemble import HistGradientBoostingClassifier
 
 from cache_service.embedder import Embedder
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.pair_checks import expand_contractions, same_wording, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
+from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import MODEL_FILE
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "cache_pairs.jsonl"
 PARTITION_KINDS = ("tenant",)  # decided by the partition, not by meaning: nothing to learn from
@@ -81,7 +86,7 @@ def labelled_pairs(rows: list[dict]) -> list[Pair]:
     return [p for r in rows for p in turn_pairs(r)]
 
 
-def fit_classifier(embedder: Embedder, pairs: list[Pair]) -> HistGradientBoostingClassifier:
+def fit_classifier(embedder: TokenEncoder, pairs: list[Pair]) -> HistGradientBoostingClassifier:
     texts = sorted({t for a, b, _ in pairs for t in (a, b)})
     states = {}
     for start in range(0, len(texts), 64):
@@ -93,7 +98,7 @@ def fit_classifier(embedder: Embedder, pairs: list[Pair]) -> HistGradientBoostin
     return model.fit(features, labels)
 
 
-def train(rows: list[dict], embedder: Embedder) -> tuple[HistGradientBoostingClassifier, dict[str, int]]:
+def train(rows: list[dict], embedder: TokenEncoder) -> tuple[HistGradientBoostingClassifier, dict[str, int]]:
     """The classifier fitted on the given tuning rows, and a note of what it learned from."""
     pairs = labelled_pairs(rows)
     note = {"pairs": len(pairs), "positives": sum(1 for *_, same in pairs if same)}
@@ -101,19 +106,28 @@ def train(rows: list[dict], embedder: Embedder) -> tuple[HistGradientBoostingCla
 
 
 def main() -> None:
-    embedder = Embedder(dtype="float32")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--embedding-model", default=DEFAULT_EMBEDDING_MODEL, choices=sorted(EMBEDDING_MODELS)
+    )
+    args = parser.parse_args()
+    model_file = EMBEDDING_MODELS[args.embedding_model].verifier_file
+    embedder = Embedder(dtype="float32", model=args.embedding_model)
     classifier, note = train(tune_rows(load_rows()), embedder)
-    TreeEnsemble.from_sklearn(classifier).save(MODEL_FILE)
+    TreeEnsemble.from_sklearn(classifier).save(model_file)
     meta = {
         "features": list(FEATURE_NAMES),
         "data": str(DATA.relative_to(DATA.parent.parent.parent)),
         "data_sha256": hashlib.sha256(DATA.read_bytes()).hexdigest(),
         "split": "tune (every fold)",
         **note,
+        "embedding_model": embedder.model,
         "embedding_dtype": embedder.dtype,
         "scikit_learn": sklearn.__version__,
     }
-    MODEL_FILE.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    model_file.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps(meta))
 
 

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from cache_service.embedding_models import EMBEDDING_MODELS
 from cache_service.keys import Conversation, parse_key
 from cache_service.pair_checks import veto
 from cache_service.settings import CacheSettings
@@ -151,6 +152,17 @@ def verifier():
     return PairVerifier(Embedder())
 
 
+@pytest.fixture(scope="module", params=sorted(EMBEDDING_MODELS))
+def model_verifier(request):
+    """Each embedding model's verifier (its own classifier) with its own default thresholds."""
+    from cache_service.embedder import Embedder
+    from cache_service.verifier import PairVerifier, Thresholds, load_classifier
+
+    model = EMBEDDING_MODELS[request.param]
+    verifier = PairVerifier(Embedder(model=model.name), load_classifier(model.verifier_file, model.name))
+    return verifier, Thresholds(model.verifier_threshold, model.context_verifier_threshold)
+
+
 def conv(*texts: str) -> Conversation:
     return Conversation(tuple(("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)))
 
@@ -158,13 +170,14 @@ def conv(*texts: str) -> Conversation:
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        ("What is the population of Tokyo?", "How many people live in Tokyo?"),
+        ("How do I reset my password?", "What is the way to reset my password?"),
         ("What is the capital of France?", "Which city is France's capital?"),
         ("How do I brew green tea?", "What is the way to brew green tea?"),
     ],
 )
-def test_classifier_accepts_rewordings(verifier, a: str, b: str) -> None:
-    verdict = verifier.judge(conv(a), [conv(b)], DEFAULTS)[0]
+def test_classifier_accepts_rewordings(model_verifier, a: str, b: str) -> None:
+    verifier, thresholds = model_verifier
+    verdict = verifier.judge(conv(a), [conv(b)], thresholds)[0]
     assert verdict.ok, verdict
 
 
@@ -177,9 +190,10 @@ def test_classifier_accepts_rewordings(verifier, a: str, b: str) -> None:
         ("Convert 5 km to miles", "Convert 5 miles to km"),
     ],
 )
-def test_classifier_refuses_other_questions(verifier, a: str, b: str) -> None:
-    verdict = verifier.judge(conv(a), [conv(b)], DEFAULTS)[0]
-    assert not verdict.ok and verdict.question_probability < DEFAULTS.question
+def test_classifier_refuses_other_questions(model_verifier, a: str, b: str) -> None:
+    verifier, thresholds = model_verifier
+    verdict = verifier.judge(conv(a), [conv(b)], thresholds)[0]
+    assert not verdict.ok and verdict.question_probability < thresholds.question
 
 
 def test_verifier_passes_turns_worded_the_same_without_the_classifier(verifier) -> None:

