@@ -319,12 +319,13 @@ def embed_only(dtype: str, model: str, n: int = 200) -> str:
     from cache_service.keys import Conversation
     from cache_service.settings import CacheSettings
     from cache_service.token_states import TokenStateCache
-    from cache_service.verifier import PairVerifier, classifier_for, verifier_texts
+    from cache_service.verifier import PairVerifier, load_classifier, verifier_texts
 
     embedder = Embedder(dtype=dtype, model=model)
-    thresholds = CacheSettings(embedding_model=model, embedding_dtype=embedder.dtype).verifier_thresholds()
+    settings = CacheSettings(embedding_model=model)
+    thresholds = settings.verifier_thresholds()
     states = TokenStateCache(embedder)
-    classifier = classifier_for(model, embedder.dtype)
+    classifier = load_classifier(settings.model().verifier_file, model)
     warm, cold = PairVerifier(states, classifier), PairVerifier(embedder, classifier)
     embed_t, warm_t, cold_t = [], [], []
     for i in range(n):

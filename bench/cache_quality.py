@@ -40,7 +40,7 @@ from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_ke
 from cache_service.settings import CacheSettings
 from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import PairVerifier, Thresholds, classifier_for
+from cache_service.verifier import PairVerifier, Thresholds, load_classifier
 from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tune_rows
 from services.gen import cache_pb2
 
@@ -291,7 +291,7 @@ def main() -> None:
         rows = [r for r in rows if r["split"] == "tune"]
         shipped = None
     else:
-        shipped = PairVerifier(states, classifier_for(model.name, embedder.dtype))
+        shipped = PairVerifier(states, load_classifier(model.verifier_file, model.name))
     lookups = run_lookups(
         rows,
         states,
@@ -314,7 +314,7 @@ def main() -> None:
         print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, {describe(picked)}")
         print("\n".join(kind_table(parts, floor, picked)))
         return
-    settings = CacheSettings(embedding_model=model.name, embedding_dtype=embedder.dtype)
+    settings = CacheSettings(embedding_model=model.name)
     d_floor, d_p = settings.similarity_threshold, settings.verifier_thresholds()
     test_rows, test_lookups = parts["test (frozen, headline)"]
     served, positives, wrong, traps = totals(tally(test_rows, test_lookups, d_floor, d_p))
@@ -326,7 +326,7 @@ def main() -> None:
         "pairs are training data only): "
         + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
         + f"; {len(set(r['a_group'] for r in rows))} answer groups stored in one index; embedder "
-        f"{model.name} {embedder.dtype}; {time.perf_counter() - started:.0f} s).",
+        f"{embedder.dtype}; {time.perf_counter() - started:.0f} s).",
         "",
         f"**Headline, frozen test split, defaults (cosine floor {d_floor:.2f}, {describe(d_p)})**: "
         f"should-hit pairs served {rate(served, positives)}; false hits {rate(wrong, traps)} of traps "
@@ -354,15 +354,11 @@ def main() -> None:
     for f in (0.80, 0.85, 0.90, 0.95):
         s, p, w, t = totals(tally(test_rows, test_lookups, f, None))
         lines.append(f"| {f:.2f} | {rate(s, p)} | {rate(w, t)} |")
-    # One section per model and embedder type (float32: every CPU; bfloat16: the default where native).
-    section, title = "cache-quality", "## Semantic cache quality"
-    if model.name != DEFAULT_EMBEDDING_MODEL:
-        section += f"-{model.name}"
-        title += f" with {model.name} (opt-in: CACHE_EMBEDDING_MODEL={model.name})"
-    if embedder.dtype != "float32":
-        section += f"-{embedder.dtype}"
-        title += f", embedder in {embedder.dtype}"
-    publish(section, [title, "", *lines], args.write_docs)
+    if model.name == DEFAULT_EMBEDDING_MODEL:
+        publish("cache-quality", ["## Semantic cache quality", "", *lines], args.write_docs)
+    else:
+        title = f"## Semantic cache quality with {model.name} (opt-in: CACHE_EMBEDDING_MODEL={model.name})"
+        publish(f"cache-quality-{model.name}", [title, "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":

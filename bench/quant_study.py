@@ -467,7 +467,7 @@ def targets(rows: list[Row]) -> list[str]:
                 "the quantized kernels' bfloat16 panel GEMM, and prefill chunks (256 rows and more) "
                 "dequantize each weight for oneDNN's bfloat16 GEMM, which then reorders the fresh weights "
                 "on every call where the bfloat16 row's were packed at load (section \"Quantized linear "
-                'kernels", `stack` rows: the 30 layers at 32 and 512 rows).'
+                "kernels\", `stack` rows: the 30 layers at 32 and 512 rows)."
                 if native_cpu_bfloat16()
                 else "bfloat16 is slow on this CPU, which has no native bfloat16 (its matmuls are emulated)."
             )

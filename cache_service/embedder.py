@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,38 +40,16 @@ MIN_BF16_COSINE = 0.999
 EMBEDDING_THREADS_DEFAULT = 1
 
 
-def cpu_flags() -> set[str]:
-    """The x86 feature flags of /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
-def native_bf16() -> bool:
-    """True when bfloat16 matmuls run on native instructions: oneDNN's bf16 path is usable and, on x86, the
-    CPU has AVX512-BF16 or AMX-BF16 (oneDNN also accepts plain AVX-512 and emulates bf16 there, slowly)."""
-    import torch
-
-    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    if probe is None or not probe():
-        return False
-    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-    return True  # aarch64: oneDNN's check is the CPU's bf16 feature itself
-
-
 def resolve_dtype(dtype: str, model: str = DEFAULT_EMBEDDING_MODEL) -> str:
-    """`auto`: bfloat16 where the CPU computes it natively and the model has a verifier fitted on bfloat16
-    vectors (its thresholds were chosen for them: cache_service/embedding_models.py), else float32."""
     if dtype not in EMBEDDING_DTYPES:
         raise ValueError(f"embedding dtype must be one of {EMBEDDING_DTYPES}, not {dtype!r}")
     if dtype == "auto":
-        return "bfloat16" if "bfloat16" in embedding_model(model).verifiers and native_bf16() else "float32"
+        # The type the model's verifier was fitted on (float32), even where bf16 is native and faster: its
+        # thresholds were chosen on those vectors and do not carry over (docs/SEMANTIC_CACHE.md, "The
+        # embedder").
+        from cache_service.verifier import fitted_embedding_dtype
+
+        return fitted_embedding_dtype(embedding_model(model).verifier_file)
     if dtype == "bfloat16-weights" and bf16_weight_ops() is None:
         raise ValueError("bfloat16-weights needs the compiled kernels (make kernels)")
     return dtype

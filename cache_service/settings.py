@@ -38,9 +38,8 @@ class CacheSettings(BaseSettings):
     context_verifier_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
-    # auto: bfloat16 where the CPU computes it natively (and the model has a verifier fitted on it), else
-    # float32; bfloat16-weights: float32 arithmetic on weights stored in bf16, faster on CPUs without native
-    # bf16 (cache_service/embedder.py)
+    # auto: the type the verifier was fitted on (float32); bfloat16-weights: float32 arithmetic on weights
+    # stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
     embedding_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-weights"] = "auto"
     # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
@@ -51,9 +50,7 @@ class CacheSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _model_thresholds(self) -> CacheSettings:
-        from cache_service.embedder import resolve_dtype
-
-        model = self.model().verifier(resolve_dtype(self.embedding_dtype, self.embedding_model))
+        model = self.model()
         if self.similarity_threshold is None:
             self.similarity_threshold = model.similarity_threshold
         if self.verifier_threshold is None:

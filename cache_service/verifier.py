@@ -39,8 +39,7 @@ from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
-# the default model's float32 classifier
-MODEL_FILE = EMBEDDING_MODELS[DEFAULT_EMBEDDING_MODEL].verifier("float32").file
+MODEL_FILE = EMBEDDING_MODELS[DEFAULT_EMBEDDING_MODEL].verifier_file  # the default model's classifier
 # The model reads ~256 word pieces: a longer text's tail would be invisible to it, so a longer turn (or last
 # question) is reused only when it is the same text.
 MAX_COMPARABLE_CHARS = 1000
@@ -79,14 +78,10 @@ def load_classifier(path: Path = MODEL_FILE, embedding_model: str = DEFAULT_EMBE
 
 
 def fitted_embedding_dtype(path: Path = MODEL_FILE) -> str:
-    """The embedder weights whose vectors a classifier was fitted on: its thresholds hold for them."""
+    """The embedder weights whose vectors the shipped classifier was fitted on: its thresholds hold for them.
+    (Vectors of another type move its features enough to change verdicts: on an AVX512-BF16 machine, bfloat16
+    vectors turned a paraphrase the float32 ones let through into a miss.)"""
     return str(json.loads(path.with_suffix(".json").read_text())["embedding_dtype"])
-
-
-def classifier_for(model: str, dtype: str) -> TreeEnsemble:
-    """The classifier fitted on `model`'s vectors of weight type `dtype` (or float32's, where that type has
-    none of its own: cache_service/embedding_models.py)."""
-    return load_classifier(EMBEDDING_MODELS[model].verifier(dtype).file, model)
 
 
 class PairVerifier:

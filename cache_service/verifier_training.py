@@ -13,10 +13,10 @@ substituted word).
 `bench/cache_quality.py` fits the same recipe once per cross-validation fold (FOLDS folds of the tuning
 topics) to choose the thresholds on predictions for pairs the classifier has not seen.
 
-    .venv/bin/python -m cache_service.verifier_training [--embedding-model M] [--embedding-dtype bfloat16]
+    .venv/bin/python -m cache_service.verifier_training [--embedding-model all-mpnet-base-v2]
 
-Each embedding model, and weight type, has its own classifier (cache_service/embedding_models.py): the
-features are read off the model's vectors.
+Each embedding model has its own classifier (cache_service/embedding_models.py): the features are read off
+the model's vectors.
 """
 
 from __future__ import annotations
@@ -112,13 +112,9 @@ def main() -> None:
     parser.add_argument(
         "--embedding-model", default=DEFAULT_EMBEDDING_MODEL, choices=sorted(EMBEDDING_MODELS)
     )
-    parser.add_argument("--embedding-dtype", default="float32", help="a type the model has a verifier for")
     args = parser.parse_args()
-    verifiers = EMBEDDING_MODELS[args.embedding_model].verifiers
-    if args.embedding_dtype not in verifiers:
-        parser.error(f"{args.embedding_model} has verifiers for {sorted(verifiers)} only")
-    model_file = verifiers[args.embedding_dtype].file
-    embedder = Embedder(dtype=args.embedding_dtype, model=args.embedding_model)
+    model_file = EMBEDDING_MODELS[args.embedding_model].verifier_file
+    embedder = Embedder(dtype="float32", model=args.embedding_model)
     classifier, note = train(tune_rows(load_rows()), embedder)
     TreeEnsemble.from_sklearn(classifier).save(model_file)
     meta = {

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cache_service.embedder import Embedder, resolve_dtype
-from cache_service.verifier import fitted_embedding_dtype, load_classifier
+from cache_service.verifier import fitted_embedding_dtype
 from services.linear import bf16_weight_ops
 
 QUESTIONS = [
@@ -17,24 +17,11 @@ QUESTIONS = [
 ]
 
 
-def test_auto_is_bfloat16_only_where_native_and_a_verifier_was_fitted_on_it(monkeypatch) -> None:
-    import cache_service.embedder as embedder_module
-    from cache_service.embedding_models import EMBEDDING_MODELS, MINILM, MPNET
-
-    for native in (True, False):
-        monkeypatch.setattr(embedder_module, "native_bf16", lambda native=native: native)
-        assert resolve_dtype("auto", MINILM) == ("bfloat16" if native else "float32")
-        assert resolve_dtype("auto", MPNET) == "float32"  # no verifier fitted on its bfloat16 vectors
+def test_auto_is_the_type_the_verifier_was_fitted_on_whatever_the_cpu() -> None:
+    assert fitted_embedding_dtype() == "float32"
+    assert resolve_dtype("auto") == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         resolve_dtype("int8")
-    # Every shipped classifier was fitted on the model and the weight type it is registered for.
-    for name, model in EMBEDDING_MODELS.items():
-        for dtype, fitted in model.verifiers.items():
-            assert fitted_embedding_dtype(fitted.file) == dtype
-            assert load_classifier(fitted.file, name) is not None
-    assert EMBEDDING_MODELS[MINILM].verifier("bfloat16-weights") == EMBEDDING_MODELS[MINILM].verifier(
-        "float32"
-    )
 
 
 def test_bfloat16_weights_give_the_float32_vectors_to_rounding() -> None:

@@ -25,28 +25,21 @@ def test_the_setting_offers_every_model() -> None:
 
 @pytest.mark.parametrize("name", sorted(EMBEDDING_MODELS))
 def test_thresholds_default_to_the_models_own(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cache_service.embedder import resolve_dtype
-
+    model = EMBEDDING_MODELS[name]
     monkeypatch.setenv("CACHE_EMBEDDING_MODEL", name)
-    fitted = EMBEDDING_MODELS[name].verifier(resolve_dtype("auto", name))
     settings = CacheSettings()
-    assert settings.similarity_threshold == fitted.similarity_threshold
+    assert settings.similarity_threshold == model.similarity_threshold
     thresholds = settings.verifier_thresholds()
     assert (thresholds.question, thresholds.context) == (
-        fitted.verifier_threshold,
-        fitted.context_verifier_threshold,
-    )
-    monkeypatch.setenv("CACHE_EMBEDDING_DTYPE", "float32")
-    assert (
-        CacheSettings().context_verifier_threshold
-        == EMBEDDING_MODELS[name].verifier("float32").context_verifier_threshold
+        model.verifier_threshold,
+        model.context_verifier_threshold,
     )
     monkeypatch.setenv("CACHE_VERIFIER_THRESHOLD", "0.5")
     assert CacheSettings().verifier_thresholds().question == 0.5  # an explicit value wins
 
 
 def test_the_two_models_have_their_own_thresholds() -> None:
-    minilm, mpnet = EMBEDDING_MODELS[MINILM].verifier("float32"), EMBEDDING_MODELS[MPNET].verifier("float32")
+    minilm, mpnet = EMBEDDING_MODELS[MINILM], EMBEDDING_MODELS[MPNET]
     assert (minilm.similarity_threshold, minilm.verifier_threshold) != (
         mpnet.similarity_threshold,
         mpnet.verifier_threshold,
@@ -55,9 +48,9 @@ def test_the_two_models_have_their_own_thresholds() -> None:
 
 def test_a_classifier_fitted_on_another_models_vectors_is_refused() -> None:
     with pytest.raises(RuntimeError, match="fitted on all-minilm-l6-v2 vectors"):
-        load_classifier(EMBEDDING_MODELS[MINILM].verifier("float32").file, MPNET)
+        load_classifier(EMBEDDING_MODELS[MINILM].verifier_file, MPNET)
     with pytest.raises(RuntimeError, match="fitted on all-mpnet-base-v2 vectors"):
-        load_classifier(EMBEDDING_MODELS[MPNET].verifier("float32").file, MINILM)
+        load_classifier(EMBEDDING_MODELS[MPNET].verifier_file, MINILM)
 
 
 def test_a_missing_model_directory_says_how_to_fetch_it(tmp_path: Path) -> None:

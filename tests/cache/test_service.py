@@ -28,11 +28,11 @@ def test_exact_hit_and_miss(stub) -> None:
 
 
 def test_paraphrase_hits_by_similarity(stub) -> None:
-    store(stub, chat_key("How do I cancel my subscription?", "t-para"), "Account > Plan > Cancel.")
-    hit = lookup(stub, chat_key("What is the way to cancel my subscription?", "t-para"))
+    store(stub, chat_key("What is the population of Tokyo?", "t-para"), "About 14 million.")
+    hit = lookup(stub, chat_key("How many people live in Tokyo?", "t-para"))
     assert hit.hit and not hit.exact
     assert 0.0 < hit.similarity < 1.0
-    assert hit.response == "Account > Plan > Cancel."
+    assert hit.response == "About 14 million."
 
 
 @pytest.mark.parametrize(
@@ -80,13 +80,13 @@ def test_earlier_conversation_must_match(stub) -> None:
 
 def test_a_reworded_conversation_hits_and_a_changed_one_does_not(stub) -> None:
     france = [("user", "What is the capital of France?"), ("assistant", "Paris.")]
-    store(stub, chat_key("How do I buy metro tickets in Paris?", "t-conv", france), "At any station.")
+    store(stub, chat_key("What is the population of Paris?", "t-conv", france), "About 2.1 million.")
     reworded = [("user", "Which city is France's capital?"), ("assistant", "Paris.")]
-    hit = lookup(stub, chat_key("What is the way to buy metro tickets in Paris?", "t-conv", reworded))
-    assert hit.hit and not hit.exact and hit.response == "At any station."
+    hit = lookup(stub, chat_key("How many people live in Paris?", "t-conv", reworded))
+    assert hit.hit and not hit.exact and hit.response == "About 2.1 million."
     germany = [("user", "What is the capital of Germany?"), ("assistant", "Paris.")]
-    assert not lookup(stub, chat_key("How do I buy metro tickets in Paris?", "t-conv", germany)).hit
-    assert not lookup(stub, chat_key("How do I buy 3 metro tickets in Paris?", "t-conv", france)).hit
+    assert not lookup(stub, chat_key("What is the population of Paris?", "t-conv", germany)).hit
+    assert not lookup(stub, chat_key("What is 3 times the population of Paris?", "t-conv", france)).hit
 
 
 def test_parameters_are_part_of_the_key(stub) -> None:

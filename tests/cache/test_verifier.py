@@ -147,22 +147,20 @@ def test_conversation_key_compares_turns_by_meaning_and_the_rest_exactly() -> No
 @pytest.fixture(scope="module")
 def verifier():
     from cache_service.embedder import Embedder
-    from cache_service.verifier import PairVerifier, classifier_for
+    from cache_service.verifier import PairVerifier
 
-    embedder = Embedder()  # bfloat16 where native, as the service runs it
-    return PairVerifier(embedder, classifier_for(embedder.model, embedder.dtype))
+    return PairVerifier(Embedder())
 
 
 @pytest.fixture(scope="module", params=sorted(EMBEDDING_MODELS))
 def model_verifier(request):
     """Each embedding model's verifier (its own classifier) with its own default thresholds."""
     from cache_service.embedder import Embedder
-    from cache_service.verifier import PairVerifier, Thresholds, classifier_for
+    from cache_service.verifier import PairVerifier, Thresholds, load_classifier
 
-    embedder = Embedder(model=request.param)
-    fitted = EMBEDDING_MODELS[request.param].verifier(embedder.dtype)
-    verifier = PairVerifier(embedder, classifier_for(embedder.model, embedder.dtype))
-    return verifier, Thresholds(fitted.verifier_threshold, fitted.context_verifier_threshold)
+    model = EMBEDDING_MODELS[request.param]
+    verifier = PairVerifier(Embedder(model=model.name), load_classifier(model.verifier_file, model.name))
+    return verifier, Thresholds(model.verifier_threshold, model.context_verifier_threshold)
 
 
 def conv(*texts: str) -> Conversation:
@@ -208,12 +206,10 @@ def test_verifier_passes_turns_worded_the_same_without_the_classifier(verifier) 
 
 
 def test_conversations_are_judged_turn_by_turn(verifier) -> None:
-    france = conv("What is the capital of France?", "Paris.", "How do I buy metro tickets in Paris?")
-    reworded = conv(
-        "Which city is France's capital?", "Paris.", "What is the way to buy metro tickets in Paris?"
-    )
-    germany = conv("What is the capital of Germany?", "Berlin.", "How do I buy metro tickets in Paris?")
-    tripled = conv("What is the capital of France?", "Paris.", "How do I buy 3 metro tickets in Paris?")
+    france = conv("What is the capital of France?", "Paris.", "What is the population of Paris?")
+    reworded = conv("Which city is France's capital?", "Paris.", "How many people live in Paris?")
+    germany = conv("What is the capital of Germany?", "Berlin.", "What is the population of Paris?")
+    tripled = conv("What is the capital of France?", "Paris.", "What is 3 times the population of Paris?")
     same, other, numbers = verifier.judge(france, [reworded, germany, tripled], DEFAULTS)
     assert same.ok
     assert not other.ok and other.reason == "verifier: different context"
