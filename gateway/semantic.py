@@ -1,5 +1,6 @@
 """The gateway's side of the semantic cache: which requests may use it (this module is the one owner of that
-rule: the bypass header, n, logprobs, tools, CACHE_MAX_TEMPERATURE), when to ask, when to store.
+rule: the bypass header, n, logprobs, tools, CACHE_MAX_TEMPERATURE), when to ask, when to store, and which
+identical requests in flight share one generation (gateway/single_flight.py).
 
 What is worth storing (the finish reasons) is the cache service's rule (cache_service/core.py): the gateway
 hands it every complete answer of a miss.
@@ -16,6 +17,7 @@ from gateway.cache_client import CacheHit, SemanticCacheClient, build_cache_key
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.responses import UsageTotals
 from gateway.settings import GatewaySettings
+from gateway.single_flight import SHAREABLE_FINISH_REASONS, SingleFlight
 from worker.sampling_params import SamplingParams
 
 BYPASS_HEADER = "x-semantic-cache"
@@ -28,6 +30,7 @@ class CacheDecision:
     status: str  # hit | miss | bypass
     key: Any = None
     hit: CacheHit | None = None
+    flight: bytes | None = None  # set on a miss whose answer identical requests in flight wait for
 
     def headers(self) -> dict[str, str]:
         headers = {"X-Semantic-Cache": self.status}
@@ -83,6 +86,7 @@ class SemanticCacheGate:
     def __init__(self, settings: GatewaySettings) -> None:
         self.client: SemanticCacheClient | None = None
         self.max_temperature = settings.cache_max_temperature
+        self.flights = SingleFlight()
         if settings.cache_enabled:
             timeout_s = settings.cache_timeout_ms / 1000.0
             self.client = SemanticCacheClient(settings.cache_addr, timeout_s, on_error=_count_error)
@@ -114,8 +118,12 @@ class SemanticCacheGate:
         ):  # the cache is away or slow: answer from the model, store nothing
             observability.SEMANTIC_CACHE.labels("error").inc()
             return CacheDecision("miss")
+        shared = await self.flights.wait(key)  # the same request being generated right now?
+        if shared is not None:
+            observability.SEMANTIC_CACHE.labels("hit").inc()
+            return CacheDecision("hit", key, shared)
         observability.SEMANTIC_CACHE.labels("miss").inc()
-        return CacheDecision("miss", key)
+        return CacheDecision("miss", key, flight=self.flights.lead(key))
 
     def may_reuse(self, req: ChatCompletionRequest | CompletionRequest) -> bool:
         """One answer, no logprobs of the output or the prompt (a stored text has none), no tools (calls are
@@ -138,7 +146,15 @@ class SemanticCacheGate:
         finish reason makes it worth keeping."""
         if self.client is None or decision.key is None or decision.status != "miss":
             return
+        if decision.flight is not None and text and finish in SHAREABLE_FINISH_REASONS:
+            shared = CacheHit(text, 1.0, True, finish, usage.prompt_tokens, usage.completion_tokens)
+            self.flights.finish(decision.flight, shared)
         self.client.store_later(decision.key, text, finish, usage.prompt_tokens, usage.completion_tokens)
+
+    def release(self, decision: CacheDecision) -> None:
+        """However the request ended: waiters still waiting on it generate for themselves."""
+        if decision.flight is not None:
+            self.flights.finish(decision.flight, None)
 
     async def close(self) -> None:
         if self.client is not None:

@@ -82,8 +82,12 @@ class Serving:
         tools = plan_tools(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         decision = await self.cache.decide(raw.headers, req, req.model, messages=messages)
-        generate = chat_request(req, meta.id, req.model, tools)
-        return await self._respond(raw, req, meta, decision, [generate], "messages", tools)
+        try:
+            generate = chat_request(req, meta.id, req.model, tools)
+            return await self._respond(raw, req, meta, decision, [generate], "messages", tools)
+        except BaseException:
+            self.cache.release(decision)
+            raise
 
     async def completions(self, raw: Request) -> Response:
         req: CompletionRequest = await self._parse(raw, CompletionRequest)
@@ -93,14 +97,18 @@ class Serving:
         single = prompts[0] if len(prompts) == 1 and not req.echo and req.prompt_logprobs is None else None
         text_prompt = single if isinstance(single, str) else None
         decision = await self.cache.decide(raw.headers, req, req.model, prompt=text_prompt)
-        if req.echo:
-            texts = [p if isinstance(p, str) else await self.pool.detokenize(p) for p in prompts]
-            meta.echo = [text for text in texts for _ in range(req.num_choices)]
-        generates = [
-            completion_request(req, meta.id if len(prompts) == 1 else f"{meta.id}-{i}", req.model, prompt)
-            for i, prompt in enumerate(prompts)
-        ]
-        return await self._respond(raw, req, meta, decision, generates, "prompt")
+        try:
+            if req.echo:
+                texts = [p if isinstance(p, str) else await self.pool.detokenize(p) for p in prompts]
+                meta.echo = [text for text in texts for _ in range(req.num_choices)]
+            generates = [
+                completion_request(req, meta.id if len(prompts) == 1 else f"{meta.id}-{i}", req.model, prompt)
+                for i, prompt in enumerate(prompts)
+            ]
+            return await self._respond(raw, req, meta, decision, generates, "prompt")
+        except BaseException:
+            self.cache.release(decision)
+            raise
 
     @staticmethod
     def _meta(prefix: str, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> ResponseMeta:
@@ -142,15 +150,19 @@ class Serving:
         generation = Generation(meta, stream, decision, n, prompt_param, tools)
         if req.stream:
             body = self._sse(generation)
+
+            def close() -> None:  # however the response ends, its body generator started or not
+                stream.cancel()
+                self.cache.release(decision)
+
             return ClosingStreamingResponse(
-                body, stream.cancel, media_type="text/event-stream", headers=headers | SSE_HEADERS
+                body, close, media_type="text/event-stream", headers=headers | SSE_HEADERS
             )
         try:
-            result = await until_disconnect(
-                raw, self._collect(generation)
-            )
+            result = await until_disconnect(raw, self._collect(generation))
         finally:
             stream.cancel()
+            self.cache.release(decision)
         return JSONResponse(result, headers=headers)
 
     async def _collect(self, generation: Generation) -> dict[str, Any]:

@@ -8,13 +8,22 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.launch import MODEL_NAME, Service, start_cache_service, start_gateway, start_redis
+from gateway.single_flight import MAX_WAIT_S
+from services.launch import (
+    MODEL_NAME,
+    Service,
+    metrics_url,
+    start_cache_service,
+    start_gateway,
+    start_redis,
+)
 
 QUESTION = {
     "model": MODEL_NAME,
@@ -118,6 +127,70 @@ def test_hard_negative_and_other_tenants_go_to_the_worker(cached_gateway: Servic
     assert ask(cached_gateway, off).headers["x-semantic-cache"] == "miss"
     assert ask(cached_gateway, dark_on | {"user": "someone-else"}).headers["x-semantic-cache"] == "miss"
     assert ask(cached_gateway, QUESTION | {"user": "someone-else"}).headers["x-semantic-cache"] == "miss"
+
+
+def worker_requests(worker: Service) -> float:
+    """Requests the worker finished (every finish reason): how many generations it ran."""
+    text = httpx.get(metrics_url(worker, "WORKER_METRICS_PORT"), timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "llmserve:request_success_total"
+    )
+
+
+def test_identical_requests_in_flight_share_one_generation(cached_gateway: Service, worker: Service) -> None:
+    """Asked three times at once, a question no cache entry answers yet is generated once: the first asker
+    generates, the others wait for its answer (X-Semantic-Cache: hit), streamed or not."""
+    body = question(
+        "Write one sentence about the history of the bicycle.", max_tokens=48, ignore_eos=True, user="burst"
+    )
+    before = worker_requests(worker)
+    with ThreadPoolExecutor(3) as pool:
+        plain = [pool.submit(ask, cached_gateway, body) for _ in range(2)]
+        streamed = pool.submit(streamed_body, cached_gateway, body | {"stream": True})
+        responses = [f.result() for f in plain]
+        stream_status, stream_text = streamed.result()
+    statuses = sorted([r.headers["x-semantic-cache"] for r in responses] + [stream_status])
+    assert statuses == ["hit", "hit", "miss"]
+    texts = {r.json()["choices"][0]["message"]["content"] for r in responses} | {stream_text}
+    assert len(texts) == 1 and texts != {""}
+    assert worker_requests(worker) - before == 1
+
+
+def test_a_waiter_generates_itself_when_the_first_asker_leaves(
+    cached_gateway: Service, worker: Service
+) -> None:
+    body = question(
+        "Write one sentence about the history of the telescope.",
+        max_tokens=96,
+        ignore_eos=True,
+        user="leaver",
+    )
+    with ThreadPoolExecutor(1) as pool:
+        with httpx.stream(
+            "POST", f"{cached_gateway.addr}/v1/chat/completions", json=body | {"stream": True}, timeout=60
+        ) as leaving:
+            assert leaving.headers["x-semantic-cache"] == "miss"
+            waiting = pool.submit(ask, cached_gateway, body)
+            time.sleep(0.3)  # the second request is waiting on the first's generation
+            left = time.monotonic()
+        # the first client left before its answer was complete: the second generates its own, at once
+        # rather than after giving up on the first (MAX_WAIT_S)
+        response = waiting.result()
+    assert time.monotonic() - left < MAX_WAIT_S / 2
+    assert response.headers["x-semantic-cache"] == "miss"
+    assert response.json()["choices"][0]["message"]["content"]
+
+
+def streamed_body(gateway: Service, body: dict) -> tuple[str, str]:
+    with httpx.stream("POST", f"{gateway.addr}/v1/chat/completions", json=body, timeout=120) as streamed:
+        status = streamed.headers["x-semantic-cache"]
+        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    return status, "".join(c["delta"].get("content") or "" for chunk in chunks for c in chunk["choices"])
 
 
 def test_gateway_serves_without_the_cache(cached_gateway: Service, cache_service: Service) -> None:
