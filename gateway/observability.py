@@ -38,6 +38,10 @@ SEMANTIC_CACHE_ERRORS = Counter(
 WORKER_ERRORS = Counter(
     "llmserve_gateway_worker_errors_total", "Worker calls that failed, by gRPC status code.", ["code"]
 )
+SHARED_GENERATIONS = Counter(
+    "llmserve_gateway_shared_generations_total",
+    "Cacheable requests answered by an identical request's generation in flight (counted as cache hits too).",
+)
 CLIENT_DISCONNECTS = Counter(
     "llmserve_gateway_client_disconnects_total",
     "Requests whose client went away before the answer was complete.",

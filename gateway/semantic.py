@@ -121,6 +121,7 @@ class SemanticCacheGate:
         shared = await self.flights.wait(key)  # the same request being generated right now?
         if shared is not None:
             observability.SEMANTIC_CACHE.labels("hit").inc()
+            observability.SHARED_GENERATIONS.inc()
             return CacheDecision("hit", key, shared)
         observability.SEMANTIC_CACHE.labels("miss").inc()
         return CacheDecision("miss", key, flight=self.flights.lead(key))

@@ -146,7 +146,7 @@ def test_identical_requests_in_flight_share_one_generation(cached_gateway: Servi
     body = question(
         "Write one sentence about the history of the bicycle.", max_tokens=48, ignore_eos=True, user="burst"
     )
-    before = worker_requests(worker)
+    before, shared_before = worker_requests(worker), gateway_counter(cached_gateway, "shared_generations")
     with ThreadPoolExecutor(3) as pool:
         plain = [pool.submit(ask, cached_gateway, body) for _ in range(2)]
         streamed = pool.submit(streamed_body, cached_gateway, body | {"stream": True})
@@ -157,6 +157,7 @@ def test_identical_requests_in_flight_share_one_generation(cached_gateway: Servi
     texts = {r.json()["choices"][0]["message"]["content"] for r in responses} | {stream_text}
     assert len(texts) == 1 and texts != {""}
     assert worker_requests(worker) - before == 1
+    assert gateway_counter(cached_gateway, "shared_generations") - shared_before == 2
 
 
 def test_a_waiter_generates_itself_when_the_first_asker_leaves(
@@ -205,6 +206,16 @@ def test_gateway_serves_without_the_cache(cached_gateway: Service, cache_service
     assert again.headers["x-semantic-cache"] != "hit"
     assert cache_requests(cached_gateway, "error") >= 1
     assert cache_requests(cached_gateway, "hit") >= 1
+
+
+def gateway_counter(gateway: Service, name: str) -> float:
+    """One of the gateway's unlabelled counters, llmserve_gateway_<name>_total."""
+    text = httpx.get(f"{gateway.addr}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"llmserve_gateway_{name}_total":
+                return sample.value
+    raise AssertionError(f"no llmserve_gateway_{name}_total")
 
 
 def cache_requests(gateway: Service, result: str) -> float:

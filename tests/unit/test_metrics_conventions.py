@@ -30,6 +30,7 @@ def test_gateway() -> None:
         assert ("llmserve_gateway_semantic_cache_errors_total", frozenset({("kind", kind)})) in got
     for code in observability.WORKER_ERROR_CODES:
         assert ("llmserve_gateway_worker_errors_total", frozenset({("code", code)})) in got
+    assert ("llmserve_gateway_shared_generations_total", frozenset()) in got
 
 
 def test_cache_service() -> None:
