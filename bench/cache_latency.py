@@ -27,7 +27,7 @@ import numpy as np
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.report import publish
+from bench.report import model_section, publish
 from cache_service.embedder import EMBEDDING_DTYPES, resolve_dtype
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import parse_key
@@ -319,13 +319,12 @@ def embed_only(dtype: str, model: str, n: int = 200) -> str:
     from cache_service.keys import Conversation
     from cache_service.settings import CacheSettings
     from cache_service.token_states import TokenStateCache
-    from cache_service.verifier import PairVerifier, load_classifier, verifier_texts
+    from cache_service.verifier import PairVerifier, classifier_for, verifier_texts
 
     embedder = Embedder(dtype=dtype, model=model)
-    settings = CacheSettings(embedding_model=model)
-    thresholds = settings.verifier_thresholds()
+    thresholds = CacheSettings(embedding_model=model).verifier_thresholds()
     states = TokenStateCache(embedder)
-    classifier = load_classifier(settings.model().verifier_file, model)
+    classifier = classifier_for(model)
     warm, cold = PairVerifier(states, classifier), PairVerifier(embedder, classifier)
     embed_t, warm_t, cold_t = [], [], []
     for i in range(n):
@@ -406,11 +405,8 @@ def main() -> None:
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]
-    if args.embedding_model == DEFAULT_EMBEDDING_MODEL:
-        publish("cache-latency", ["## Semantic cache latency", "", *lines], args.write_docs)
-    else:
-        title = f"## Semantic cache latency with {args.embedding_model} (opt-in)"
-        publish(f"cache-latency-{args.embedding_model}", [title, "", *lines], args.write_docs)
+    section, title = model_section("cache-latency", "Semantic cache latency", args.embedding_model)
+    publish(section, [title, "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":

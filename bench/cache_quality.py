@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.report import publish
+from bench.report import model_section, publish
 from cache_service.core import TOP_K
 from cache_service.embedder import EMBEDDING_DTYPES, Embedder
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
@@ -40,7 +40,7 @@ from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_ke
 from cache_service.settings import CacheSettings
 from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import PairVerifier, Thresholds, load_classifier
+from cache_service.verifier import PairVerifier, Thresholds, classifier_for
 from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tune_rows
 from services.gen import cache_pb2
 
@@ -130,7 +130,7 @@ def rate(k: int, n: int) -> str:
 
 
 def run_lookups(
-    rows: list[dict], embedder: TokenStateCache, dim: int, verifier_for: Callable[[dict], PairVerifier]
+    rows: list[dict], encoder: TokenStateCache, dim: int, verifier_for: Callable[[dict], PairVerifier]
 ) -> list[Lookup]:
     """Every row's lookup; its candidates judged by verifier_for(row)."""
     stored = {}
@@ -142,7 +142,7 @@ def run_lookups(
     vectors = {}
     for start in range(0, len(texts), 64):
         chunk = texts[start : start + 64]
-        vectors.update(zip(chunk, embedder.encode(chunk), strict=True))
+        vectors.update(zip(chunk, encoder.encode(chunk), strict=True))
     index = VectorIndex(dim=dim)
     groups = {}
     for entry_id, (key, group) in stored.items():
@@ -291,7 +291,7 @@ def main() -> None:
         rows = [r for r in rows if r["split"] == "tune"]
         shipped = None
     else:
-        shipped = PairVerifier(states, load_classifier(model.verifier_file, model.name))
+        shipped = PairVerifier(states, classifier_for(model.name))
     lookups = run_lookups(
         rows,
         states,
@@ -354,11 +354,8 @@ def main() -> None:
     for f in (0.80, 0.85, 0.90, 0.95):
         s, p, w, t = totals(tally(test_rows, test_lookups, f, None))
         lines.append(f"| {f:.2f} | {rate(s, p)} | {rate(w, t)} |")
-    if model.name == DEFAULT_EMBEDDING_MODEL:
-        publish("cache-quality", ["## Semantic cache quality", "", *lines], args.write_docs)
-    else:
-        title = f"## Semantic cache quality with {model.name} (opt-in: CACHE_EMBEDDING_MODEL={model.name})"
-        publish(f"cache-quality-{model.name}", [title, "", *lines], args.write_docs)
+    section, title = model_section("cache-quality", "Semantic cache quality", model.name)
+    publish(section, [title, "", *lines], args.write_docs)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,18 @@ def write_section(name: str, body: str, path: Path = DOCS) -> None:
     path.write_text(text)
 
 
+def model_section(name: str, title: str, embedding_model: str) -> tuple[str, str]:
+    """The docs section and heading of a cache benchmark run with `embedding_model`: the default model's
+    are the benchmark's own, another model's sit beside them."""
+    from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL
+
+    if embedding_model == DEFAULT_EMBEDDING_MODEL:
+        return name, f"## {title}"
+    return f"{name}-{embedding_model}", (
+        f"## {title} with {embedding_model} (opt-in: CACHE_EMBEDDING_MODEL={embedding_model})"
+    )
+
+
 def publish(name: str, lines: list[str], write_docs: bool) -> str:
     """Print a benchmark's section and, with --write-docs, make it section `name` of docs/BENCHMARKS.md."""
     body = "\n".join(lines)

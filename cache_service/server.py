@@ -18,7 +18,7 @@ from cache_service.settings import CacheSettings
 from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
 from cache_service.token_states import TokenStateCache
-from cache_service.verifier import PairVerifier, load_classifier
+from cache_service.verifier import PairVerifier, classifier_for
 from services.gen import cache_pb2, cache_pb2_grpc
 from services.grpc_server import GrpcServer, wait_for_stop_signal
 
@@ -74,9 +74,7 @@ async def serve(settings: CacheSettings) -> None:
         threshold=settings.similarity_threshold,
         ttl_seconds=settings.ttl_seconds,
         verifier=(
-            PairVerifier(token_states, load_classifier(model.verifier_file, model.name))
-            if settings.verifier_enabled
-            else None
+            PairVerifier(token_states, classifier_for(model.name)) if settings.verifier_enabled else None
         ),
         verifier_thresholds=settings.verifier_thresholds(),
     )

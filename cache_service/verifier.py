@@ -66,7 +66,7 @@ class Verdict:
         return min(self.question_probability, self.context_probability)
 
 
-def load_classifier(path: Path = MODEL_FILE, embedding_model: str = DEFAULT_EMBEDDING_MODEL) -> TreeEnsemble:
+def load_classifier(path: Path, embedding_model: str) -> TreeEnsemble:
     """The fitted trees (exported by cache_service.verifier_training); their feature list must be ours and
     they must have been fitted on the vectors of the model that will embed."""
     meta = json.loads(path.with_suffix(".json").read_text())
@@ -75,6 +75,11 @@ def load_classifier(path: Path = MODEL_FILE, embedding_model: str = DEFAULT_EMBE
     if meta["embedding_model"] != embedding_model:
         raise RuntimeError(f"{path} was fitted on {meta['embedding_model']} vectors, not {embedding_model}")
     return TreeEnsemble.load(path)
+
+
+def classifier_for(embedding_model: str) -> TreeEnsemble:
+    """The classifier fitted on `embedding_model`'s vectors (cache_service/embedding_models.py)."""
+    return load_classifier(EMBEDDING_MODELS[embedding_model].verifier_file, embedding_model)
 
 
 def fitted_embedding_dtype(path: Path = MODEL_FILE) -> str:
@@ -87,7 +92,7 @@ def fitted_embedding_dtype(path: Path = MODEL_FILE) -> str:
 class PairVerifier:
     def __init__(self, encoder: TokenEncoder, classifier: TreeEnsemble | None = None) -> None:
         self._encoder = encoder
-        self._classifier = classifier if classifier is not None else load_classifier()
+        self._classifier = classifier if classifier is not None else classifier_for(DEFAULT_EMBEDDING_MODEL)
 
     def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         """Per turn pair (contractions expanded): the classifier's probability that one answer serves

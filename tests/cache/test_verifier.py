@@ -156,10 +156,10 @@ def verifier():
 def model_verifier(request):
     """Each embedding model's verifier (its own classifier) with its own default thresholds."""
     from cache_service.embedder import Embedder
-    from cache_service.verifier import PairVerifier, Thresholds, load_classifier
+    from cache_service.verifier import PairVerifier, Thresholds, classifier_for
 
     model = EMBEDDING_MODELS[request.param]
-    verifier = PairVerifier(Embedder(model=model.name), load_classifier(model.verifier_file, model.name))
+    verifier = PairVerifier(Embedder(model=model.name), classifier_for(model.name))
     return verifier, Thresholds(model.verifier_threshold, model.context_verifier_threshold)
 
 
