@@ -339,8 +339,8 @@ def main() -> None:
         f"Thresholds picked by this script on the tuning split only, judged out of fold ({FOLDS} folds by "
         f"topic; false hits <= {TARGET_FALSE_HIT:.0%} of every kind of trap, then most pairs served): "
         f"cosine floor {floor:.2f}, {describe(picked)}; configured defaults (CACHE_SIMILARITY_THRESHOLD, "
-        f"CACHE_VERIFIER_THRESHOLD, CACHE_CONTEXT_VERIFIER_THRESHOLD): {d_floor:.2f}, {d_p.question:.2f}, "
-        f"{d_p.context:.2f}.",
+        f"CACHE_VERIFIER_THRESHOLD, CACHE_CONTEXT_VERIFIER_THRESHOLD): {d_floor:.2f}, {d_p.question:g}, "
+        f"{d_p.context:g}.",
         "",
         "By kind at the defaults (served for should-hit kinds, false hits for traps):",
         "",

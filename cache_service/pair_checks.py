@@ -1,11 +1,19 @@
-"""Cheap, general checks that veto a candidate before the learned verifier: numbers (and what they count),
-negation (words and prefixes), opposite words, dates.
+"""Cheap, general checks on two questions: numbers (and what they count), negation (words and prefixes),
+opposite words, dates.
 
 A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "buy" and
 "sell", "5 km to miles" and "5 miles to km", "in June" and "in December" as almost the same question. These
 closed classes of English (number words, negators, negating prefixes, calendar words) and WordNet's
 antonyms are checked exactly instead. They are general vocabulary and morphology, not words picked from
 any evaluation set.
+
+Different numbers and a negation on one side only veto a candidate outright (`veto`). The other checks
+are evidence, not verdicts (`check_flags`): they go to the learned verifier as features beside the
+embedding's, because rewordings trip them too ("keeps crashing when I open it" / "closing itself the
+moment I launch it", "every day" / "each night", "summer solstice" / "June solstice", "error code E24" /
+"it's showing E24"). On the tuning split (out of fold, the thresholds'
+rule) that served 38% of should-hit pairs instead of 34% at about the same false hits; negation as a
+feature too served less at the rule's pick (docs/SEMANTIC_CACHE.md, "The verifier").
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ import re
 import unicodedata
 from pathlib import Path
 
-_WORD = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?")
+# A clock time ("3:30") and a number with a thousands "k" ("$10k") are one word each.
+_WORD = re.compile(r"\d{1,2}:\d\d\b|\d+(?:[.,]\d+)*k\b|\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 # "one" is left out: it is a pronoun as often as a number ("merge one branch into another").
 _CARDINALS = (
@@ -113,9 +122,14 @@ def numbers(ws: list[str]) -> list[float]:
 
 
 def _value(w: str) -> float | None:
+    """A word's number: "1,000" = 1000, "10k" = 10000, "3:30" = 3.5 (hours), "twelve" = 12, "2nd" = 2."""
     if w[0].isdigit():
+        if ":" in w:
+            hours, minutes = w.split(":")
+            return int(hours) + int(minutes) / 60
+        scale = 1e3 if w.endswith("k") else 1.0
         try:
-            return float(_THOUSANDS.sub("", w))
+            return float(_THOUSANDS.sub("", w.removesuffix("k"))) * scale
         except ValueError:
             return None
     return NUMBER_WORDS.get(w, ORDINAL_WORDS.get(w))
@@ -249,17 +263,30 @@ def opposite_words(wa: list[str], wb: list[str]) -> bool:
 
 
 def veto(a: str, b: str) -> str:
-    """Why `a` and `b` can't share an answer ("" when none of the checks objects)."""
+    """Why `a` and `b` can't share an answer, whatever the classifier says ("" when nothing objects)."""
     wa, wb = words(a), words(b)
     if numbers(wa) != numbers(wb):
         return "numbers differ"
-    if counted_swapped(wa, wb):
-        return "numbers count different things"
     if negated(wa) != negated(wb) or prefix_negated(wa, wb):
         return "negation differs"
-    if opposite_words(wa, wb):
-        return "opposite words"
-    da, db = dates(wa), dates(wb)
-    if da and db and da != db:  # one side naming no date ("each night") is not a different date
-        return "dates differ"
     return ""
+
+
+# The checks the classifier weighs (cache_service/pair_features.py), in the order of `check_flags`.
+CHECK_NAMES = ("numbers_count_swapped", "opposite_words", "dates_differ")
+
+
+def check_flags(a: str, b: str) -> tuple[bool, ...]:
+    """The CHECK_NAMES that object to `a` and `b` sharing an answer."""
+    wa, wb = words(a), words(b)
+    da, db = dates(wa), dates(wb)
+    return (
+        counted_swapped(wa, wb),
+        opposite_words(wa, wb),
+        bool(da and db and da != db),  # one side naming no date ("each night") is not a different date
+    )
+
+
+def objections(a: str, b: str) -> list[str]:
+    """The names of the checks that object (for a refusal's reason)."""
+    return [name for name, flag in zip(CHECK_NAMES, check_flags(a, b), strict=True) if flag]

@@ -10,11 +10,14 @@ features. The verifier (cache_service/verifier.py) is a classifier fitted on the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-FEATURE_NAMES = (
+from cache_service.pair_checks import CHECK_NAMES
+
+TOKEN_FEATURE_NAMES = (
     "cosine",
     "context_worst_min",  # the worse side's worst-matched piece, contextual vectors
     "context_worst_max",  # the better side's
@@ -30,6 +33,7 @@ FEATURE_NAMES = (
     "unshared_best_static",  # the lowest best-static-match among those unshared pieces
     "order_inversions",  # share of pairs of shared pieces that appear in the other order
 )
+FEATURE_NAMES = TOKEN_FEATURE_NAMES + CHECK_NAMES
 POOR_MATCH = 0.6
 
 
@@ -64,8 +68,9 @@ def _inversions(a_ids: tuple[int, ...], b_ids: tuple[int, ...]) -> float:
     return inverted / (n * (n - 1) / 2)
 
 
-def pair_features(a: TokenStates, b: TokenStates) -> np.ndarray:
-    """The FEATURE_NAMES of one pair, symmetric in a and b except for the order feature."""
+def pair_features(a: TokenStates, b: TokenStates, checks: Sequence[bool]) -> np.ndarray:
+    """The FEATURE_NAMES of one pair, symmetric in a and b except for the order feature; `checks`: the two
+    texts' pair_checks.check_flags."""
     ca, cb = _best_matches(a.context, b.context)
     sa, sb = _best_matches(a.static, b.static)
     worst_c = sorted((float(ca.min(initial=1.0)), float(cb.min(initial=1.0))))
@@ -93,6 +98,7 @@ def pair_features(a: TokenStates, b: TokenStates) -> np.ndarray:
             unshared[1],
             unshared_best,
             _inversions(a.ids, b.ids),
+            *(float(flag) for flag in checks),
         ],
         dtype=np.float64,
     )

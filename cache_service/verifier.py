@@ -3,17 +3,17 @@
 Sentence embeddings put "turn on 2FA" next to "turn off 2FA" and "capital of France" next to "capital of
 Germany", so a candidate above the similarity floor must also pass:
 
-1. the cheap general checks (cache_service/pair_checks.py: numbers and what they count, negation words
-   and prefixes, dates), then
+1. the vetoes (cache_service/pair_checks.py: different numbers, a negation on one side only), then
 2. a classifier fitted on labelled pairs (the tuning split of bench/data/cache_pairs.jsonl, by
    `python -m cache_service.verifier_training`) over how well every word piece of one question finds its
-   counterpart in the other (cache_service/pair_features.py). It gives the probability that one answer
+   counterpart in the other (cache_service/pair_features.py) and the other cheap checks' objections
+   (opposite words, dates, swapped units). It gives the probability that one answer
    serves both; the candidate passes at CACHE_VERIFIER_THRESHOLD or above (chosen on the tuning split).
 
 A conversation is compared turn by turn (the partition already guarantees the same roles in the same
 order): turns worded the same pass (case, punctuation, hyphens, spacing and articles aside:
-pair_checks.wording, so "carry-on" = "carry on" and "7pm" = "7 pm"), every other turn must pass the cheap
-checks, the last turn (the question) must reach CACHE_VERIFIER_THRESHOLD and the least likely earlier turn
+pair_checks.wording, so "carry-on" = "carry on" and "7pm" = "7 pm"), every other turn must pass the
+vetoes, the last turn (the question) must reach CACHE_VERIFIER_THRESHOLD and the least likely earlier turn
 (the context: "I use a Mac", "My dog is a labrador") CACHE_CONTEXT_VERIFIER_THRESHOLD. Two thresholds
 because the two are different questions: a context statement reworded scores lower than a reworded
 question, and the traps among earlier turns (a changed fact) score far lower still (docs/SEMANTIC_CACHE.md,
@@ -34,7 +34,7 @@ import numpy as np
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import Conversation
-from cache_service.pair_checks import expand_contractions, same_wording, veto
+from cache_service.pair_checks import check_flags, expand_contractions, objections, same_wording, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
@@ -101,7 +101,7 @@ class PairVerifier:
             return np.zeros(0)
         texts = sorted({t for pair in pairs for t in pair})
         states = dict(zip(texts, self._encoder.encode_tokens(texts), strict=True))
-        features = np.stack([pair_features(states[a], states[b]) for a, b in pairs])
+        features = np.stack([pair_features(states[a], states[b], check_flags(a, b)) for a, b in pairs])
         return self._classifier.probability(features)
 
     def judge(
@@ -122,20 +122,27 @@ class PairVerifier:
                 out.append(Verdict(False, 0.0, 0.0, reason))
                 continue
             question, context = 1.0, 1.0
-            for is_last, _ in pairs:
+            question_pair = context_pair = ("", "")
+            for is_last, pair in pairs:
                 p = next(probs)
                 if is_last:
-                    question = p
-                else:
-                    context = min(context, p)
+                    question, question_pair = p, pair
+                elif p < context:
+                    context, context_pair = p, pair
             if question < thresholds.question:
-                why = "verifier: different question"
+                why = _refusal("verifier: different question", question_pair)
             elif context < thresholds.context:
-                why = "verifier: different context"
+                why = _refusal("verifier: different context", context_pair)
             else:
                 why = ""
             out.append(Verdict(not why, question, context, why))
         return out
+
+
+def _refusal(why: str, pair: tuple[str, str]) -> str:
+    """The refusal, with the cheap checks that objected to the pair ("... (negation_differs)")."""
+    objecting = objections(*pair)
+    return f"{why} ({', '.join(objecting)})" if objecting else why
 
 
 def verifier_texts(conversation: Conversation) -> tuple[str, ...]:
@@ -150,7 +157,7 @@ def verifier_texts(conversation: Conversation) -> tuple[str, ...]:
 
 def _differing_turns(a: Conversation, b: Conversation) -> tuple[list[tuple[bool, tuple[str, str]]], str]:
     """The turn pairs that are worded differently (contractions expanded), each marked True when it is the
-    last turn (the question), or a veto from the cheap checks."""
+    last turn (the question), or a veto."""
     if len(a.turns) != len(b.turns):
         return [], "conversation length differs"
     pairs = []

@@ -5,8 +5,9 @@ fitted on). Never reads the frozen splits (test, external).
 Every labelled pair becomes the turn pairs the verifier would be asked about: a single question pair as
 itself; a conversation pair turn by turn, skipping turns worded the same (pair_checks.wording). A turn pair
 is positive when one answer serves both (a pair that should hit, or the reworded last question of a
-conversation whose earlier turns changed) and negative otherwise. Pairs the cheap checks already veto never
-reach the classifier, so they are left out. Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1
+conversation whose earlier turns changed) and negative otherwise. Pairs the vetoes refuse (numbers, negation)
+never reach the classifier, so they are left out; the other checks' objections are features
+(pair_checks.check_flags). Gradient-boosted trees (scikit-learn, pinned): small, fast (~0.1
 ms for four candidates), and they can learn that near-identical questions are the dangerous ones (one
 substituted word).
 
@@ -32,7 +33,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 
 from cache_service.embedder import Embedder
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
-from cache_service.pair_checks import expand_contractions, same_wording, veto
+from cache_service.pair_checks import check_flags, expand_contractions, same_wording, veto
 from cache_service.pair_features import FEATURE_NAMES, pair_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
@@ -92,7 +93,7 @@ def fit_classifier(embedder: TokenEncoder, pairs: list[Pair]) -> HistGradientBoo
     for start in range(0, len(texts), 64):
         chunk = texts[start : start + 64]
         states.update(zip(chunk, embedder.encode_tokens(chunk), strict=True))
-    features = np.stack([pair_features(states[a], states[b]) for a, b, _ in pairs])
+    features = np.stack([pair_features(states[a], states[b], check_flags(a, b)) for a, b, _ in pairs])
     labels = np.array([same for _, _, same in pairs])
     model = HistGradientBoostingClassifier(max_depth=3, max_iter=200, learning_rate=0.05, random_state=0)
     return model.fit(features, labels)

@@ -9,7 +9,7 @@ import pytest
 
 from cache_service.embedding_models import EMBEDDING_MODELS
 from cache_service.keys import Conversation, parse_key
-from cache_service.pair_checks import veto
+from cache_service.pair_checks import objections, veto
 from cache_service.settings import CacheSettings
 from services.gen import cache_pb2
 
@@ -23,11 +23,11 @@ DEFAULTS = CacheSettings().verifier_thresholds()
         ("How many ounces are in a pound?", "How many ounces are in 3 pounds?", "numbers"),
         ("What is 15% of 80?", "What is 15% of 60?", "numbers"),
         ("Who won in 2018?", "Who won in 2014?", "numbers"),
+        ("Can I check in at 3:30?", "Can I check in at 3:45?", "numbers"),
+        ("Is $10k a good salary?", "Is $100k a good salary?", "numbers"),
         ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?", "negation"),
         ("Why does my code compile?", "Why doesn't my code compile?", "negation"),
         ("How do I bake bread with yeast?", "How do I bake bread without yeast?", "negation"),
-        ("Is the museum open on Friday?", "Is the museum open on Tuesday?", "dates"),
-        ("What's the weather in Lisbon in April?", "What's the weather in Lisbon in November?", "dates"),
         ("Is it legal to park on the sidewalk?", "Is it illegal to park on the sidewalk?", "negation"),
         (
             "How do I hide a column in my spreadsheet?",
@@ -39,20 +39,37 @@ DEFAULTS = CacheSettings().verifier_thresholds()
             "What are the disadvantages of leasing a car?",
             "negation",
         ),
-        ("How many grams are in 2 pounds?", "How many pounds are in 2 grams?", "count different things"),
-        ("Convert 10 miles to kilometers", "Convert 10 kilometers to miles", "count different things"),
-        ("Should I buy gold now?", "Should I sell gold now?", "opposite"),
-        ("What is the highest point in Texas?", "What is the lowest point in Texas?", "opposite"),
-        (
-            "Is it cheaper to fly or drive to Denver?",
-            "Is it more expensive to fly or drive to Denver?",
-            "opposite",
-        ),
-        ("How do I increase the font size?", "How do I decrease the font size?", "opposite"),
     ],
 )
 def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
     assert reason in veto(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "objection"),
+    [
+        ("Is the museum open on Friday?", "Is the museum open on Tuesday?", "dates_differ"),
+        (
+            "What's the weather in Lisbon in April?",
+            "What's the weather in Lisbon in November?",
+            "dates_differ",
+        ),
+        ("How many grams are in 2 pounds?", "How many pounds are in 2 grams?", "numbers_count_swapped"),
+        ("Convert 10 miles to kilometers", "Convert 10 kilometers to miles", "numbers_count_swapped"),
+        ("Should I buy gold now?", "Should I sell gold now?", "opposite_words"),
+        ("What is the highest point in Texas?", "What is the lowest point in Texas?", "opposite_words"),
+        (
+            "Is it cheaper to fly or drive to Denver?",
+            "Is it more expensive to fly or drive to Denver?",
+            "opposite_words",
+        ),
+        ("How do I increase the font size?", "How do I decrease the font size?", "opposite_words"),
+    ],
+)
+def test_other_checks_object_without_vetoing(a: str, b: str, objection: str) -> None:
+    """Rewordings trip these too, so they are the classifier's features, not vetoes."""
+    assert veto(a, b) == ""
+    assert objections(a, b) == [objection]
 
 
 @pytest.mark.parametrize(
@@ -66,6 +83,8 @@ def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
         ("Why can't I log in?", "Why am I not able to log in?"),
         ("How do I join three tables in SQL?", "How can I join three SQL tables?"),
         ("Convert 5 km to miles", "How many miles is 5 km?"),
+        ("How do I run a cron job at 3am?", "What crontab line runs a job daily at 3:00 in the morning?"),
+        ("Do I file taxes if I made $10,000?", "Must I file a return on $10k of income?"),
         ("How many cups are in 2 liters?", "How many cups make 2 litres?"),
         ("Is it possible to recover deleted files?", "Can deleted files be recovered?"),
         ("What does an index do in a database?", "What is a database index for?"),
@@ -79,7 +98,7 @@ def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
     ],
 )
 def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
-    assert veto(a, b) == ""
+    assert veto(a, b) == "" and objections(a, b) == []
 
 
 @pytest.mark.parametrize(
@@ -194,6 +213,12 @@ def test_classifier_refuses_other_questions(model_verifier, a: str, b: str) -> N
     verifier, thresholds = model_verifier
     verdict = verifier.judge(conv(a), [conv(b)], thresholds)[0]
     assert not verdict.ok and verdict.question_probability < thresholds.question
+
+
+def test_a_refusal_names_the_checks_that_objected(model_verifier) -> None:
+    verifier, thresholds = model_verifier
+    verdict = verifier.judge(conv("Should I buy gold now?"), [conv("Should I sell gold now?")], thresholds)[0]
+    assert not verdict.ok and verdict.reason == "verifier: different question (opposite_words)"
 
 
 def test_verifier_passes_turns_worded_the_same_without_the_classifier(verifier) -> None:
