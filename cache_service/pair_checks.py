@@ -11,9 +11,9 @@ Different numbers and a negation on one side only veto a candidate outright (`ve
 are evidence, not verdicts (`check_flags`): they go to the learned verifier as features beside the
 embedding's, because rewordings trip them too ("keeps crashing when I open it" / "closing itself the
 moment I launch it", "every day" / "each night", "summer solstice" / "June solstice", "error code E24" /
-"it's showing E24"). On the tuning split (out of fold, the thresholds'
-rule) that served 38% of should-hit pairs instead of 34% at about the same false hits; with negation as a
-feature too, the rule's pick swung on one negation trap (docs/SEMANTIC_CACHE.md, "The verifier").
+"it's showing E24"). On the tuning split (out of fold, the thresholds' rule) that served 38% of
+should-hit pairs instead of 34% at about the same false hits; with negation as a feature too, the rule's
+pick swung on one negation trap (docs/SEMANTIC_CACHE.md, "The verifier").
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class PairVerifier:
 
 
 def _refusal(why: str, pair: tuple[str, str]) -> str:
-    """The refusal, with the cheap checks that objected to the pair ("... (negation_differs)")."""
+    """The refusal, with the cheap checks that objected to the pair ("... (opposite_words)")."""
     objecting = objections(*pair)
     return f"{why} ({', '.join(objecting)})" if objecting else why
 
