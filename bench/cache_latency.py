@@ -28,7 +28,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import model_section, publish
-from cache_service.embedder import EMBEDDING_DTYPES, resolve_dtype
+from cache_service.embedder import EMBEDDING_BACKENDS, EMBEDDING_DTYPES, resolve_backend, resolve_dtype
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
@@ -164,14 +164,12 @@ async def cold_client_lookups(addr: str, n: int) -> list[float]:
 
 
 def measure_size(
-    n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str], dtype: str, model: str
+    n: int, tenants: int, redis_url: str, tmp: Path, rows: list[str], embedder: dict[str, str]
 ) -> str:
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
-    bulk_load(r, n, tenants, dim=EMBEDDING_MODELS[model].dim)
-    service = launch.cache_service(
-        "cache", tmp, redis_url, CACHE_EMBEDDING_DTYPE=dtype, CACHE_EMBEDDING_MODEL=model
-    )
+    bulk_load(r, n, tenants, dim=EMBEDDING_MODELS[embedder["CACHE_EMBEDDING_MODEL"]].dim)
+    service = launch.cache_service("cache", tmp, redis_url, **embedder)
     addr, metrics_url = service.addr, launch.metrics_url(service, "CACHE_METRICS_PORT")
     try:
         startup = service.start(timeout_s=300).startup_s
@@ -203,7 +201,7 @@ def measure_size(
     return addr
 
 
-def gateway_e2e(redis_url: str, tmp: Path, dtype: str, model: str) -> list[str]:
+def gateway_e2e(redis_url: str, tmp: Path, embedder: dict[str, str]) -> list[str]:
     """Hit vs miss through the gateway: each question asked twice (miss, then hit), greedy, 32 tokens max."""
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
@@ -214,8 +212,7 @@ def gateway_e2e(redis_url: str, tmp: Path, dtype: str, model: str) -> list[str]:
             tmp,
             redis_url,
             CACHE_METRICS_PORT="0",
-            CACHE_EMBEDDING_DTYPE=dtype,
-            CACHE_EMBEDDING_MODEL=model,
+            **embedder,
         )
         started.append(cache)
         worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8")
@@ -310,23 +307,24 @@ def scan_only(sizes: list[int]) -> list[str]:
     return out
 
 
-def embed_only(dtype: str, model: str, n: int = 200) -> str:
+def embed_only(dtype: str, model: str, backend: str, n: int = 200) -> str:
     """The model work of a semantic hit, in process, interleaved so that load on the machine hits all alike:
     the query's embedding pass (its verifier text in the same batch), the verifier with both sides' states
     in memory (the service's usual case), and the verifier when the candidate's are not (an entry another
-    replica stored): one more forward pass."""
+    replica stored): one more forward pass. On ONNX Runtime, the same pass through torch beside it."""
     from cache_service.embedder import Embedder
     from cache_service.keys import Conversation
     from cache_service.settings import CacheSettings
     from cache_service.token_states import TokenStateCache
     from cache_service.verifier import PairVerifier, classifier_for, verifier_texts
 
-    embedder = Embedder(dtype=dtype, model=model)
+    embedder = Embedder(dtype=dtype, model=model, backend=backend)
+    on_torch = Embedder(dtype=dtype, model=model, backend="torch") if embedder.backend != "torch" else None
     thresholds = CacheSettings(embedding_model=model).verifier_thresholds()
     states = TokenStateCache(embedder)
     classifier = classifier_for(model)
     warm, cold = PairVerifier(states, classifier), PairVerifier(embedder, classifier)
-    embed_t, warm_t, cold_t = [], [], []
+    embed_t, torch_t, warm_t, cold_t = [], [], [], []
     for i in range(n):
         stored, asked = REAL[i % len(REAL)]
         query, candidate = Conversation((("user", unseen(asked, i)),)), Conversation((("user", stored),))
@@ -334,15 +332,25 @@ def embed_only(dtype: str, model: str, n: int = 200) -> str:
         t = time.perf_counter()
         states.encode([query.question, *verifier_texts(query)])
         embed_t.append(time.perf_counter() - t)
+        if on_torch is not None:
+            t = time.perf_counter()
+            on_torch.encode_tokens([query.question, *verifier_texts(query)])
+            torch_t.append(time.perf_counter() - t)
         t = time.perf_counter()
         warm.judge(query, [candidate], thresholds)
         warm_t.append(time.perf_counter() - t)
         t = time.perf_counter()
         cold.judge(query, [candidate], thresholds)
         cold_t.append(time.perf_counter() - t)
+    beside = (
+        f" (the same pass on torch p50 {pct(torch_t, 50):.2f} ms, p99 {pct(torch_t, 99):.2f} ms)"
+        if torch_t
+        else ""
+    )
     return (
-        f"embedding pass p50 {pct(embed_t, 50):.2f} ms, p99 {pct(embed_t, 99):.2f} ms; verifier on one "
-        f"candidate with both states in memory p50 {pct(warm_t, 50):.2f} ms, p99 {pct(warm_t, 99):.2f} ms; "
+        f"embedding pass p50 {pct(embed_t, 50):.2f} ms, p99 {pct(embed_t, 99):.2f} ms{beside}; "
+        f"verifier on one candidate with both states in memory p50 {pct(warm_t, 50):.2f} ms, "
+        f"p99 {pct(warm_t, 99):.2f} ms; "
         f"without them (both texts encoded again) p50 {pct(cold_t, 50):.2f} ms, p99 {pct(cold_t, 99):.2f} ms"
     )
 
@@ -365,7 +373,15 @@ def main() -> None:
         choices=sorted(EMBEDDING_MODELS),
         help="CACHE_EMBEDDING_MODEL",
     )
+    parser.add_argument(
+        "--embedding-backend", default="auto", choices=EMBEDDING_BACKENDS, help="CACHE_EMBEDDING_BACKEND"
+    )
     args = parser.parse_args()
+    embedder = {
+        "CACHE_EMBEDDING_DTYPE": args.embedding_dtype,
+        "CACHE_EMBEDDING_MODEL": args.embedding_model,
+        "CACHE_EMBEDDING_BACKEND": args.embedding_backend,
+    }
     sizes = [(int(n), int(t or 1)) for n, _, t in (s.partition("x") for s in args.sizes.split(","))]
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -379,16 +395,13 @@ def main() -> None:
                 "| --- | --- | --- | --- | --- | --- | --- |",
             ]
             for n, tenants in sizes:
-                measure_size(n, tenants, redis_url, tmp, rows, args.embedding_dtype, args.embedding_model)
-            e2e = (
-                []
-                if args.no_gateway
-                else gateway_e2e(redis_url, tmp, args.embedding_dtype, args.embedding_model)
-            )
+                measure_size(n, tenants, redis_url, tmp, rows, embedder)
+            e2e = [] if args.no_gateway else gateway_e2e(redis_url, tmp, embedder)
         finally:
             rservice.stop()
     scan = scan_only(sorted({n // t for n, t in sizes}))
-    embed = embed_only(args.embedding_dtype, args.embedding_model)
+    embed = embed_only(args.embedding_dtype, args.embedding_model, args.embedding_backend)
+    dtype = resolve_dtype(args.embedding_dtype, args.embedding_model)
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_latency', *sys.argv[1:]])}` "
         f"({os.cpu_count()} CPUs, load average {load_before:.1f} at start and {os.getloadavg()[0]:.1f} at "
@@ -401,7 +414,7 @@ def main() -> None:
         + "; ".join(scan)
         + ".",
         f"Model work of one semantic hit, in process, interleaved, embedder {args.embedding_model} "
-        f"{resolve_dtype(args.embedding_dtype, args.embedding_model)} ({embed}).",
+        f"{dtype} on {resolve_backend(args.embedding_backend, dtype)} ({embed}).",
     ]
     if e2e:
         lines += ["", "End to end through the gateway (non-streaming chat completions, greedy):", "", *e2e]

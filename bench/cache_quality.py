@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench.report import model_section, publish
 from cache_service.core import TOP_K
-from cache_service.embedder import EMBEDDING_DTYPES, Embedder
+from cache_service.embedder import EMBEDDING_BACKENDS, EMBEDDING_DTYPES, Embedder
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, ParsedKey, normalize_text, parse_key
@@ -275,12 +275,18 @@ def main() -> None:
         choices=EMBEDDING_DTYPES,
         help="the embedder's weights, as CACHE_EMBEDDING_DTYPE (default: the service's)",
     )
+    parser.add_argument(
+        "--embedding-backend",
+        default=CacheSettings().embedding_backend,
+        choices=EMBEDDING_BACKENDS,
+        help="who runs the embedder, as CACHE_EMBEDDING_BACKEND (default: the service's)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     all_rows = load_rows(DATA)
     rows = evaluation_rows(all_rows)
     model = EMBEDDING_MODELS[args.embedding_model]
-    embedder = Embedder(dtype=args.embedding_dtype, model=model.name)
+    embedder = Embedder(dtype=args.embedding_dtype, model=model.name, backend=args.embedding_backend)
     states = TokenStateCache(embedder, capacity_mb=1 << 16)  # every text once, for every fold and lookup
     # The tuning split judged out of fold: one pair of models per fold, trained without that fold's topics.
     by_fold = {}
@@ -326,7 +332,7 @@ def main() -> None:
         "pairs are training data only): "
         + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
         + f"; {len(set(r['a_group'] for r in rows))} answer groups stored in one index; embedder "
-        f"{embedder.dtype}; {time.perf_counter() - started:.0f} s).",
+        f"{embedder.dtype} on {embedder.backend}; {time.perf_counter() - started:.0f} s).",
         "",
         f"**Headline, frozen test split, defaults (cosine floor {d_floor:.2f}, {describe(d_p)})**: "
         f"should-hit pairs served {rate(served, positives)}; false hits {rate(wrong, traps)} of traps "

@@ -17,7 +17,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, embedding_model
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, MODELS_DIR, embedding_model
+from cache_service.onnx_encoder import OnnxEncoder, load_or_export
 from cache_service.pair_features import TokenStates
 from services.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
@@ -28,6 +29,10 @@ T = TypeVar("T")
 # weights stored in bf16, arithmetic in float32 (the project's kernel, worker/kernels/bf16_weight_linear.cpp),
 # for the others: half the bytes to read, the same numbers as float32 but for the weights' rounding.
 EMBEDDING_DTYPES = ("auto", "float32", "bfloat16", "bfloat16-weights")
+# Who runs the encoder. auto: ONNX Runtime for float32 (the same arithmetic as torch in about half the time on
+# a short question: cache_service/onnx_encoder.py), torch for the bf16 types (oneDNN's native bf16, the
+# project's bf16-weight kernel).
+EMBEDDING_BACKENDS = ("auto", "onnxruntime", "torch")
 # The reduced paths must agree with the float32 reference (SentenceTransformer.encode) to this cosine on the
 # self-check probe; measured: 0.99997 (bfloat16), 0.99999 (bfloat16-weights; at least 0.99999 over the 1,222
 # questions of the tuning split). Dynamic int8 (0.95) would fail it, as it should.
@@ -55,12 +60,25 @@ def resolve_dtype(dtype: str, model: str = DEFAULT_EMBEDDING_MODEL) -> str:
     return dtype
 
 
+def resolve_backend(backend: str, dtype: str) -> str:
+    """`dtype` already resolved (resolve_dtype)."""
+    if backend not in EMBEDDING_BACKENDS:
+        raise ValueError(f"embedding backend must be one of {EMBEDDING_BACKENDS}, not {backend!r}")
+    if backend == "auto":
+        return "onnxruntime" if dtype == "float32" else "torch"
+    if backend == "onnxruntime" and dtype != "float32":
+        raise ValueError(f"the onnxruntime backend runs float32 only, not {dtype}")
+    return backend
+
+
 class Embedder:
     """Unit-length float32 embeddings; thread-compatible (one caller at a time).
 
     dtype: the model weights' type. bfloat16 halves the forward pass on a CPU with native bf16 (3.7 vs 7.5 ms
     for one query, one thread, measured here); pooling and normalization stay in float32 and the vectors are
-    float32 either way. num_threads: torch's intra-op threads, which is process-wide (torch.set_num_threads).
+    float32 either way. num_threads: torch's intra-op threads, which is process-wide (torch.set_num_threads),
+    and ONNX Runtime's. backend: who runs the encoder (EMBEDDING_BACKENDS); onnx_dir: where the ONNX export
+    is kept (default models/onnx).
     """
 
     def __init__(
@@ -69,6 +87,8 @@ class Embedder:
         num_threads: int = EMBEDDING_THREADS_DEFAULT,
         dtype: str = "auto",
         model: str = DEFAULT_EMBEDDING_MODEL,
+        backend: str = "auto",
+        onnx_dir: str | None = None,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
@@ -79,6 +99,7 @@ class Embedder:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no {model} model at {path}: `make cache-models` fetches it")
         self.dtype = resolve_dtype(dtype, model)
+        self.backend = resolve_backend(backend, self.dtype)
         self._skip_ids: set[int] | None = None  # word pieces the verifier ignores, built on first use
         self.num_threads = num_threads
         torch.set_num_threads(num_threads)
@@ -92,13 +113,25 @@ class Embedder:
         # the float32 reference (to rounding in float32, to MIN_BF16_COSINE otherwise).
         probe = ["warm up the model", "a second, longer sentence to check the pooling"]
         reference = self._model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
-        if self.dtype == "bfloat16":
-            self._transformer.to(torch.bfloat16)
-        if self.dtype == "bfloat16-weights":
+        self._onnx: OnnxEncoder | None = None
+        self.packed_layers = 0
+        if self.backend == "onnxruntime":
+            # torch keeps the static input vectors the verifier reads (encode_tokens) and the reference above
+            self._onnx = load_or_export(
+                self._transformer,
+                self._tokenizer,
+                path,
+                model,
+                onnx_dir or str(MODELS_DIR / "onnx"),
+                num_threads,
+            )
+        elif self.dtype == "bfloat16-weights":
             # Half the bytes of float32 weights: on a 2-core AMD EPYC without native bf16, one query
             # ~15-21 -> ~12-17 ms (interleaved, same run), vectors at cosine >= 0.99999 with float32's.
             self.packed_layers = bf16_weight_layers(self._transformer)
         else:
+            if self.dtype == "bfloat16":
+                self._transformer.to(torch.bfloat16)
             # Weights prepacked for oneDNN as in the worker: one query 4.2 -> 3.2 ms (bf16, measured here).
             self.packed_layers = pack_linear_layers(self._transformer)
         vectors = self.encode(probe)
@@ -109,7 +142,8 @@ class Embedder:
             agrees = bool(np.all(cosines >= MIN_BF16_COSINE))
         if not agrees:
             raise RuntimeError(
-                f"direct embedding path ({self.dtype}) disagrees with SentenceTransformer.encode (float32)"
+                f"direct embedding path ({self.dtype}, {self.backend}) disagrees with "
+                "SentenceTransformer.encode (float32)"
             )
 
     def encode_tokens(self, texts: list[str]) -> list[TokenStates]:
@@ -153,7 +187,12 @@ class Embedder:
         batch = self._tokenizer(
             texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
         )
-        hidden = self._transformer(**batch).last_hidden_state.float()
+        if self._onnx is not None:
+            hidden = self._torch.from_numpy(
+                self._onnx(batch["input_ids"].numpy(), batch["attention_mask"].numpy())
+            )
+        else:
+            hidden = self._transformer(**batch).last_hidden_state.float()
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         return batch, hidden, self._torch.nn.functional.normalize(pooled, dim=1)

@@ -51,6 +51,8 @@ async def serve(settings: CacheSettings) -> None:
         settings.embedding_threads,
         settings.embedding_dtype,
         model.name,
+        settings.embedding_backend,
+        settings.onnx_dir or None,
     )
     token_states = TokenStateCache(embedder, settings.token_state_mb, on_encode=metrics.on_token_states)
     metrics.watch_token_states(token_states)
@@ -89,13 +91,14 @@ async def serve(settings: CacheSettings) -> None:
         lambda: asyncio.wait_for(store.ping(), timeout=HEALTH_PERIOD_S), HEALTH_PERIOD_S, _log_redis_health
     )
     log.info(
-        "cache service on %s (%d entries, threshold %.2f, embedder %s %s, %d torch thread(s), "
+        "cache service on %s (%d entries, threshold %.2f, embedder %s %s on %s, %d thread(s), "
         "%d scan threads)",
         address,
         len(index),
         settings.similarity_threshold,
         model.name,
         embedder.dtype,
+        embedder.backend,
         embedder.num_threads,
         index.scan_threads,
     )

@@ -41,7 +41,12 @@ class CacheSettings(BaseSettings):
     # auto: the type the verifier was fitted on (float32); bfloat16-weights: float32 arithmetic on weights
     # stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
     embedding_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-weights"] = "auto"
-    # torch intra-op threads (process-wide); why 1: EMBEDDING_THREADS_DEFAULT in cache_service/embedder.py
+    # auto: ONNX Runtime for float32 (about twice torch's speed on a short question, the same numbers), torch
+    # for the bf16 types; the export is kept in onnx_dir ("": models/onnx) (cache_service/onnx_encoder.py)
+    embedding_backend: Literal["auto", "onnxruntime", "torch"] = "auto"
+    onnx_dir: str = ""
+    # intra-op threads of torch (process-wide) and ONNX Runtime; why 1: EMBEDDING_THREADS_DEFAULT in
+    # cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
     # memory for the word-piece states of recently embedded texts, so a hit runs the model once
     # (cache_service/token_states.py); 0 turns it off

@@ -1,0 +1,76 @@
+"""The embedder's ONNX Runtime backend against torch (the real packaged model, in process)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from cache_service.embedder import Embedder, resolve_backend
+from cache_service.onnx_encoder import weights_digest
+
+# Lengths from 3 to ~300 word pieces (the last is cut at the model's 256), so the batch is padded and
+# truncated: the exported graph must mask as the model does.
+TEXTS = [
+    "hi",
+    "How do I reset my router to factory settings?",
+    "I'm moving to Berlin next month.\nHow do I register my address, and which documents do I bring?",
+    " ".join(f"word{i}" for i in range(150)),
+]
+
+
+@pytest.fixture(scope="module")
+def torch_embedder() -> Embedder:
+    return Embedder(backend="torch")
+
+
+def test_auto_runs_float32_on_onnxruntime_and_bf16_on_torch() -> None:
+    assert resolve_backend("auto", "float32") == "onnxruntime"
+    assert resolve_backend("auto", "bfloat16") == "torch"
+    assert resolve_backend("torch", "float32") == "torch"
+    with pytest.raises(ValueError, match="float32 only"):
+        resolve_backend("onnxruntime", "bfloat16-weights")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("tensorrt", "float32")
+
+
+def test_onnxruntime_gives_torchs_states_on_a_padded_batch(tmp_path, torch_embedder: Embedder) -> None:
+    embedder = Embedder(onnx_dir=str(tmp_path))
+    assert embedder.backend == "onnxruntime" and torch_embedder.backend == "torch"
+    ours, reference = embedder.encode_tokens(TEXTS), torch_embedder.encode_tokens(TEXTS)
+    for got, want in zip(ours, reference, strict=True):
+        assert got.ids == want.ids
+        assert np.allclose(got.sentence, want.sentence, atol=1e-5)
+        assert np.allclose(got.context, want.context, atol=1e-5)
+        assert np.array_equal(got.static, want.static)
+    assert np.allclose(embedder.encode(TEXTS), torch_embedder.encode(TEXTS), atol=1e-5)
+
+
+def test_the_export_is_written_once_and_reused(tmp_path) -> None:
+    first = Embedder(onnx_dir=str(tmp_path))
+    exported = os.listdir(tmp_path)
+    assert exported == [os.path.basename(first._onnx.path)] and exported[0].endswith(".onnx")
+    written = os.stat(first._onnx.path).st_mtime_ns
+    second = Embedder(onnx_dir=str(tmp_path))
+    assert second._onnx.path == first._onnx.path and os.stat(second._onnx.path).st_mtime_ns == written
+    assert os.listdir(tmp_path) == exported  # no temporary file left behind
+
+
+def test_an_unwritable_folder_falls_back_to_a_temporary_one(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    embedder = Embedder(onnx_dir=str(blocker / "onnx"))
+    assert embedder._onnx.path.startswith(os.path.join(tempfile.gettempdir(), "llmserve-onnx"))
+
+
+def test_the_export_is_named_by_the_weights(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"weights one")
+    (tmp_path / "README.md").write_text("not part of the model")
+    before = weights_digest(str(tmp_path))
+    (tmp_path / "README.md").write_text("edited")
+    assert weights_digest(str(tmp_path)) == before
+    (tmp_path / "model.safetensors").write_bytes(b"weights two")
+    assert weights_digest(str(tmp_path)) != before
