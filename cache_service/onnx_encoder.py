@@ -104,12 +104,16 @@ def load_or_export(
     else exported now (~3 s for MiniLM, ~7 s for mpnet), into a temporary folder if onnx_dir is read-only."""
     filename = f"{name}-{weights_digest(model_dir)}.onnx"
     path = os.path.join(onnx_dir, filename)
-    if not os.path.exists(path):
-        log.info("exporting the embedding model to %s (once per machine and weights)", path)
+    if os.path.exists(path):
         try:
-            export(transformer, tokenizer, path)
-        except OSError as exc:
-            path = os.path.join(tempfile.gettempdir(), "llmserve-onnx", filename)
-            log.warning("cannot write the ONNX export to %s (%s): using %s", onnx_dir, exc, path)
-            export(transformer, tokenizer, path)
+            return OnnxEncoder(path, num_threads)
+        except Exception as exc:  # a file damaged after it was written: write it again
+            log.warning("cannot load %s (%s): exporting it again", path, exc)
+    log.info("exporting the embedding model to %s (once per machine and weights)", path)
+    try:
+        export(transformer, tokenizer, path)
+    except OSError as exc:
+        path = os.path.join(tempfile.gettempdir(), "llmserve-onnx", filename)
+        log.warning("cannot write the ONNX export to %s (%s): using %s", onnx_dir, exc, path)
+        export(transformer, tokenizer, path)
     return OnnxEncoder(path, num_threads)

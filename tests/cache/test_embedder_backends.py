@@ -58,6 +58,15 @@ def test_the_export_is_written_once_and_reused(tmp_path) -> None:
     assert os.listdir(tmp_path) == exported  # no temporary file left behind
 
 
+def test_a_damaged_export_is_written_again(tmp_path) -> None:
+    path = Embedder(onnx_dir=str(tmp_path))._onnx.path
+    with open(path, "r+b") as f:
+        f.truncate(1000)
+    embedder = Embedder(onnx_dir=str(tmp_path))
+    assert embedder._onnx.path == path and os.path.getsize(path) > 1_000_000
+    assert np.allclose(np.linalg.norm(embedder.encode(TEXTS), axis=1), 1.0, atol=1e-5)
+
+
 def test_an_unwritable_folder_falls_back_to_a_temporary_one(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
