@@ -67,7 +67,7 @@ def export(transformer: Any, tokenizer: Any, path: str) -> None:
                 tmp,
                 input_names=list(INPUT_NAMES),
                 output_names=["hidden"],
-                dynamic_axes={"input_ids": dynamic, "attention_mask": dynamic, "hidden": dynamic},
+                dynamic_axes={name: dynamic for name in (*INPUT_NAMES, "hidden")},
                 opset_version=17,
                 dynamo=False,
             )
@@ -93,7 +93,9 @@ class OnnxEncoder:
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        feed = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
+        feed = dict(
+            zip(INPUT_NAMES, (input_ids.astype(np.int64), attention_mask.astype(np.int64)), strict=True)
+        )
         return self._session.run(None, feed)[0]
 
 
