@@ -4,8 +4,8 @@ A ten-word question's pass through all-MiniLM-L6-v2 is ~40 small operators, and 
 per-operator dispatch costs as much as the arithmetic: measured on this 2-core machine, one query took
 12.8 ms p50 through torch (weights prepacked for oneDNN) and 6.2 ms through ONNX Runtime, interleaved in one
 process, hidden states within 2.4e-6 of torch's. The graph is exported from the loaded transformers model
-(so any model the embedder can load works) into a file named by a hash of its weights, once per machine;
-later starts load the file.
+(so any model the embedder can load works) into a file named by a hash of its weights and of the exporting
+libraries' versions, once per machine; later starts load the file.
 """
 
 from __future__ import annotations
@@ -24,11 +24,28 @@ log = logging.getLogger(__name__)
 # Bumped when the export below changes, so files written by an older export are not reused.
 EXPORT_VERSION = 1
 INPUT_NAMES = ("input_ids", "attention_mask")
+# The libraries whose code the export traces: after an upgrade of any of them the graph is exported again
+# rather than a file traced from the old modelling code reused.
+EXPORTERS = ("torch", "transformers", "onnx", "onnxruntime")
 
 
-def weights_digest(model_dir: str) -> str:
-    """SHA-256 over the model directory's weight and config files (names and contents)."""
-    digest = hashlib.sha256(f"export-v{EXPORT_VERSION}".encode())
+def exporter_versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    return " ".join(f"{name}=={installed(name)}" for name in EXPORTERS)
+
+
+def weights_digest(model_dir: str, exporters: str | None = None) -> str:
+    """SHA-256 over the model directory's weight and config files (names and contents) and the exporting
+    libraries' versions (`exporters`, default: those installed)."""
+    exporters = exporter_versions() if exporters is None else exporters
+    digest = hashlib.sha256(f"export-v{EXPORT_VERSION} {exporters}".encode())
     for name in sorted(os.listdir(model_dir)):
         if name.endswith((".safetensors", ".bin", ".json")) and os.path.isfile(os.path.join(model_dir, name)):
             digest.update(name.encode())

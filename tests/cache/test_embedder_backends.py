@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cache_service.embedder import Embedder, resolve_backend
-from cache_service.onnx_encoder import weights_digest
+from cache_service.onnx_encoder import exporter_versions, weights_digest
 
 # Lengths from 3 to ~300 word pieces (the last is cut at the model's 256), so the batch is padded and
 # truncated: the exported graph must mask as the model does.
@@ -83,3 +83,11 @@ def test_the_export_is_named_by_the_weights(tmp_path) -> None:
     assert weights_digest(str(tmp_path)) == before
     (tmp_path / "model.safetensors").write_bytes(b"weights two")
     assert weights_digest(str(tmp_path)) != before
+
+
+def test_the_export_is_named_by_the_exporting_libraries_too(tmp_path) -> None:
+    """An upgrade of torch or transformers (whose modelling code the export traces) exports again."""
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    installed = weights_digest(str(tmp_path))
+    assert weights_digest(str(tmp_path), exporter_versions()) == installed
+    assert weights_digest(str(tmp_path), exporter_versions().replace("torch==", "torch==0")) != installed
