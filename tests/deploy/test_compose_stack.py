@@ -146,6 +146,39 @@ def test_a_chat_completion_through_the_gateway(stack: Stack) -> None:
     assert body["usage"]["completion_tokens"] > 0
 
 
+def test_a_reworded_question_is_answered_by_the_semantic_cache(stack: Stack) -> None:
+    """The cache container embeds on ONNX Runtime, its export written into the `onnx` volume (owned by the
+    service user), and a reworded question is served from the first one's answer."""
+
+    def ask(question: str) -> httpx.Response:
+        body = {
+            "model": "SmolLM2-135M-Instruct",
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        response = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response
+
+    first = ask("How do I reset my password?")
+    assert first.headers["X-Semantic-Cache"] == "miss"
+    hits: list[httpx.Response] = []
+
+    def reworded_hits() -> bool:  # the answer is stored after it is sent: poll
+        hits.append(ask("How can I reset my password?"))
+        return hits[-1].headers["X-Semantic-Cache"] == "hit"
+
+    wait(reworded_hits, 60, "the reworded question to hit", stack)
+    answer = first.json()["choices"][0]["message"]["content"]
+    assert hits[-1].json()["choices"][0]["message"]["content"] == answer
+    (cache,) = stack.containers("cache_service")
+    exported = sh("docker", "exec", cache, "sh", "-c", "ls /app/onnx", timeout=60)
+    assert exported.returncode == 0 and exported.stdout.strip().endswith(".onnx"), exported
+    logs = sh("docker", "logs", cache, timeout=60)
+    assert "on onnxruntime" in logs.stdout + logs.stderr
+
+
 def test_two_workers_both_serve(stack: Stack) -> None:
     stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "worker=2")
     workers = stack.containers("worker")
