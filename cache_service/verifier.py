@@ -74,6 +74,13 @@ def load_classifier(path: Path, embedding_model: str) -> TreeEnsemble:
         raise RuntimeError(f"{path} was fitted on other features: run cache_service.verifier_training")
     if meta["embedding_model"] != embedding_model:
         raise RuntimeError(f"{path} was fitted on {meta['embedding_model']} vectors, not {embedding_model}")
+    layers = EMBEDDING_MODELS[embedding_model].context_layers
+    fitted = tuple(meta.get("context_layers", ()))
+    if fitted != layers:
+        raise RuntimeError(
+            f"{path} was fitted on contextual vectors of layers {list(fitted)} and the last, not "
+            f"{list(layers)}: run cache_service.verifier_training"
+        )
     return TreeEnsemble.load(path)
 
 

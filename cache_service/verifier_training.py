@@ -126,6 +126,7 @@ def main() -> None:
         **note,
         "embedding_model": embedder.model,
         "embedding_dtype": embedder.dtype,
+        "context_layers": list(embedder.context_layers),
         "scikit_learn": sklearn.__version__,
     }
     model_file.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -48,6 +48,18 @@ def test_onnxruntime_gives_torchs_states_on_a_padded_batch(tmp_path, torch_embed
     assert np.allclose(embedder.encode(TEXTS), torch_embedder.encode(TEXTS), atol=1e-5)
 
 
+def test_the_contextual_vectors_join_the_context_layers_at_unit_length(torch_embedder: Embedder) -> None:
+    """The verifier's contextual vector of a word piece: the last layer's and each context layer's unit
+    vectors side by side, scaled so a best match averages the layers' cosines."""
+    layers = torch_embedder.context_layers
+    states = torch_embedder.encode_tokens(TEXTS[:2])
+    for s in states:
+        assert s.context.shape == (len(s.ids), torch_embedder.dim * (1 + len(layers)))
+        assert np.allclose(np.linalg.norm(s.context, axis=1), 1.0, atol=1e-5)
+        parts = np.split(s.context * (1 + len(layers)) ** 0.5, 1 + len(layers), axis=1)
+        assert all(np.allclose(np.linalg.norm(p, axis=1), 1.0, atol=1e-5) for p in parts)
+
+
 def test_the_export_is_written_once_and_reused(tmp_path) -> None:
     first = Embedder(onnx_dir=str(tmp_path))
     exported = os.listdir(tmp_path)

@@ -4,6 +4,8 @@ through a real cache service process."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import typing
 from pathlib import Path
 
@@ -51,6 +53,19 @@ def test_a_classifier_fitted_on_another_models_vectors_is_refused() -> None:
         load_classifier(EMBEDDING_MODELS[MINILM].verifier_file, MPNET)
     with pytest.raises(RuntimeError, match="fitted on all-mpnet-base-v2 vectors"):
         load_classifier(EMBEDDING_MODELS[MPNET].verifier_file, MINILM)
+
+
+def test_a_classifier_fitted_on_other_context_layers_is_refused(tmp_path: Path) -> None:
+    shipped = EMBEDDING_MODELS[MINILM].verifier_file
+    copy = tmp_path / shipped.name
+    shutil.copy(shipped, copy)
+    meta = json.loads(shipped.with_suffix(".json").read_text())
+    assert tuple(meta["context_layers"]) == EMBEDDING_MODELS[MINILM].context_layers
+    load_classifier(shipped, MINILM)  # the shipped one matches
+    meta["context_layers"] = [*meta["context_layers"], 1]
+    copy.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(RuntimeError, match="contextual vectors of layers"):
+        load_classifier(copy, MINILM)
 
 
 def test_a_missing_model_directory_says_how_to_fetch_it(tmp_path: Path) -> None:
