@@ -23,7 +23,7 @@ import numpy as np
 
 from cache_service.pair_features import TokenStates
 
-DEFAULT_CAPACITY_MB = 256  # ~6,000 short questions (MiniLM, two layers in the contextual vectors: ~45 KB each)
+DEFAULT_CAPACITY_MB = 256  # ~6,000 short questions (MiniLM with two layers in its contextual vectors: ~45 KB)
 
 
 class TokenEncoder(Protocol):
