@@ -59,7 +59,11 @@ CONVERSATIONS = [
     ),
     (
         ["Where can I buy train tickets to Paris?", "At the station or online.", "How much do they cost?"],
-        ["Where do I get train tickets to Paris?", "At the station or online.", "How much do they cost?"],
+        [
+            "Where is it possible to buy train tickets to Paris?",
+            "At the station or online.",
+            "How much do they cost?",
+        ],
     ),
 ]
 MISSES = [f"Tell me something interesting about topic number {i} in astronomy" for i in range(40)]

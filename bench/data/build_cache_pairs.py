@@ -9,7 +9,7 @@ entries stored at once. Three splits, by topic (never by pair):
 - `test`, frozen, only evaluated: half the topics of the first author's seeds (a hash of the seed's first
   question);
 - `tune`, the only data anything is fitted or chosen on: the other half, the older hand-written set
-  (cache_eval.jsonl, which the former word lists were written from) and five more writers' seeds
+  (cache_eval.jsonl, which the former word lists were written from) and eight more writers' seeds
   (cache_seeds_tune_writers*.jsonl);
 - `external`, frozen, only evaluated: seeds by two further writers who saw neither this code nor any of
   the data above (cache_seeds_external*.jsonl): the nearest thing here to questions nobody here wrote.

@@ -36,7 +36,7 @@ def test_replicas_see_each_others_entries(replicas: tuple[CacheService, CacheSer
         cache_question = chat_key("How do I clear my browser cache?", "shared")
         entry = store(stub_a, cache_question, "Settings > Privacy > Clear data.")
         # B learns of it by pub/sub (its periodic resync is an hour away); a paraphrase needs its index.
-        paraphrase = chat_key("How can I clear the browser cache?", "shared")
+        paraphrase = chat_key("What is the way to clear my browser cache?", "shared")
         wait_for(lambda: lookup(stub_b, paraphrase).hit, what="replica B to index A's entry")
         assert lookup(stub_b, paraphrase).response == "Settings > Privacy > Clear data."
 
