@@ -168,7 +168,7 @@ class Embedder:
                 kept_ids = [ids[k] for k in keep]
                 # The last layer's unit vectors, then each context layer's, joined and scaled back to unit
                 # length: a best match then averages the layers' cosines.
-                layers = [torch.nn.functional.normalize(h[row, keep].float(), dim=1) for h in hiddens]
+                layers = [torch.nn.functional.normalize(h[row, keep], dim=1) for h in hiddens]
                 context = torch.cat(layers, dim=1) / len(layers) ** 0.5 if len(layers) > 1 else layers[0]
                 static = torch.nn.functional.normalize(static_table[kept_ids].float(), dim=1)
                 out.append(

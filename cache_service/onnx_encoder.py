@@ -134,8 +134,8 @@ def load_or_export(
     """The encoder of the model in `model_dir` (with the hidden states of `layers` as further outputs): its
     file in `onnx_dir` if exported from these weights before, else exported now (~3 s for MiniLM, ~7 s for
     mpnet), into a temporary folder if onnx_dir is read-only."""
-    outputs = "".join(f"-layer{k}" for k in layers)
-    filename = f"{name}{outputs}-{weights_digest(model_dir)}.onnx"
+    layer_outputs = "".join(f"-layer{k}" for k in layers)
+    filename = f"{name}{layer_outputs}-{weights_digest(model_dir)}.onnx"
     path = os.path.join(onnx_dir, filename)
     if os.path.exists(path):
         try:
