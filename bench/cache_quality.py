@@ -45,12 +45,16 @@ from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tu
 from services.gen import cache_pb2
 
 DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
+# Tuning-split questions from different seeds within cosine 0.75 of each other, each pair judged by a
+# reviewer who saw only the two questions: one answer for both, or not (docs/SEMANTIC_CACHE.md).
+DUPLICATES = Path(__file__).parent / "data" / "cache_tune_duplicates.jsonl"
 FLOORS = [round(0.50 + 0.05 * i, 2) for i in range(9)]
 VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.995]
 TARGET_FALSE_HIT = 0.01
 LEGACY_TOPIC = "v1:"
 HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")
 EXTERNAL = "other writers (frozen)"
+TUNE = "tune, out of fold (thresholds chosen here)"
 
 
 def evaluation_rows(rows: list[dict]) -> list[dict]:
@@ -61,6 +65,9 @@ def evaluation_rows(rows: list[dict]) -> list[dict]:
     my email address?" in two groups) and a right answer from one of them would count as a wrong neighbour:
     they are training data only, neither stored nor looked up here. And a question written identically in
     two rows (after the verifier's own normalization) is one answer group: the groups it carries are joined.
+    In the tuning split only, so are two writers' groups that a reviewer judged to share one answer
+    (DUPLICATES: "Is it safe for dogs to eat grapes?" and "Are grapes safe for dogs to eat?" from two
+    seeds); the frozen splits keep their groups as written.
     """
     kept = [dict(r) for r in rows if not r["topic"].startswith(LEGACY_TOPIC)]
     parent: dict[str, str] = {}
@@ -79,6 +86,17 @@ def evaluation_rows(rows: list[dict]) -> list[dict]:
             if text in first_group:
                 parent[root(group)] = root(first_group[text])
             first_group.setdefault(text, group)
+    tune_groups = {
+        normalize_text(r[side]): r[f"{side}_group"]
+        for r in kept
+        if r["split"] == "tune"
+        for side in ("a", "b")
+        if isinstance(r[side], str)
+    }
+    for pair in load_rows(DUPLICATES):
+        a, b = tune_groups.get(normalize_text(pair["q1"])), tune_groups.get(normalize_text(pair["q2"]))
+        if pair["same_answer"] and a is not None and b is not None:
+            parent[root(a)] = root(b)
     for r in kept:
         r["a_group"], r["b_group"] = root(r["a_group"]), root(r["b_group"])
     return kept
@@ -130,11 +148,16 @@ def rate(k: int, n: int) -> str:
 
 
 def run_lookups(
-    rows: list[dict], encoder: TokenStateCache, dim: int, verifier_for: Callable[[dict], PairVerifier]
+    rows: list[dict],
+    encoder: TokenStateCache,
+    dim: int,
+    verifier_for: Callable[[dict], PairVerifier],
+    stored_rows: list[dict] | None = None,
 ) -> list[Lookup]:
-    """Every row's lookup; its candidates judged by verifier_for(row)."""
+    """Every row's lookup against an index of the first sides of stored_rows (default: rows); its candidates
+    judged by verifier_for(row)."""
     stored = {}
-    for r in rows:
+    for r in rows if stored_rows is None else stored_rows:
         key = make_key(r["a"], r.get("a_scope", "tenant-a"))
         stored.setdefault(key.entry_id, (key, r["a_group"]))
     queries = [make_key(r["b"], r.get("b_scope", "tenant-a")) for r in rows]
@@ -293,30 +316,24 @@ def main() -> None:
     for fold in range(FOLDS):
         classifier, _ = train(tune_rows(all_rows, held_out_fold=fold), states)
         by_fold[fold] = PairVerifier(states, TreeEnsemble.from_sklearn(classifier))
-    if args.tune_only:  # the shipped classifier is not needed (nor loaded: it may be refitted after this)
-        rows = [r for r in rows if r["split"] == "tune"]
-        shipped = None
-    else:
-        shipped = PairVerifier(states, classifier_for(model.name))
-    lookups = run_lookups(
-        rows,
-        states,
-        embedder.dim,
-        lambda r: by_fold[fold_of(r["topic"])] if r["split"] == "tune" else shipped,
-    )
-
-    def part(pred) -> tuple[list[dict], list[Lookup]]:
-        sel = [(r, lk) for r, lk in zip(rows, lookups, strict=True) if pred(r)]
-        return [r for r, _ in sel], [lk for _, lk in sel]
-
+    # The tuning split is looked up in an index of its own entries: the frozen splits' entries (and their
+    # answer groups) must not weigh on the thresholds. The frozen splits are looked up among every split's
+    # entries, the tuning split's included, so a wrong neighbour from anywhere can win.
+    tune = [r for r in rows if r["split"] == "tune"]
     parts = {
-        "test (frozen, headline)": part(lambda r: r["split"] == "test"),
-        EXTERNAL: part(lambda r: r["split"] == "external"),
-        "tune, out of fold (thresholds chosen here)": part(lambda r: r["split"] == "tune"),
+        TUNE: (
+            tune,
+            run_lookups(tune, states, embedder.dim, lambda r: by_fold[fold_of(r["topic"])]),
+        )
     }
-    floor, picked = pick(*parts["tune, out of fold (thresholds chosen here)"])
+    if not args.tune_only:  # the shipped classifier is not loaded otherwise: it may be refitted after this
+        shipped = PairVerifier(states, classifier_for(model.name))
+        for name, split in (("test (frozen, headline)", "test"), (EXTERNAL, "external")):
+            frozen = [r for r in rows if r["split"] == split]
+            lookups = run_lookups(frozen, states, embedder.dim, lambda _: shipped, stored_rows=rows)
+            parts[name] = (frozen, lookups)
+    floor, picked = pick(*parts[TUNE])
     if args.tune_only:
-        del parts["test (frozen, headline)"], parts[EXTERNAL]
         print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, {describe(picked)}")
         print("\n".join(kind_table(parts, floor, picked)))
         return
@@ -350,7 +367,7 @@ def main() -> None:
         "",
         "By kind at the defaults (served for should-hit kinds, false hits for traps):",
         "",
-        *kind_table(parts, d_floor, d_p),
+        *kind_table({**{k: v for k, v in parts.items() if k != TUNE}, TUNE: parts[TUNE]}, d_floor, d_p),
         "",
         "Without the verifier (cosine alone, the same index), test split:",
         "",

@@ -209,7 +209,7 @@ def counted_swapped(wa: list[str], wb: list[str]) -> bool:
     return False
 
 
-ANTONYMS_FILE = Path(__file__).with_name("antonyms.tsv")  # built by cache_service/antonyms_build.py
+ANTONYMS_FILE = Path(__file__).with_name("antonyms.tsv")  # built by cache_service/wordnet_build.py
 # Inflection rules (WordNet's "morphy"): suffix -> replacement, tried on every word besides its exceptions.
 _SUFFIXES = (
     ("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ses", "s"), ("xes", "x"), ("ches", "ch"),
@@ -263,17 +263,58 @@ def opposite_words(wa: list[str], wb: list[str]) -> bool:
 
 
 def veto(a: str, b: str) -> str:
-    """Why `a` and `b` can't share an answer, whatever the classifier says ("" when nothing objects)."""
+    """Why `a` and `b` can't share an answer, whatever the classifier says ("" when nothing objects).
+
+    Numbers veto only when both sides name some and they differ ("5 km" / "10 km"): a number on one side
+    alone is as often a rewording ("merge two branches" / "merge one branch into another", "a second ago" /
+    "just now") as an added detail, so it is a flag for the classifier (`check_flags`)."""
     wa, wb = words(a), words(b)
-    if numbers(wa) != numbers(wb):
+    na, nb = numbers(wa), numbers(wb)
+    if na and nb and na != nb:
         return "numbers differ"
     if negated(wa) != negated(wb) or prefix_negated(wa, wb):
         return "negation differs"
     return ""
 
 
+# Verbs that negate what follows them without a negator ("avoid", "prevent", "stop"): English's implicit
+# negatives, a small closed set from the grammar of negation, not picked from any data.
+IMPLICIT_NEGATIVES = frozenset(
+    "avoid prevent stop quit cease refuse fail lack miss skip forget forbid prohibit ban deny reject neglect "
+    "omit ignore".split()
+)
+# What a question asks for: its first question word ("how" with the word after it when that makes it a
+# quantity: "how long", "how much"). A closed class.
+QUESTION_WORDS = frozenset("why how what when where who which whom whose".split())
+_HOW_QUANTITIES = frozenset("much many long often far old big late soon".split())
+
+
+def implicit_negation(wa: list[str], wb: list[str]) -> bool:
+    """One side says "avoid" / "prevent" / "stop"... (in some inflection) and the other side does not."""
+    na = {f for w in wa for f in base_forms(w)} & IMPLICIT_NEGATIVES
+    nb = {f for w in wb for f in base_forms(w)} & IMPLICIT_NEGATIVES
+    return na != nb
+
+
+def question_focus(ws: list[str]) -> str:
+    """The first question word ("why", "how long"), or "" for a yes/no question or a request."""
+    for i, w in enumerate(ws):
+        if w in QUESTION_WORDS:
+            if w == "how" and i + 1 < len(ws) and ws[i + 1] in _HOW_QUANTITIES:
+                return f"how {ws[i + 1]}"
+            return w
+    return ""
+
+
 # The checks the classifier weighs (cache_service/pair_features.py), in the order of `check_flags`.
-CHECK_NAMES = ("numbers_count_swapped", "opposite_words", "dates_differ")
+CHECK_NAMES = (
+    "numbers_count_swapped",
+    "numbers_one_side",
+    "opposite_words",
+    "dates_differ",
+    "implicit_negation",
+    "question_focus_differs",
+)
 
 
 def check_flags(a: str, b: str) -> tuple[bool, ...]:
@@ -282,8 +323,11 @@ def check_flags(a: str, b: str) -> tuple[bool, ...]:
     da, db = dates(wa), dates(wb)
     return (
         counted_swapped(wa, wb),
+        bool(numbers(wa)) != bool(numbers(wb)),
         opposite_words(wa, wb),
         bool(da and db and da != db),  # one side naming no date ("each night") is not a different date
+        implicit_negation(wa, wb),
+        question_focus(wa) != question_focus(wb),
     )
 
 

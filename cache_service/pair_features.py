@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cache_service.pair_checks import CHECK_NAMES
+from cache_service.pair_checks import CHECK_NAMES, check_flags, words
+from cache_service.related_words import RELATED_NAMES, related_features
 
 TOKEN_FEATURE_NAMES = (
     "cosine",
@@ -33,7 +34,8 @@ TOKEN_FEATURE_NAMES = (
     "unshared_best_static",  # the lowest best-static-match among those unshared pieces
     "order_inversions",  # share of pairs of shared pieces that appear in the other order
 )
-FEATURE_NAMES = TOKEN_FEATURE_NAMES + CHECK_NAMES
+TEXT_FEATURE_NAMES = CHECK_NAMES + RELATED_NAMES
+FEATURE_NAMES = TOKEN_FEATURE_NAMES + TEXT_FEATURE_NAMES
 POOR_MATCH = 0.6
 
 
@@ -68,9 +70,14 @@ def _inversions(a_ids: tuple[int, ...], b_ids: tuple[int, ...]) -> float:
     return inverted / (n * (n - 1) / 2)
 
 
-def pair_features(a: TokenStates, b: TokenStates, checks: Sequence[bool]) -> np.ndarray:
-    """The FEATURE_NAMES of one pair, symmetric in a and b except for the order feature; `checks`: the two
-    texts' pair_checks.check_flags."""
+def text_features(a: str, b: str) -> tuple[float, ...]:
+    """The TEXT_FEATURE_NAMES of two texts: the cheap checks' objections and the words WordNet relates."""
+    return (*(float(flag) for flag in check_flags(a, b)), *related_features(words(a), words(b)))
+
+
+def pair_features(a: TokenStates, b: TokenStates, texts: Sequence[float]) -> np.ndarray:
+    """The FEATURE_NAMES of one pair, symmetric in a and b except for the order feature and the related-word
+    count; `texts`: the two texts' text_features."""
     ca, cb = _best_matches(a.context, b.context)
     sa, sb = _best_matches(a.static, b.static)
     worst_c = sorted((float(ca.min(initial=1.0)), float(cb.min(initial=1.0))))
@@ -98,7 +105,7 @@ def pair_features(a: TokenStates, b: TokenStates, checks: Sequence[bool]) -> np.
             unshared[1],
             unshared_best,
             _inversions(a.ids, b.ids),
-            *(float(flag) for flag in checks),
+            *texts,
         ],
         dtype=np.float64,
     )

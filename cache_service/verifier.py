@@ -34,8 +34,8 @@ import numpy as np
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import Conversation
-from cache_service.pair_checks import check_flags, expand_contractions, objections, same_wording, veto
-from cache_service.pair_features import FEATURE_NAMES, pair_features
+from cache_service.pair_checks import expand_contractions, objections, same_wording, veto
+from cache_service.pair_features import FEATURE_NAMES, pair_features, text_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
@@ -108,7 +108,7 @@ class PairVerifier:
             return np.zeros(0)
         texts = sorted({t for pair in pairs for t in pair})
         states = dict(zip(texts, self._encoder.encode_tokens(texts), strict=True))
-        features = np.stack([pair_features(states[a], states[b], check_flags(a, b)) for a, b in pairs])
+        features = np.stack([pair_features(states[a], states[b], text_features(a, b)) for a, b in pairs])
         return self._classifier.probability(features)
 
     def judge(

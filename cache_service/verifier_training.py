@@ -33,8 +33,8 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 
 from cache_service.embedder import Embedder
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
-from cache_service.pair_checks import check_flags, expand_contractions, same_wording, veto
-from cache_service.pair_features import FEATURE_NAMES, pair_features
+from cache_service.pair_checks import expand_contractions, same_wording, veto
+from cache_service.pair_features import FEATURE_NAMES, pair_features, text_features
 from cache_service.token_states import TokenEncoder
 from cache_service.tree_ensemble import TreeEnsemble
 
@@ -93,7 +93,7 @@ def fit_classifier(embedder: TokenEncoder, pairs: list[Pair]) -> HistGradientBoo
     for start in range(0, len(texts), 64):
         chunk = texts[start : start + 64]
         states.update(zip(chunk, embedder.encode_tokens(chunk), strict=True))
-    features = np.stack([pair_features(states[a], states[b], check_flags(a, b)) for a, b, _ in pairs])
+    features = np.stack([pair_features(states[a], states[b], text_features(a, b)) for a, b, _ in pairs])
     labels = np.array([same for _, _, same in pairs])
     model = HistGradientBoostingClassifier(max_depth=3, max_iter=200, learning_rate=0.05, random_state=0)
     return model.fit(features, labels)

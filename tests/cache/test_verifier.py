@@ -20,7 +20,7 @@ DEFAULTS = CacheSettings().verifier_thresholds()
 @pytest.mark.parametrize(
     ("a", "b", "reason"),
     [
-        ("How many ounces are in a pound?", "How many ounces are in 3 pounds?", "numbers"),
+        ("How many ounces are in 2 pounds?", "How many ounces are in 3 pounds?", "numbers"),
         ("What is 15% of 80?", "What is 15% of 60?", "numbers"),
         ("Who won in 2018?", "Who won in 2014?", "numbers"),
         ("Can I check in at 3:30?", "Can I check in at 3:45?", "numbers"),
@@ -64,6 +64,31 @@ def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
             "opposite_words",
         ),
         ("How do I increase the font size?", "How do I decrease the font size?", "opposite_words"),
+        # A number on one side only is as often a rewording ("merge two branches" / "merge one branch into
+        # another") as a changed quantity.
+        ("How many ounces are in a pound?", "How many ounces are in 3 pounds?", "numbers_one_side"),
+        (
+            "How do I freeze the top row in Excel?",
+            "How do I freeze the top 2 rows in Excel?",
+            "numbers_one_side",
+        ),
+        # Negation without a negator, and a question that asks for something else about the same thing.
+        (
+            "What should I do when I remove a stinger?",
+            "What should I avoid when I remove a stinger?",
+            "implicit_negation",
+        ),
+        (
+            "How do I clean my camera sensor?",
+            "How do I stop dust getting on my camera sensor?",
+            "implicit_negation",
+        ),
+        ("Why is the sky blue?", "When is the sky blue?", "question_focus_differs"),
+        (
+            "How long does pasta keep in the fridge?",
+            "How much pasta fits in the fridge?",
+            "question_focus_differs",
+        ),
     ],
 )
 def test_other_checks_object_without_vetoing(a: str, b: str, objection: str) -> None:
@@ -98,7 +123,9 @@ def test_other_checks_object_without_vetoing(a: str, b: str, objection: str) -> 
     ],
 )
 def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
-    assert veto(a, b) == "" and objections(a, b) == []
+    """No veto, and no objection but the weakest: a question reworded often asks with another question word
+    ("Convert 5 km to miles" / "How many miles is 5 km?"), which the classifier weighs against the rest."""
+    assert veto(a, b) == "" and set(objections(a, b)) <= {"question_focus_differs"}
 
 
 @pytest.mark.parametrize(
@@ -231,10 +258,10 @@ def test_verifier_passes_turns_worded_the_same_without_the_classifier(verifier) 
 
 
 def test_conversations_are_judged_turn_by_turn(verifier) -> None:
-    france = conv("What is the capital of France?", "Paris.", "What is the population of Paris?")
-    reworded = conv("Which city is France's capital?", "Paris.", "How many people live in Paris?")
-    germany = conv("What is the capital of Germany?", "Berlin.", "What is the population of Paris?")
-    tripled = conv("What is the capital of France?", "Paris.", "What is 3 times the population of Paris?")
+    france = conv("What is the capital of France?", "Paris.", "What was the population of Paris in 2000?")
+    reworded = conv("Which city is France's capital?", "Paris.", "What was the population of Paris in 2000?")
+    germany = conv("What is the capital of Germany?", "Berlin.", "What was the population of Paris in 2000?")
+    tripled = conv("What is the capital of France?", "Paris.", "What was the population of Paris in 1900?")
     same, other, numbers = verifier.judge(france, [reworded, germany, tripled], DEFAULTS)
     assert same.ok
     assert not other.ok and other.reason == "verifier: different context"
@@ -313,3 +340,28 @@ def test_no_tuning_pair_shares_a_question_with_a_frozen_split() -> None:
     assert {"tune", "test", "external"} <= splits
     frozen = set().union(*(user_texts(r) for r in rows if r["split"] != "tune"))
     assert not any(user_texts(r) & frozen for r in rows if r["split"] == "tune")
+
+
+def test_reviewed_duplicates_join_tuning_groups_and_never_frozen_ones(tmp_path, monkeypatch) -> None:
+    """Two writers asking the same thing in two seeds: a reviewer's "same answer" joins their groups in the
+    tuning split (a right answer is then no wrong neighbour there); frozen groups stay as written."""
+    import bench.cache_quality as quality
+    from cache_service.verifier_training import load_rows
+
+    rows, reviewed = load_rows(), quality.DUPLICATES
+    joined = quality.evaluation_rows(rows)
+    monkeypatch.setattr(quality, "DUPLICATES", tmp_path / "none.jsonl")
+    (tmp_path / "none.jsonl").write_text("")
+    unjoined = quality.evaluation_rows(rows)
+    assert [r["id"] for r in joined] == [r["id"] for r in unjoined]
+    frozen = [(a, b) for a, b in zip(joined, unjoined, strict=True) if a["split"] != "tune"]
+    assert frozen and all((a["a_group"], a["b_group"]) == (b["a_group"], b["b_group"]) for a, b in frozen)
+    group_of = {
+        r[s]: r[f"{s}_group"] for r in joined if r["split"] == "tune" for s in "ab" if isinstance(r[s], str)
+    }
+    pairs = load_rows(reviewed)
+    same = [p for p in pairs if p["same_answer"] and p["q1"] in group_of and p["q2"] in group_of]
+    different = [p for p in pairs if not p["same_answer"] and p["q1"] in group_of and p["q2"] in group_of]
+    assert len(same) > 20 and all(group_of[p["q1"]] == group_of[p["q2"]] for p in same)
+    assert sum(group_of[p["q1"]] != group_of[p["q2"]] for p in different) > 0.9 * len(different)
+    assert sum(a["b_group"] != b["b_group"] for a, b in zip(joined, unjoined, strict=True)) > 0

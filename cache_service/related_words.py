@@ -1,0 +1,105 @@
+"""Which words of one question the other question does not account for, by meaning as a dictionary knows it.
+
+The word-piece features (pair_features.py) see "buy" and "purchase", or "recommend" and "suggestion", as
+unshared pieces with no close static partner: the same evidence as "Paris" against "Lyon". WordNet knows the
+difference: "buy" and "purchase" share a meaning (a synset), "suggest" is derived from the same meaning as
+"suggestion", "dog" is a kind of "canine". So for the content words only one side has (function words such as
+"do", "can", "my" left out: a closed class of English), the verifier is told how many find no related word
+among the other side's such words, per side, and how many do. A reworded question then shows as
+unshared-but-related words; a swapped entity or a changed scope as unshared words nothing explains.
+
+The table (cache_service/related_words.tsv.gz) is built from WordNet 3.0 by cache_service/wordnet_build.py:
+every single word's meanings, and the links followed from a meaning (LINKS). Two words are related when a
+meaning of one is a meaning of the other, or is one link away from it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from collections import defaultdict
+from pathlib import Path
+
+from cache_service.pair_checks import base_forms, numbers
+
+RELATED_FILE = Path(__file__).with_name("related_words.tsv.gz")
+# WordNet pointer symbols followed one step: derivation, hypernym, hyponym.
+LINKS = ("+",)
+RELATED_NAMES = ("unrelated_words_min", "unrelated_words_max", "related_words")
+
+# English function words (pronouns, determiners, auxiliaries and modals, prepositions, conjunctions,
+# question words, a few fillers): a closed class, not picked from any data. A rewording swaps them freely
+# ("How do I" / "How can I") without changing what is asked.
+FUNCTION_WORDS = frozenset(
+    """
+    a an the this that these those my your his her its our their me you him us them i we he she it they
+    myself yourself mine yours what which who whom whose when where why how whether if then than so because
+    as while until since though although and or but nor not no do does did done doing be is am are was were
+    been being have has had having can could will would shall should may might must to of in on at by for
+    with from into onto about over under up down out off some any all each every both either neither much
+    many more most few less least other another such own same there here very just too also only even still
+    yet again ever please hey hi thanks thank ok okay
+    """.split()
+)
+
+
+@functools.cache
+def _table() -> tuple[dict[str, frozenset[int]], dict[int, frozenset[int]], dict[str, str]]:
+    """word -> its meanings; meaning -> the meanings one link away; inflected form -> base form."""
+    meanings: dict[str, frozenset[int]] = {}
+    linked: dict[int, set[int]] = defaultdict(set)
+    inflections: dict[str, str] = {}
+    for line in gzip.decompress(RELATED_FILE.read_bytes()).decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, tail = line.split("\t")
+        if head.startswith("="):
+            inflections[head[1:]] = tail
+        elif not head[0].isalpha():  # a link: its pointer symbol, then the meaning it starts from
+            if head[0] in LINKS:
+                linked[int(head[1:])].update(int(i) for i in tail.split())
+        else:
+            meanings[head] = frozenset(int(i) for i in tail.split())
+    return meanings, {k: frozenset(v) for k, v in linked.items()}, inflections
+
+
+def _forms(word: str) -> set[str]:
+    """The word and its possible base forms, WordNet's irregular ones included ("got" -> "get")."""
+    _, _, inflections = _table()
+    return base_forms(word) | ({inflections[word]} if word in inflections else set())
+
+
+def _meanings(forms: set[str]) -> Meanings:
+    """A word's own meanings (over its base forms) and those one link away from them."""
+    table, linked, _ = _table()
+    own = frozenset().union(*(table.get(f, frozenset()) for f in forms))
+    near = frozenset().union(own, *(linked.get(m, frozenset()) for m in own))
+    return own, near
+
+
+Meanings = tuple[frozenset[int], frozenset[int]]  # a word's own, and those one link away
+
+
+def _related(one: Meanings, other: Meanings) -> bool:
+    return bool(one[0] & other[1] or one[1] & other[0])
+
+
+def _content(word: str) -> bool:
+    """Not a function word, and not a number (numbers are the cheap checks' business: "4" = "four")."""
+    return word not in FUNCTION_WORDS and not numbers([word])
+
+
+def related_features(wa: list[str], wb: list[str]) -> tuple[float, float, float]:
+    """RELATED_NAMES for two texts' words (pair_checks.words): of the content words only one side has (no
+    base form in common with the other side; numbers left out), how many find no related word among the
+    other side's, on the side with fewer and the side with more such words, and how many (side a) do."""
+    forms_a = {w: _forms(w) for w in set(wa) if _content(w)}
+    forms_b = {w: _forms(w) for w in set(wb) if _content(w)}
+    all_a = set().union(*forms_a.values()) if forms_a else set()
+    all_b = set().union(*forms_b.values()) if forms_b else set()
+    only_a = {w: _meanings(forms) for w, forms in forms_a.items() if not forms & all_b}
+    only_b = {w: _meanings(forms) for w, forms in forms_b.items() if not forms & all_a}
+    related_a = sum(1 for m in only_a.values() if any(_related(m, o) for o in only_b.values()))
+    related_b = sum(1 for m in only_b.values() if any(_related(m, o) for o in only_a.values()))
+    unrelated = sorted((len(only_a) - related_a, len(only_b) - related_b))
+    return float(unrelated[0]), float(unrelated[1]), float(related_a)
