@@ -8,7 +8,14 @@ import gzip
 import pytest
 
 from cache_service.pair_checks import words
-from cache_service.related_words import LINKS, RELATED_FILE, _table, related_features
+from cache_service.related_words import (
+    LINKS,
+    RELATED_FILE,
+    _table,
+    linked_meanings,
+    related_features,
+    word_meanings,
+)
 
 
 def features(a: str, b: str) -> tuple[float, float, float]:
@@ -52,10 +59,10 @@ def test_function_words_and_numbers_are_left_to_other_checks() -> None:
 
 
 def test_the_table_is_wordnet_and_holds_only_the_links_followed() -> None:
-    meanings, linked, inflections = _table()
-    assert len(meanings) > 50_000  # every single word of WordNet 3.0, not a hand-picked list
-    assert meanings["buy"] & meanings["purchase"]
-    assert not meanings["france"] & meanings["germany"]
+    words_, _, inflections = _table()
+    assert len(words_) > 50_000  # every single word of WordNet 3.0, not a hand-picked list
+    assert word_meanings("buy") & word_meanings("purchase")
+    assert not word_meanings("france") & word_meanings("germany")
     assert inflections["bought"] == "buy"
     symbols = {
         line[0]
@@ -64,6 +71,6 @@ def test_the_table_is_wordnet_and_holds_only_the_links_followed() -> None:
     }
     assert symbols == set(LINKS)
     # "recommend" and "recommendation" share no meaning; derivation links them.
-    recommend, recommendation = meanings["recommend"], meanings["recommendation"]
+    recommend, recommendation = word_meanings("recommend"), word_meanings("recommendation")
     assert not recommend & recommendation
-    assert any(linked.get(m, frozenset()) & recommendation for m in recommend)
+    assert any(linked_meanings(m) & recommendation for m in recommend)
