@@ -9,7 +9,7 @@ entries stored at once. Three splits, by topic (never by pair):
 - `test`, frozen, only evaluated: half the topics of the first author's seeds (a hash of the seed's first
   question);
 - `tune`, the only data anything is fitted or chosen on: the other half, the older hand-written set
-  (cache_eval.jsonl, which the former word lists were written from) and eight more writers' seeds
+  (cache_eval.jsonl, which the former word lists were written from) and sixteen more writers' seeds
   (cache_seeds_tune_writers*.jsonl);
 - `external`, frozen, only evaluated: seeds by two further writers who saw neither this code nor any of
   the data above (cache_seeds_external*.jsonl): the nearest thing here to questions nobody here wrote.
@@ -39,6 +39,8 @@ CONVERSATION_SOURCES = (
     (("cache_seeds_external_conv.jsonl",), "xc", "external"),
 )
 LEGACY = "cache_eval.jsonl"
+# Tuning questions (q1) a reviewer judged against frozen ones (q2), listed by duplicate_candidates --frozen
+FROZEN_DUPLICATES = HERE / "cache_frozen_duplicates.jsonl"
 OUT = HERE / "cache_pairs.jsonl"
 TEST_SHARE = 0.5
 TRAP_KINDS = {
@@ -176,10 +178,15 @@ def user_texts(row: dict) -> set[str]:
 
 
 def without_frozen_texts(rows: list[dict]) -> list[dict]:
-    """The rows, less every tuning row that shares a user text with a frozen split: writers reach for the
-    same common questions ("When did World War II end?"), and a classifier fitted on a pair holding a test
-    question has seen part of the test."""
+    """The rows, less every tuning row that shares a user text with a frozen split, or holds a question a
+    reviewer judged to ask the same as a frozen one (FROZEN_DUPLICATES: "Can PS5 play PS4 games?" against
+    "Does the PS5 run games that were made for the PS4?"): writers reach for the same common questions
+    ("When did World War II end?"), and a classifier fitted on a pair holding a test question, in any
+    wording, has seen part of the test (and the frozen lookups would find it as a "wrong" neighbour)."""
     frozen = set().union(*(user_texts(r) for r in rows if r["split"] != "tune"))
+    if FROZEN_DUPLICATES.exists():
+        judged = [json.loads(line) for line in FROZEN_DUPLICATES.read_text().splitlines() if line.strip()]
+        frozen |= {normalize_text(p["q1"]) for p in judged if p["same_answer"]}
     return [r for r in rows if r["split"] != "tune" or not user_texts(r) & frozen]
 
 

@@ -365,3 +365,21 @@ def test_reviewed_duplicates_join_tuning_groups_and_never_frozen_ones(tmp_path, 
     assert len(same) > 20 and all(group_of[p["q1"]] == group_of[p["q2"]] for p in same)
     assert sum(group_of[p["q1"]] != group_of[p["q2"]] for p in different) > 0.9 * len(different)
     assert sum(a["b_group"] != b["b_group"] for a, b in zip(joined, unjoined, strict=True)) > 0
+
+
+def test_no_tuning_pair_holds_a_question_judged_to_ask_a_frozen_one() -> None:
+    """Near-duplicates of frozen questions (a reviewer said "same answer") are leakage too: the build drops
+    them."""
+    import json
+
+    from bench.data.build_cache_pairs import FROZEN_DUPLICATES, user_texts
+    from cache_service.keys import normalize_text
+    from cache_service.verifier_training import load_rows
+
+    judged = [json.loads(line) for line in FROZEN_DUPLICATES.read_text().splitlines()]
+    leaked = {normalize_text(p["q1"]) for p in judged if p["same_answer"]}
+    assert len(leaked) > 10 and len(judged) > len(leaked)
+    rows = load_rows()
+    assert not any(user_texts(r) & leaked for r in rows if r["split"] == "tune")
+    frozen = set().union(*(user_texts(r) for r in rows if r["split"] != "tune"))
+    assert {normalize_text(p["q2"]) for p in judged} <= frozen
