@@ -60,7 +60,7 @@ CONVERSATIONS = [
     (
         ["Where can I buy train tickets to Paris?", "At the station or online.", "How much do they cost?"],
         [
-            "Where is it possible to buy train tickets to Paris?",
+            "What is the way to buy train tickets to Paris?",
             "At the station or online.",
             "How much do they cost?",
         ],
