@@ -1,5 +1,5 @@
-"""Cheap, general checks on two questions: numbers (and what they count), negation (words and prefixes),
-opposite words, dates.
+"""Cheap, general checks on two questions: numbers (and what they count), negation (words, prefixes and
+implicit negatives), opposite words, dates, what the question asks for.
 
 A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "buy" and
 "sell", "5 km to miles" and "5 miles to km", "in June" and "in December" as almost the same question. These
@@ -7,13 +7,13 @@ closed classes of English (number words, negators, negating prefixes, calendar w
 antonyms are checked exactly instead. They are general vocabulary and morphology, not words picked from
 any evaluation set.
 
-Different numbers and a negation on one side only veto a candidate outright (`veto`). The other checks
-are evidence, not verdicts (`check_flags`): they go to the learned verifier as features beside the
-embedding's, because rewordings trip them too ("keeps crashing when I open it" / "closing itself the
-moment I launch it", "every day" / "each night", "summer solstice" / "June solstice", "error code E24" /
-"it's showing E24"). On the tuning split (out of fold, the thresholds' rule) that served 38% of
-should-hit pairs instead of 34% at about the same false hits; with negation as a feature too, the rule's
-pick swung on one negation trap (docs/SEMANTIC_CACHE.md, "The verifier").
+Different numbers (when both sides name some) and a negation on one side only veto a candidate outright
+(`veto`). The other checks are evidence, not verdicts (`check_flags`): they go to the learned verifier as
+features beside the embedding's, because rewordings trip them too ("keeps crashing when I open it" / "closing
+itself the moment I launch it", "every day" / "each night", "summer solstice" / "June solstice", "error code
+E24" / "it's showing E24"). On the tuning split (out of fold, the thresholds' rule) that served 38% of
+should-hit pairs instead of 34% at about the same false hits; with negation as a feature too, the rule's pick
+swung on one negation trap (docs/SEMANTIC_CACHE.md, "The verifier").
 """
 
 from __future__ import annotations
