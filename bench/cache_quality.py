@@ -319,19 +319,15 @@ def main() -> None:
     # The tuning split is looked up in an index of its own entries: the frozen splits' entries (and their
     # answer groups) must not weigh on the thresholds. The frozen splits are looked up among every split's
     # entries, the tuning split's included, so a wrong neighbour from anywhere can win.
-    tune = [r for r in rows if r["split"] == "tune"]
-    parts = {
-        TUNE: (
-            tune,
-            run_lookups(tune, states, embedder.dim, lambda r: by_fold[fold_of(r["topic"])]),
-        )
-    }
+    parts: dict[str, tuple[list[dict], list[Lookup]]] = {}  # in the order of the docs' table
     if not args.tune_only:  # the shipped classifier is not loaded otherwise: it may be refitted after this
         shipped = PairVerifier(states, classifier_for(model.name))
         for name, split in (("test (frozen, headline)", "test"), (EXTERNAL, "external")):
             frozen = [r for r in rows if r["split"] == split]
             lookups = run_lookups(frozen, states, embedder.dim, lambda _: shipped, stored_rows=rows)
             parts[name] = (frozen, lookups)
+    tune = [r for r in rows if r["split"] == "tune"]
+    parts[TUNE] = (tune, run_lookups(tune, states, embedder.dim, lambda r: by_fold[fold_of(r["topic"])]))
     floor, picked = pick(*parts[TUNE])
     if args.tune_only:
         print(f"picked on the tuning split, out of fold: cosine floor {floor:.2f}, {describe(picked)}")
@@ -367,7 +363,7 @@ def main() -> None:
         "",
         "By kind at the defaults (served for should-hit kinds, false hits for traps):",
         "",
-        *kind_table({**{k: v for k, v in parts.items() if k != TUNE}, TUNE: parts[TUNE]}, d_floor, d_p),
+        *kind_table(parts, d_floor, d_p),
         "",
         "Without the verifier (cosine alone, the same index), test split:",
         "",

@@ -2,11 +2,11 @@
 
 The word-piece features (pair_features.py) see "buy" and "purchase", or "recommend" and "suggestion", as
 unshared pieces with no close static partner: the same evidence as "Paris" against "Lyon". WordNet knows the
-difference: "buy" and "purchase" share a meaning (a synset), "suggest" is derived from the same meaning as
-"suggestion", "dog" is a kind of "canine". So for the content words only one side has (function words such as
-"do", "can", "my" left out: a closed class of English), the verifier is told how many find no related word
-among the other side's such words, per side, and how many do. A reworded question then shows as
-unshared-but-related words; a swapped entity or a changed scope as unshared words nothing explains.
+difference: "buy" and "purchase" share a meaning (a synset), "installation" is derived from "install". So for
+the content words only one side has (function words such as "do", "can", "my" left out: a closed class of
+English), the verifier is told how many find no related word among the other side's such words, per side, and
+how many do. A reworded question then shows as unshared-but-related words; a swapped entity or a changed scope
+as unshared words nothing explains.
 
 The table (cache_service/related_words.tsv.gz) is built from WordNet 3.0 by cache_service/wordnet_build.py:
 every single word's meanings, and the links followed from a meaning (LINKS). Two words are related when a
@@ -22,7 +22,8 @@ from pathlib import Path
 from cache_service.pair_checks import base_forms, numbers
 
 RELATED_FILE = Path(__file__).with_name("related_words.tsv.gz")
-# WordNet pointer symbols followed one step: derivation, hypernym, hyponym.
+# WordNet pointer symbols followed one step: derivation alone (hypernyms, "@" / "~", were measured and lost:
+# docs/SEMANTIC_CACHE.md). The build writes only these links.
 LINKS = ("+",)
 RELATED_NAMES = ("unrelated_words_min", "unrelated_words_max", "related_words")
 

