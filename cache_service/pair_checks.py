@@ -66,6 +66,26 @@ _CONTRACTIONS = (
     (re.compile(r"\b(i)'m\b", re.I), r"\1 am"),
     (re.compile(r"\b(what|where|who|how|when|why|it|that|there|here)'s\b", re.I), r"\1 is"),
 )
+# The same contractions typed without the apostrophe, as chat users do ("whats", "dont", "im"), where the
+# bare form is no other English word: "its", "were", "well", "ill", "id", "lets", "hell", "shell", "wed"
+# and "wont" are words of their own and are left alone.
+_BARE_NOT = "do does did is are was were has have had could should would must need".split()
+_BARE = {f"{w}nt": f"{w} not" for w in _BARE_NOT} | {"cant": "cannot", "aint": "is not"}
+_BARE |= {f"{w}s": f"{w} is" for w in "what where who how when why that there here".split()}
+_BARE |= {
+    "im": "i am",
+    "ive": "i have",
+    "youre": "you are",
+    "youve": "you have",
+    "youll": "you will",
+    "theyre": "they are",
+    "theyve": "they have",
+    "theyll": "they will",
+    "weve": "we have",
+    "hes": "he is",
+    "shes": "she is",
+}
+_BARE_WORD = re.compile(r"\b(" + "|".join(sorted(_BARE, key=len, reverse=True)) + r")\b", re.I)
 
 
 def expand_contractions(text: str) -> str:
@@ -73,7 +93,7 @@ def expand_contractions(text: str) -> str:
     text = text.replace("’", "'")
     for pattern, replacement in _CONTRACTIONS:
         text = pattern.sub(replacement, text)
-    return text
+    return _BARE_WORD.sub(lambda m: _BARE[m.group(1).lower()], text)
 
 
 _DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")

@@ -151,6 +151,35 @@ def test_turns_worded_the_same_skip_the_models(a: str, b: str, same: bool) -> No
     assert same_wording(a, b) is same
 
 
+@pytest.mark.parametrize(
+    ("typed", "read"),
+    [
+        ("whats the longest river in africa", "what is the longest river in africa"),
+        ("Why doesnt my router reset?", "Why does not my router reset?"),
+        ("Why cant I log in", "Why cannot I log in"),
+        ("im sure youre right", "i am sure you are right"),
+        ("Why doesn’t it work?", "Why does not it work?"),
+        # Bare forms that are words of their own stay words.
+        ("Were its shops open well into the night?", "Were its shops open well into the night?"),
+        ("Wont the shell crack?", "Wont the shell crack?"),
+    ],
+)
+def test_contractions_are_read_with_or_without_the_apostrophe(typed: str, read: str) -> None:
+    from cache_service.pair_checks import expand_contractions
+
+    assert expand_contractions(typed) == read
+
+
+def test_a_contraction_typed_without_its_apostrophe_is_the_same_question_or_a_negation() -> None:
+    from cache_service.pair_checks import expand_contractions, same_wording
+
+    assert same_wording(
+        expand_contractions("whats the longest river in africa"),
+        expand_contractions("What's the longest river in Africa?"),
+    )
+    assert veto(expand_contractions("Why does my router reset?"), expand_contractions("Why doesnt my router reset?"))
+
+
 def chat(*turns: tuple[str, str], system: str | None = None, scope: str = "s") -> cache_pb2.CacheKey:
     messages = [cache_pb2.Message(role="system", content=system)] if system else []
     messages += [cache_pb2.Message(role=r, content=c) for r, c in turns]
