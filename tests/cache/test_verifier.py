@@ -177,7 +177,8 @@ def test_a_contraction_typed_without_its_apostrophe_is_the_same_question_or_a_ne
         expand_contractions("whats the longest river in africa"),
         expand_contractions("What's the longest river in Africa?"),
     )
-    assert veto(expand_contractions("Why does my router reset?"), expand_contractions("Why doesnt my router reset?"))
+    asked, stored = "Why does my router reset?", "Why doesnt my router reset?"
+    assert veto(expand_contractions(asked), expand_contractions(stored)) == "negation differs"
 
 
 def chat(*turns: tuple[str, str], system: str | None = None, scope: str = "s") -> cache_pb2.CacheKey:
