@@ -49,7 +49,7 @@ DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
 # reviewer who saw only the two questions: one answer for both, or not (docs/SEMANTIC_CACHE.md).
 DUPLICATES = Path(__file__).parent / "data" / "cache_tune_duplicates.jsonl"
 FLOORS = [round(0.50 + 0.05 * i, 2) for i in range(9)]
-VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.995]
+VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.96, 0.965, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995]
 TARGET_FALSE_HIT = 0.01
 LEGACY_TOPIC = "v1:"
 HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")

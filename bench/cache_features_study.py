@@ -1,0 +1,170 @@
+"""Study, tuning split only: which extra features should the verifier's classifier read?
+
+Each variant appends features to cache_service/pair_features.py's (patched for the run), the classifier is
+fitted once per cross-validation fold of the tuning topics, and every tuning pair is looked up out of fold
+against one index of all tuning questions (bench/cache_quality.py's harness). Printed per variant: the
+rule's pick (false hits at most 1% of every kind, then most served) and the strict end of the trade-off, the
+most should-hit pairs served with at most k false hits over a grid of thresholds. Never reads the frozen
+splits; nothing is shipped from it.
+
+Variants:
+- `base`: the shipped features;
+- `rarity`: how common, in English at large, the content words are that only one side has (wordfreq's
+  Zipf scale, a general word-frequency table, not fitted on any of our data): a rare word on one side only
+  ("Lyon", "hyperinflation") is what a swapped entity or scope leaves; a common one ("way", "get", "can")
+  is what a rewording leaves;
+- `interaction`: the two sentence vectors' element-wise product and absolute difference (the classic
+  classification head on sentence embeddings), so the trees can read which directions of meaning differ;
+- `rarity+interaction`.
+
+    .venv/bin/python -m bench.cache_features_study --variants base rarity interaction
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from bench.cache_quality import FOLDS, evaluation_rows, pick, run_lookups, tally, totals
+from cache_service import pair_features as pf
+from cache_service import verifier, verifier_training
+from cache_service.embedder import Embedder
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL
+from cache_service.pair_checks import words
+from cache_service.related_words import _content, _forms  # noqa: PLC2701 (a study of the same words)
+from cache_service.token_states import TokenStateCache
+from cache_service.tree_ensemble import TreeEnsemble
+from cache_service.verifier import PairVerifier, Thresholds
+from cache_service.verifier_training import fold_of, load_rows, train, tune_rows
+
+BUDGETS = (10, 20, 30, 40, 60)
+GRID = (
+    (0.55, 0.60, 0.65, 0.70, 0.75, 0.80),
+    (0.90, 0.93, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.995),
+    (0.5, 0.6, 0.7, 0.8),
+)
+NO_WORD = 8.0  # above any Zipf frequency: "no such word"
+
+
+def rarity(a: str, b: str) -> tuple[float, ...]:
+    from wordfreq import zipf_frequency
+
+    wa, wb = words(a), words(b)
+    forms_a = {w: _forms(w) for w in set(wa) if _content(w)}
+    forms_b = {w: _forms(w) for w in set(wb) if _content(w)}
+    all_a = set().union(*forms_a.values()) if forms_a else set()
+    all_b = set().union(*forms_b.values()) if forms_b else set()
+    only_a = [w for w, forms in forms_a.items() if not forms & all_b]
+    only_b = [w for w, forms in forms_b.items() if not forms & all_a]
+    za = [zipf_frequency(w, "en") for w in only_a]
+    zb = [zipf_frequency(w, "en") for w in only_b]
+    rarest = sorted((min(za, default=NO_WORD), min(zb, default=NO_WORD)))
+    info = sorted((sum(NO_WORD - z for z in za), sum(NO_WORD - z for z in zb)))
+    shared_rarest = min((zipf_frequency(w, "en") for w in forms_a if forms_a[w] & all_b), default=NO_WORD)
+    if "rare2" not in VARIANT:
+        return (*rarest, *info, shared_rarest)
+    rare_counts = sorted((sum(z < RARE for z in za), sum(z < RARE for z in zb)))
+    return (*rarest, *info, shared_rarest, *rare_counts)
+
+
+RARE = 4.0  # Zipf: rarer than once in 100,000 words
+VARIANT = ""
+
+
+def interaction(a: pf.TokenStates, b: pf.TokenStates) -> np.ndarray:
+    return np.concatenate([a.sentence * b.sentence, np.abs(a.sentence - b.sentence)]).astype(np.float64)
+
+
+def patch(variant: str) -> None:
+    global VARIANT
+    VARIANT = variant
+    text_extra: Callable[[str, str], tuple[float, ...]] | None = rarity if "rarity" in variant else None
+    state_extra = interaction if "interaction" in variant else None
+
+    def text_features(a: str, b: str) -> tuple[float, ...]:
+        base = pf.text_features(a, b)
+        return base + text_extra(a, b) if text_extra else base
+
+    def pair_features(a: pf.TokenStates, b: pf.TokenStates, texts) -> np.ndarray:  # noqa: ANN001
+        base = pf.pair_features(a, b, texts)
+        return np.concatenate([base, state_extra(a, b)]) if state_extra else base
+
+    for module in (verifier, verifier_training):
+        module.text_features = text_features
+        module.pair_features = pair_features
+
+
+def fit(variant: str, rows: list[dict], states: TokenStateCache) -> TreeEnsemble:
+    """The shipped recipe, or (variant `bagK`) K of its models fitted on bootstrap samples of the turn
+    pairs, averaged in logit space (one ensemble whose leaves are scaled by 1/K)."""
+    bags = next((int(p[3:]) for p in variant.split("+") if p.startswith("bag")), 0)
+    if not bags:
+        return TreeEnsemble.from_sklearn(train(rows, states)[0])
+    pairs = verifier_training.labelled_pairs(rows)
+    rng = np.random.default_rng(0)
+    models = []
+    for _ in range(bags):
+        sample = [pairs[i] for i in rng.integers(0, len(pairs), len(pairs))]
+        models.append(TreeEnsemble.from_sklearn(verifier_training.fit_classifier(states, sample)))
+    width = max(m.feature.shape[1] for m in models)
+
+    def cat(field: str) -> np.ndarray:
+        arrays = [getattr(m, field) for m in models]
+        padded = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=(True if a.dtype == bool else 0)) for a in arrays]
+        return np.concatenate(padded)
+
+    return TreeEnsemble(
+        baseline=float(np.mean([m.baseline for m in models])),
+        feature=cat("feature"),
+        threshold=cat("threshold"),
+        left=cat("left"),
+        right=cat("right"),
+        is_leaf=cat("is_leaf"),
+        value=cat("value") / bags,
+        depth=max(m.depth for m in models),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--variants", nargs="+", default=["base", "rarity"])
+    parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL)
+    args = parser.parse_args()
+    all_rows = load_rows()
+    rows = [r for r in evaluation_rows(all_rows) if r["split"] == "tune"]
+    embedder = Embedder(model=args.embedding_model)
+    states = TokenStateCache(embedder, capacity_mb=1 << 16)
+    print(f"{args.embedding_model}, tuning split out of fold, {len(rows)} pairs")
+    print("| variant | rule's pick | served / false hits there | most served, <= k false hits |")
+    print("| --- | --- | --- | --- |")
+    for variant in args.variants:
+        patch(variant)
+        by_fold = {}
+        for fold in range(FOLDS):
+            by_fold[fold] = PairVerifier(states, fit(variant, tune_rows(all_rows, held_out_fold=fold), states))
+        lookups = run_lookups(
+            rows, states, embedder.dim, lambda r, by_fold=by_fold: by_fold[fold_of(r["topic"])]
+        )
+        floor, picked = pick(rows, lookups)
+        served, positives, wrong, _ = totals(tally(rows, lookups, floor, picked))
+        best = dict.fromkeys(BUDGETS, 0)
+        for f, q, c in itertools.product(*GRID):
+            s, _, w, _ = totals(tally(rows, lookups, f, Thresholds(q, c)))
+            for k in BUDGETS:
+                if w <= k:
+                    best[k] = max(best[k], s)
+        curve = ", ".join(f"<= {k}: {best[k]}" for k in BUDGETS)
+        print(
+            f"| {variant} | {floor:.2f} / {picked.question:g} / {picked.context:g} | "
+            f"{served}/{positives} = {served / positives:.1%} / {wrong} | {curve} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
