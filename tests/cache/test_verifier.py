@@ -39,6 +39,8 @@ DEFAULTS = CacheSettings().verifier_thresholds()
             "What are the disadvantages of leasing a car?",
             "negation",
         ),
+        ("Solve 3x + 7 = 22", "Solve 3x + 7 > 22", "relations"),
+        ("Is x <= 5 here?", "Is x >= 5 here?", "relations"),
     ],
 )
 def test_cheap_checks_veto(a: str, b: str, reason: str) -> None:
@@ -142,6 +144,7 @@ def test_cheap_checks_let_rewordings_through(a: str, b: str) -> None:
         ("Is C++ hard to learn?", "Is C hard to learn?", False),
         ("How much vitamin A per day?", "How much vitamin per day?", False),  # a capital A mid-text is a name
         ("Is 15% of 80 a lot?", "Is 15 of 80 a lot?", False),
+        ("Solve 3x + 7 = 22", "Solve 3x + 7 > 22", False),  # a relation of arithmetic is no punctuation
         ("How often should I water my snake plant?", "How often should I water a snake plant?", False),
     ],
 )
