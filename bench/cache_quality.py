@@ -12,8 +12,9 @@ again once per fold of the tuning topics (cache_service/verifier_training.py, th
 one) and every tuning pair is judged by the classifier that did not see its topic. The cosine floor and the
 verifier's probability are the pair that serves most with false hits at most 1% of every kind of trap.
 The `test` split (other topics) is judged by the shipped classifier, fitted on the whole tuning split, at the
-configured defaults, once: it is the headline. The `external` split (questions by writers who saw neither
-the code nor the other data) is judged the same way. Rates come with Wilson 95% intervals.
+configured defaults, once: it is the headline. The `external` and `fresh` splits (questions by writers who
+saw neither the code nor the other data; the fresh ones written after the verifier's last change was
+decided) are judged the same way, and all three pooled. Rates come with Wilson 95% intervals.
 
     .venv/bin/python -m bench.cache_quality [--write-docs] [--tune-only] [--embedding-model all-mpnet-base-v2]
 
@@ -54,6 +55,8 @@ TARGET_FALSE_HIT = 0.01
 LEGACY_TOPIC = "v1:"
 HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")
 EXTERNAL = "other writers (frozen)"
+FRESH = "fresh writers (frozen)"
+FROZEN_SPLITS = (("test (frozen, headline)", "test"), (EXTERNAL, "external"), (FRESH, "fresh"))
 TUNE = "tune, out of fold (thresholds chosen here)"
 
 
@@ -322,7 +325,7 @@ def main() -> None:
     parts: dict[str, tuple[list[dict], list[Lookup]]] = {}  # in the order of the docs' table
     if not args.tune_only:  # the shipped classifier is not loaded otherwise: it may be refitted after this
         shipped = PairVerifier(states, classifier_for(model.name))
-        for name, split in (("test (frozen, headline)", "test"), (EXTERNAL, "external")):
+        for name, split in FROZEN_SPLITS:
             frozen = [r for r in rows if r["split"] == split]
             lookups = run_lookups(frozen, states, embedder.dim, lambda _: shipped, stored_rows=rows)
             parts[name] = (frozen, lookups)
@@ -338,6 +341,9 @@ def main() -> None:
     test_rows, test_lookups = parts["test (frozen, headline)"]
     served, positives, wrong, traps = totals(tally(test_rows, test_lookups, d_floor, d_p))
     x_served, x_positives, x_wrong, x_traps = totals(tally(*parts[EXTERNAL], d_floor, d_p))
+    f_served, f_positives, f_wrong, f_traps = totals(tally(*parts[FRESH], d_floor, d_p))
+    pooled = [totals(tally(*parts[name], d_floor, d_p)) for name, _ in FROZEN_SPLITS]
+    p_served, p_positives, p_wrong, p_traps = (sum(column) for column in zip(*pooled, strict=True))
     kinds = Counter(r["kind"] for r in rows)
     lines = [
         f"Command: `{' '.join(['.venv/bin/python -m bench.cache_quality', *sys.argv[1:]])}` ({len(rows)} "
@@ -354,6 +360,13 @@ def main() -> None:
         f"**Other writers' questions (frozen, {len(parts[EXTERNAL][0])} pairs by two writers who saw neither "
         f"the code nor the data above)**: served {rate(x_served, x_positives)}; false hits "
         f"{rate(x_wrong, x_traps)} of traps.",
+        "",
+        f"**Fresh writers' questions (frozen, {len(parts[FRESH][0])} pairs by three writers who saw neither the "
+        f"code nor any data, written after this verifier was decided)**: served {rate(f_served, f_positives)}; "
+        f"false hits {rate(f_wrong, f_traps)} of traps.",
+        "",
+        f"**All three frozen splits pooled** (every frozen pair, {p_positives + p_traps} in all): served "
+        f"{rate(p_served, p_positives)}; false hits {rate(p_wrong, p_traps)} of traps.",
         "",
         f"Thresholds picked by this script on the tuning split only, judged out of fold ({FOLDS} folds by "
         f"topic; false hits <= {TARGET_FALSE_HIT:.0%} of every kind of trap, then most pairs served): "

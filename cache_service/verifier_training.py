@@ -1,6 +1,6 @@
 """Fits the verifier's classifier on the tuning split of bench/data/cache_pairs.jsonl and writes
 cache_service/verifier_model.npz (the trees as arrays, cache_service/tree_ensemble.py; + .json: what it was
-fitted on). Never reads the frozen splits (test, external).
+fitted on). Never reads the frozen splits (test, external, fresh).
 
 Every labelled pair becomes the turn pairs the verifier would be asked about: a single question pair as
 itself; a conversation pair turn by turn, skipping turns worded the same (pair_checks.wording). A turn pair

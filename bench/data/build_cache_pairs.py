@@ -12,7 +12,10 @@ entries stored at once. Three splits, by topic (never by pair):
   (cache_eval.jsonl, which the former word lists were written from) and sixteen more writers' seeds
   (cache_seeds_tune_writers*.jsonl);
 - `external`, frozen, only evaluated: seeds by two further writers who saw neither this code nor any of
-  the data above (cache_seeds_external*.jsonl): the nearest thing here to questions nobody here wrote.
+  the data above (cache_seeds_external*.jsonl): the nearest thing here to questions nobody here wrote;
+- `fresh`, frozen, only evaluated: seeds by three more writers (2026-12-03) who saw neither the code nor
+  any data (cache_seeds_fresh*.jsonl), added after the verifier's last change was decided, so no version of
+  the verifier was ever chosen with their questions in view.
 
     .venv/bin/python -m bench.data.build_cache_pairs
 """
@@ -32,11 +35,13 @@ SINGLE_SOURCES = (
     (("cache_seeds_a.jsonl", "cache_seeds_b.jsonl", "cache_seeds_c.jsonl"), "s", None),
     (("cache_seeds_tune_writers.jsonl",), "w", "tune"),
     (("cache_seeds_external.jsonl",), "x", "external"),
+    (("cache_seeds_fresh.jsonl",), "f", "fresh"),
 )
 CONVERSATION_SOURCES = (
     (("cache_seeds_conv.jsonl",), "c", None),
     (("cache_seeds_tune_writers_conv.jsonl",), "wc", "tune"),
     (("cache_seeds_external_conv.jsonl",), "xc", "external"),
+    (("cache_seeds_fresh_conv.jsonl",), "fc", "fresh"),
 )
 LEGACY = "cache_eval.jsonl"
 # Tuning questions (q1) a reviewer judged against frozen ones (q2), listed by duplicate_candidates --frozen

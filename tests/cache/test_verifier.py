@@ -370,7 +370,7 @@ def test_no_tuning_pair_shares_a_question_with_a_frozen_split() -> None:
 
     rows = load_rows()
     splits = {r["split"] for r in rows}
-    assert {"tune", "test", "external"} <= splits
+    assert {"tune", "test", "external", "fresh"} <= splits
     frozen = set().union(*(user_texts(r) for r in rows if r["split"] != "tune"))
     assert not any(user_texts(r) & frozen for r in rows if r["split"] == "tune")
 
