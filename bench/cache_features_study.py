@@ -134,12 +134,13 @@ def main() -> None:
     )
     parser.add_argument("--variants", nargs="+", default=["base", "rarity"])
     parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL)
+    parser.add_argument("--model-dir", default=None, help="another directory of the same architecture")
     args = parser.parse_args()
     all_rows = load_rows()
     rows = [r for r in evaluation_rows(all_rows) if r["split"] == "tune"]
-    embedder = Embedder(model=args.embedding_model)
+    embedder = Embedder(path=args.model_dir, model=args.embedding_model)
     states = TokenStateCache(embedder, capacity_mb=1 << 16)
-    print(f"{args.embedding_model}, tuning split out of fold, {len(rows)} pairs")
+    print(f"{args.model_dir or args.embedding_model}, tuning split out of fold, {len(rows)} pairs")
     print("| variant | rule's pick | served / false hits there | most served, <= k false hits |")
     print("| --- | --- | --- | --- |")
     for variant in args.variants:
