@@ -86,7 +86,7 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total, steps = total + float(loss), steps + 1
+            total, steps = total + float(loss.detach()), steps + 1
         print(f"epoch {epoch + 1}: mean loss {total / steps:.5f}, {time.perf_counter() - started:.0f} s", flush=True)
     encoder.eval()
     student.save(args.out)
