@@ -11,7 +11,9 @@ cosine is the target. The student is written as a sentence-transformers director
     .venv/bin/python -m bench.cache_features_study --variants base --model-dir /tmp/minilm-distilled
 
 (the held-out folds' texts were seen by the student, without their labels: a shipped student would be
-taught on the tuning texts and judged on frozen ones it never saw). Nothing is shipped from it.
+taught on the tuning texts and judged on frozen ones it never saw). `--held-out-fold K` teaches on the other
+folds' texts only; `cache_features_study --fold K` then judges fold K alone, which the student never saw.
+Nothing is shipped from it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--held-out-fold", type=int, default=None, help="teach on the other folds' texts only (a clean check)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -52,7 +57,7 @@ def main() -> None:
     all_rows = load_rows()
     rows = [r for r in evaluation_rows(all_rows) if r["split"] == "tune"]
     assert all(r["split"] == "tune" for r in rows)
-    pairs = [(a, b) for a, b, _ in labelled_pairs(tune_rows(all_rows))]
+    pairs = [(a, b) for a, b, _ in labelled_pairs(tune_rows(all_rows, held_out_fold=args.held_out_fold))]
     texts = sorted({t for p in pairs for t in p})
     rng = random.Random(0)
     pairs += [(rng.choice(texts), rng.choice(texts)) for _ in range(len(pairs))]
@@ -62,7 +67,9 @@ def main() -> None:
     index = {t: i for i, t in enumerate(texts)}
     targets = np.array([float(vectors[index[a]] @ vectors[index[b]]) for a, b in pairs], dtype=np.float32)
     del teacher
-    print(f"teacher: {len(texts)} texts, {len(pairs)} pairs, {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"teacher: {len(texts)} texts, {len(pairs)} pairs, {time.perf_counter() - started:.0f} s", flush=True
+    )
 
     student = SentenceTransformer(embedding_model(MINILM).default_directory(), device="cpu")
     tokenizer, encoder = student.tokenizer, student[0].auto_model
@@ -87,7 +94,10 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             total, steps = total + float(loss.detach()), steps + 1
-        print(f"epoch {epoch + 1}: mean loss {total / steps:.5f}, {time.perf_counter() - started:.0f} s", flush=True)
+        print(
+            f"epoch {epoch + 1}: mean loss {total / steps:.5f}, {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
     encoder.eval()
     student.save(args.out)
     # the tuning texts as the verifier reads them are what the student must place like mpnet does

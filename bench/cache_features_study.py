@@ -113,7 +113,10 @@ def fit(variant: str, rows: list[dict], states: TokenStateCache) -> TreeEnsemble
 
     def cat(field: str) -> np.ndarray:
         arrays = [getattr(m, field) for m in models]
-        padded = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=(True if a.dtype == bool else 0)) for a in arrays]
+        padded = [
+            np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=(True if a.dtype == bool else 0))
+            for a in arrays
+        ]
         return np.concatenate(padded)
 
     return TreeEnsemble(
@@ -135,6 +138,15 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["base", "rarity"])
     parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL)
     parser.add_argument("--model-dir", default=None, help="another directory of the same architecture")
+    parser.add_argument(
+        "--budgets", default=",".join(map(str, BUDGETS)), help="false-hit budgets, comma-separated"
+    )
+    parser.add_argument(
+        "--fold",
+        type=int,
+        default=None,
+        help="judge only this fold's lookups (against the whole tuning index)",
+    )
     args = parser.parse_args()
     all_rows = load_rows()
     rows = [r for r in evaluation_rows(all_rows) if r["split"] == "tune"]
@@ -147,19 +159,27 @@ def main() -> None:
         patch(variant)
         by_fold = {}
         for fold in range(FOLDS):
-            by_fold[fold] = PairVerifier(states, fit(variant, tune_rows(all_rows, held_out_fold=fold), states))
+            by_fold[fold] = PairVerifier(
+                states, fit(variant, tune_rows(all_rows, held_out_fold=fold), states)
+            )
+        judged = rows if args.fold is None else [r for r in rows if fold_of(r["topic"]) == args.fold]
         lookups = run_lookups(
-            rows, states, embedder.dim, lambda r, by_fold=by_fold: by_fold[fold_of(r["topic"])]
+            judged,
+            states,
+            embedder.dim,
+            lambda r, by_fold=by_fold: by_fold[fold_of(r["topic"])],
+            stored_rows=rows,
         )
-        floor, picked = pick(rows, lookups)
-        served, positives, wrong, _ = totals(tally(rows, lookups, floor, picked))
-        best = dict.fromkeys(BUDGETS, 0)
+        floor, picked = pick(judged, lookups)
+        served, positives, wrong, _ = totals(tally(judged, lookups, floor, picked))
+        budgets = [int(k) for k in args.budgets.split(",")]
+        best = dict.fromkeys(budgets, 0)
         for f, q, c in itertools.product(*GRID):
-            s, _, w, _ = totals(tally(rows, lookups, f, Thresholds(q, c)))
-            for k in BUDGETS:
+            s, _, w, _ = totals(tally(judged, lookups, f, Thresholds(q, c)))
+            for k in budgets:
                 if w <= k:
                     best[k] = max(best[k], s)
-        curve = ", ".join(f"<= {k}: {best[k]}" for k in BUDGETS)
+        curve = ", ".join(f"<= {k}: {best[k]}" for k in budgets)
         print(
             f"| {variant} | {floor:.2f} / {picked.question:g} / {picked.context:g} | "
             f"{served}/{positives} = {served / positives:.1%} / {wrong} | {curve} |",

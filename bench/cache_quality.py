@@ -50,7 +50,24 @@ DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
 # reviewer who saw only the two questions: one answer for both, or not (docs/SEMANTIC_CACHE.md).
 DUPLICATES = Path(__file__).parent / "data" / "cache_tune_duplicates.jsonl"
 FLOORS = [round(0.50 + 0.05 * i, 2) for i in range(9)]
-VERIFIER_THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.96, 0.965, 0.97, 0.975, 0.98, 0.985, 0.99, 0.995]
+VERIFIER_THRESHOLDS = [
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.85,
+    0.9,
+    0.93,
+    0.95,
+    0.96,
+    0.965,
+    0.97,
+    0.975,
+    0.98,
+    0.985,
+    0.99,
+    0.995,
+]
 TARGET_FALSE_HIT = 0.01
 LEGACY_TOPIC = "v1:"
 HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")
@@ -361,9 +378,9 @@ def main() -> None:
         f"the code nor the data above)**: served {rate(x_served, x_positives)}; false hits "
         f"{rate(x_wrong, x_traps)} of traps.",
         "",
-        f"**Fresh writers' questions (frozen, {len(parts[FRESH][0])} pairs by three writers who saw neither the "
-        f"code nor any data, written after this verifier was decided)**: served {rate(f_served, f_positives)}; "
-        f"false hits {rate(f_wrong, f_traps)} of traps.",
+        f"**Fresh writers' questions (frozen, {len(parts[FRESH][0])} pairs by three writers who saw neither "
+        "the code nor any data, written after this verifier was decided)**: served "
+        f"{rate(f_served, f_positives)}; false hits {rate(f_wrong, f_traps)} of traps.",
         "",
         f"**All three frozen splits pooled** (every frozen pair, {p_positives + p_traps} in all): served "
         f"{rate(p_served, p_positives)}; false hits {rate(p_wrong, p_traps)} of traps.",
