@@ -7,17 +7,18 @@ rule's pick (false hits at most 1% of every kind, then most served) and the stri
 most should-hit pairs served with at most k false hits over a grid of thresholds. Never reads the frozen
 splits; nothing is shipped from it.
 
-Variants:
-- `base`: the shipped features;
-- `rarity`: how common, in English at large, the content words are that only one side has (wordfreq's
-  Zipf scale, a general word-frequency table, not fitted on any of our data): a rare word on one side only
-  ("Lyon", "hyperinflation") is what a swapped entity or scope leaves; a common one ("way", "get", "can")
-  is what a rewording leaves;
+Variants (joined with "+"):
+- `base`: the shipped features (since 2026-12-03 with word rarity, cache_service/word_frequency.py, which
+  this study measured as a variant before it shipped: docs/SEMANTIC_CACHE.md);
+- `rare2`: also, per side, how many one-sided content words are rare (Zipf < 4);
 - `interaction`: the two sentence vectors' element-wise product and absolute difference (the classic
   classification head on sentence embeddings), so the trees can read which directions of meaning differ;
-- `rarity+interaction`.
+- `bagK`: K classifiers fitted on bootstrap samples of the turn pairs, averaged.
 
-    .venv/bin/python -m bench.cache_features_study --variants base rarity interaction
+`--model-dir` reads the states of another model directory of the same architecture (the distillation
+study's student); `--fold K` judges fold K's lookups alone (against every tuning entry).
+
+    .venv/bin/python -m bench.cache_features_study --variants base rare2 interaction bag5
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from cache_service import verifier, verifier_training
 from cache_service.embedder import Embedder
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL
 from cache_service.pair_checks import words
-from cache_service.related_words import _content, _forms  # noqa: PLC2701 (a study of the same words)
+from cache_service.related_words import one_sided_words
 from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
 from cache_service.verifier import PairVerifier, Thresholds
 from cache_service.verifier_training import fold_of, load_rows, train, tune_rows
+from cache_service.word_frequency import zipf
 
 BUDGETS = (10, 20, 30, 40, 60)
 GRID = (
@@ -46,32 +48,17 @@ GRID = (
     (0.90, 0.93, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99, 0.995),
     (0.5, 0.6, 0.7, 0.8),
 )
-NO_WORD = 8.0  # above any Zipf frequency: "no such word"
 
 
-def rarity(a: str, b: str) -> tuple[float, ...]:
-    from wordfreq import zipf_frequency
-
-    wa, wb = words(a), words(b)
-    forms_a = {w: _forms(w) for w in set(wa) if _content(w)}
-    forms_b = {w: _forms(w) for w in set(wb) if _content(w)}
-    all_a = set().union(*forms_a.values()) if forms_a else set()
-    all_b = set().union(*forms_b.values()) if forms_b else set()
-    only_a = [w for w, forms in forms_a.items() if not forms & all_b]
-    only_b = [w for w, forms in forms_b.items() if not forms & all_a]
-    za = [zipf_frequency(w, "en") for w in only_a]
-    zb = [zipf_frequency(w, "en") for w in only_b]
-    rarest = sorted((min(za, default=NO_WORD), min(zb, default=NO_WORD)))
-    info = sorted((sum(NO_WORD - z for z in za), sum(NO_WORD - z for z in zb)))
-    shared_rarest = min((zipf_frequency(w, "en") for w in forms_a if forms_a[w] & all_b), default=NO_WORD)
-    if "rare2" not in VARIANT:
-        return (*rarest, *info, shared_rarest)
-    rare_counts = sorted((sum(z < RARE for z in za), sum(z < RARE for z in zb)))
-    return (*rarest, *info, shared_rarest, *rare_counts)
+def rare_counts(a: str, b: str) -> tuple[float, ...]:
+    """Per side (sorted), how many content words only that side has are rare in English (Zipf < RARE)."""
+    only_a, only_b, _ = one_sided_words(words(a), words(b))
+    return tuple(
+        float(n) for n in sorted((sum(zipf(w) < RARE for w in only_a), sum(zipf(w) < RARE for w in only_b)))
+    )
 
 
 RARE = 4.0  # Zipf: rarer than once in 100,000 words
-VARIANT = ""
 
 
 def interaction(a: pf.TokenStates, b: pf.TokenStates) -> np.ndarray:
@@ -79,9 +66,7 @@ def interaction(a: pf.TokenStates, b: pf.TokenStates) -> np.ndarray:
 
 
 def patch(variant: str) -> None:
-    global VARIANT
-    VARIANT = variant
-    text_extra: Callable[[str, str], tuple[float, ...]] | None = rarity if "rarity" in variant else None
+    text_extra: Callable[[str, str], tuple[float, ...]] | None = rare_counts if "rare2" in variant else None
     state_extra = interaction if "interaction" in variant else None
 
     def text_features(a: str, b: str) -> tuple[float, ...]:
