@@ -24,12 +24,11 @@ study's student); `--fold K` judges fold K's lookups alone (against every tuning
 from __future__ import annotations
 
 import argparse
-import itertools
 from collections.abc import Callable
 
 import numpy as np
 
-from bench.cache_quality import FOLDS, evaluation_rows, pick, run_lookups, tally, totals
+from bench.cache_quality import FOLDS, evaluation_rows, run_lookups, trade_off_row
 from cache_service import pair_features as pf
 from cache_service import verifier, verifier_training
 from cache_service.embedder import Embedder
@@ -38,7 +37,7 @@ from cache_service.pair_checks import words
 from cache_service.related_words import one_sided_words
 from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import PairVerifier, Thresholds
+from cache_service.verifier import PairVerifier
 from cache_service.verifier_training import fold_of, load_rows, train, tune_rows
 from cache_service.word_frequency import zipf
 
@@ -155,21 +154,8 @@ def main() -> None:
             lambda r, by_fold=by_fold: by_fold[fold_of(r["topic"])],
             stored_rows=rows,
         )
-        floor, picked = pick(judged, lookups)
-        served, positives, wrong, _ = totals(tally(judged, lookups, floor, picked))
         budgets = [int(k) for k in args.budgets.split(",")]
-        best = dict.fromkeys(budgets, 0)
-        for f, q, c in itertools.product(*GRID):
-            s, _, w, _ = totals(tally(judged, lookups, f, Thresholds(q, c)))
-            for k in budgets:
-                if w <= k:
-                    best[k] = max(best[k], s)
-        curve = ", ".join(f"<= {k}: {best[k]}" for k in budgets)
-        print(
-            f"| {variant} | {floor:.2f} / {picked.question:g} / {picked.context:g} | "
-            f"{served}/{positives} = {served / positives:.1%} / {wrong} | {curve} |",
-            flush=True,
-        )
+        print(trade_off_row(variant, judged, lookups, GRID, budgets), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,15 +14,14 @@ nothing is shipped from it.
 from __future__ import annotations
 
 import argparse
-import itertools
 from dataclasses import replace
 
-from bench.cache_quality import FOLDS, evaluation_rows, pick, run_lookups, tally, totals
+from bench.cache_quality import FOLDS, evaluation_rows, run_lookups, trade_off_row
 from cache_service import embedding_models
 from cache_service.embedder import Embedder
 from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
-from cache_service.verifier import PairVerifier, Thresholds
+from cache_service.verifier import PairVerifier
 from cache_service.verifier_training import fold_of, load_rows, train, tune_rows
 
 BUDGETS = (4, 6, 8, 10, 15)
@@ -68,19 +67,7 @@ def main() -> None:
         lookups = run_lookups(
             rows, states, embedder.dim, lambda r, by_fold=by_fold: by_fold[fold_of(r["topic"])]
         )
-        floor, picked = pick(rows, lookups)
-        served, positives, wrong, _ = totals(tally(rows, lookups, floor, picked))
-        best = dict.fromkeys(BUDGETS, 0)
-        for f, q, c in itertools.product(*GRID):
-            s, _, w, _ = totals(tally(rows, lookups, f, Thresholds(q, c)))
-            for k in BUDGETS:
-                if w <= k:
-                    best[k] = max(best[k], s)
-        curve = ", ".join(f"<= {k}: {best[k]}" for k in BUDGETS)
-        print(
-            f"| {spec} | {floor:.2f} / {picked.question:g} / {picked.context:g} | "
-            f"{served}/{positives} = {served / positives:.1%} / {wrong} | {curve} |"
-        )
+        print(trade_off_row(spec, rows, lookups, GRID, BUDGETS))
     embedding_models.EMBEDDING_MODELS[args.embedding_model] = shipped
 
 

@@ -24,6 +24,7 @@ Every text is run through the model once (its states kept in memory for the fold
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import time
@@ -263,6 +264,31 @@ def pick(rows: list[dict], lookups: list[Lookup]) -> tuple[float, Thresholds]:
                     best = key
     assert best is not None
     return best[4], Thresholds(best[2], best[3])
+
+
+def trade_off_row(
+    label: str,
+    rows: list[dict],
+    lookups: list[Lookup],
+    grid: tuple[tuple[float, ...], ...],
+    budgets: list[int] | tuple[int, ...],
+) -> str:
+    """A study's table row: the rule's pick and what it serves, then the strict end of the trade-off, the
+    most should-hit pairs served with at most k false hits over `grid` (floors, question and context
+    thresholds)."""
+    floor, picked = pick(rows, lookups)
+    served, positives, wrong, _ = totals(tally(rows, lookups, floor, picked))
+    best = dict.fromkeys(budgets, 0)
+    for f, q, c in itertools.product(*grid):
+        s, _, w, _ = totals(tally(rows, lookups, f, Thresholds(q, c)))
+        for k in budgets:
+            if w <= k:
+                best[k] = max(best[k], s)
+    curve = ", ".join(f"<= {k}: {best[k]}" for k in budgets)
+    return (
+        f"| {label} | {floor:.2f} / {picked.question:g} / {picked.context:g} | "
+        f"{served}/{positives} = {served / positives:.1%} / {wrong} | {curve} |"
+    )
 
 
 def describe(thresholds: Thresholds) -> str:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cache_service.pair_checks import CHECK_NAMES, check_flags, words
-from cache_service.related_words import RELATED_NAMES, related_features
-from cache_service.word_frequency import RARITY_NAMES, rarity_features
+from cache_service.related_words import RELATED_NAMES, one_sided_words, related_counts
+from cache_service.word_frequency import RARITY_NAMES, rarity
 
 TOKEN_FEATURE_NAMES = (
     "cosine",
@@ -74,8 +74,12 @@ def _inversions(a_ids: tuple[int, ...], b_ids: tuple[int, ...]) -> float:
 def text_features(a: str, b: str) -> tuple[float, ...]:
     """The TEXT_FEATURE_NAMES of two texts: the cheap checks' objections, the words WordNet relates and how
     rare the words are that only one side has."""
-    wa, wb = words(a), words(b)
-    return (*(float(flag) for flag in check_flags(a, b)), *related_features(wa, wb), *rarity_features(wa, wb))
+    only_a, only_b, shared = one_sided_words(words(a), words(b))
+    return (
+        *(float(flag) for flag in check_flags(a, b)),
+        *related_counts(only_a, only_b),
+        *rarity(only_a, only_b, shared),
+    )
 
 
 def pair_features(a: TokenStates, b: TokenStates, texts: Sequence[float]) -> np.ndarray:

@@ -128,6 +128,11 @@ def related_features(wa: list[str], wb: list[str]) -> tuple[float, float, float]
     base form in common with the other side; numbers left out), how many find no related word among the
     other side's, on the side with fewer and the side with more such words, and how many (side a) do."""
     one_sided_a, one_sided_b, _ = one_sided_words(wa, wb)
+    return related_counts(one_sided_a, one_sided_b)
+
+
+def related_counts(one_sided_a: list[str], one_sided_b: list[str]) -> tuple[float, float, float]:
+    """related_features from the two sides' one-sided words (one_sided_words), for callers that have them."""
     only_a = {w: _meanings(_forms(w)) for w in one_sided_a}
     only_b = {w: _meanings(_forms(w)) for w in one_sided_b}
     related_a = sum(1 for m in only_a.values() if any(_related(m, o) for o in only_b.values()))

@@ -6,8 +6,8 @@ features (pair_features.py) cannot tell those apart, so the verifier is also tol
 content word only one side has is, how much information those words carry together, and how rare the
 rarest word both sides share is (a specific topic).
 
-Rarity is a word's Zipf frequency (log10 of its occurrences per billion words: "the" ~7.7, "purchase" ~4.9,
-"monstera" ~1.9), from the English list of the `wordfreq` package (Robyn Speer; data CC BY-SA 4.0:
+Rarity is a word's Zipf frequency (log10 of its occurrences per billion words: "the" ~7.7, "purchase" ~4.7,
+"monstera" ~1.5), from the English list of the `wordfreq` package (Robyn Speer; data CC BY-SA 4.0:
 cache_service/WORD_FREQUENCY_LICENSE), a general table built from Wikipedia, subtitles, news, books and the
 web, not fitted on any of our data. cache_service/word_frequency_build.py writes it into
 cache_service/word_frequency.tsv.gz; the service reads it at start (`load`).
@@ -46,7 +46,7 @@ def _table() -> dict[str, float]:
 
 
 def load() -> None:
-    """Read the table now (~0.3 s; the service calls this at start, so no lookup pays for it)."""
+    """Read the table now (~0.1 s; the service calls this at start, so no lookup pays for it)."""
     _table()
 
 
@@ -56,7 +56,11 @@ def zipf(word: str) -> float:
 
 def rarity_features(wa: list[str], wb: list[str]) -> tuple[float, ...]:
     """RARITY_NAMES for two texts' words (pair_checks.words)."""
-    only_a, only_b, shared = one_sided_words(wa, wb)
+    return rarity(*one_sided_words(wa, wb))
+
+
+def rarity(only_a: list[str], only_b: list[str], shared: list[str]) -> tuple[float, ...]:
+    """RARITY_NAMES from the split of related_words.one_sided_words, for callers that have it."""
     za, zb = [zipf(w) for w in only_a], [zipf(w) for w in only_b]
     rarest = sorted((min(za, default=NO_WORD), min(zb, default=NO_WORD)))
     information = sorted((sum(NO_WORD - z for z in za), sum(NO_WORD - z for z in zb)))
