@@ -22,8 +22,6 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import msgpack
-
 from cache_service.word_frequency import FREQUENCY_FILE
 
 WHEEL = "wordfreq==3.1.1"
@@ -32,6 +30,9 @@ _SINGLE_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 def build(wheel: Path) -> bytes:
+    # Only this developer tool reads wordfreq's format; the service and its image never need the package.
+    import msgpack
+
     with zipfile.ZipFile(wheel) as z:
         header, *buckets = msgpack.loads(gzip.decompress(z.read(LIST)), raw=False)
     if header.get("format") != "cB":
