@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
-GEN := services/gen/worker_pb2.py services/gen/cache_pb2.py
+GEN := common/gen/worker_pb2.py common/gen/cache_pb2.py
 
 .PHONY: run test venv protos kernels model cache-models cache-model bench lint clean images compose-up compose-down compose-test soak
 
@@ -20,7 +20,7 @@ venv: $(VENV)/.installed
 
 # Generated stubs: never edited by hand.
 $(GEN) &: protos/worker.proto protos/cache.proto $(VENV)/.installed
-	$(PY) -m grpc_tools.protoc -Iservices/gen=protos --python_out=. --grpc_python_out=. --pyi_out=. protos/worker.proto protos/cache.proto
+	$(PY) -m grpc_tools.protoc -Icommon/gen=protos --python_out=. --grpc_python_out=. --pyi_out=. protos/worker.proto protos/cache.proto
 
 protos: $(GEN)
 
@@ -104,4 +104,4 @@ lint: venv
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf services/gen/*_pb2*.py .pytest_cache
+	rm -rf common/gen/*_pb2*.py .pytest_cache

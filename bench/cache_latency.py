@@ -33,9 +33,9 @@ from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MO
 from cache_service.keys import parse_key
 from cache_service.server import limit_blas_threads
 from cache_service.store import entry_key, scope_key
+from common.gen import cache_pb2, cache_pb2_grpc
 from gateway.cache_client import SemanticCacheClient, build_cache_key
-from services import launch
-from services.gen import cache_pb2, cache_pb2_grpc
+from scripts import launch
 
 MODEL = launch.MODEL_NAME
 E2E_ROUNDS = 10  # each stored question and its rewording asked this many times: 100 semantic hits

@@ -44,7 +44,7 @@ from cache_service.token_states import TokenStateCache
 from cache_service.tree_ensemble import TreeEnsemble
 from cache_service.verifier import PairVerifier, Thresholds, classifier_for
 from cache_service.verifier_training import FOLDS, fold_of, load_rows, train, tune_rows
-from services.gen import cache_pb2
+from common.gen import cache_pb2
 
 DATA = Path(__file__).parent / "data" / "cache_pairs.jsonl"
 # Tuning-split questions from different seeds within cosine 0.75 of each other, each pair judged by a

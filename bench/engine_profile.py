@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from bench.report import median
-from services.linear import Linear
+from common.linear import Linear
 from worker.config import EngineConfig, KVCacheConfig
 from worker.engine import build_engine
 from worker.outputs import PromptInput

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from bench.report import write_section
-from services.launch import MODEL_NAME, Service, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_SCRIPT = ROOT.parent / "shared" / "peers" / "vllm-cpu.sh"

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from bench.report import median, write_section
-from services.linear import Linear
+from common.linear import Linear
 from worker.kernels import native_ops
 from worker.quant import Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
 

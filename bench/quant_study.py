@@ -37,7 +37,7 @@ import torch
 
 from bench.peer_bench import MemorySampler, Server, peer
 from bench.report import median, write_section
-from services.launch import MODEL_NAME, free_port, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, free_port, start_gateway, start_worker
 from worker.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent

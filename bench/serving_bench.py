@@ -32,8 +32,8 @@ import httpx
 import psutil
 
 from bench.report import median, write_section
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, start_gateway, start_worker
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
 from worker.async_engine import AsyncEngine
 from worker.outputs import PromptInput
 from worker.sampling_params import SamplingParams

@@ -30,8 +30,8 @@ import psutil
 import redis
 
 from bench.report import write_section
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, free_port, grpc_serving, redis_argv
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import MODEL_NAME, Service, free_port, grpc_serving, redis_argv
 
 MODEL = MODEL_NAME
 TOPICS = ("rivers", "owls", "bread", "glaciers", "chess", "tides", "copper", "lanterns", "maps", "bees")

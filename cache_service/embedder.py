@@ -20,7 +20,7 @@ import numpy as np
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, MODELS_DIR, embedding_model
 from cache_service.onnx_encoder import OnnxEncoder, load_or_export
 from cache_service.pair_features import TokenStates
-from services.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
+from common.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from services.gen import cache_pb2
+from common.gen import cache_pb2
 
 _SPACES = re.compile(r"\s+")
 _TRAILING_PUNCT = re.compile(r"[\s?.!]+$")

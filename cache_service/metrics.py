@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from services.prometheus import init_labels  # also: no _created series
+from common.prometheus import init_labels  # also: no _created series
 
 if TYPE_CHECKING:
     from cache_service.token_states import TokenStateCache

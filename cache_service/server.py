@@ -19,8 +19,8 @@ from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
 from cache_service.token_states import TokenStateCache
 from cache_service.verifier import PairVerifier, classifier_for
-from services.gen import cache_pb2, cache_pb2_grpc
-from services.grpc_server import GrpcServer, wait_for_stop_signal
+from common.gen import cache_pb2, cache_pb2_grpc
+from common.grpc_server import GrpcServer, wait_for_stop_signal
 
 log = logging.getLogger("cache_service")
 HEALTH_PERIOD_S = 1.0

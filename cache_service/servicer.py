@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 from cache_service.core import SemanticCache
 from cache_service.keys import NotCacheableError, parse_key
 from cache_service.store import StoredAnswer
-from services.gen import cache_pb2, cache_pb2_grpc
+from common.gen import cache_pb2, cache_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import sys
 
 import uvicorn
 
+from common.logs import configure_logging
 from gateway.app import create_app
 from gateway.drain import DrainingServer
 from gateway.settings import GatewaySettings
-from services.logs import configure_logging
 
 
 def main() -> None:

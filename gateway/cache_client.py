@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from services.gen import cache_pb2, cache_pb2_grpc
+from common.gen import cache_pb2, cache_pb2_grpc
 from worker.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import Any
 import grpc
 from fastapi.responses import JSONResponse
 
-from services.gen import worker_pb2
+from common.gen import worker_pb2
 
 RETRY_AFTER_S = "1"
 ERROR_TRAILER = "llmserve-error-bin"  # the worker's ErrorDetail (worker/grpc_errors.py)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from common.gen import worker_pb2
 from gateway.worker_pool import WorkerStream
-from services.gen import worker_pb2
 
 _DONE = object()
 

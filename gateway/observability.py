@@ -7,8 +7,8 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 from starlette.types import Message, Receive, Scope, Send
 
+from common.prometheus import init_labels
 from gateway.http_io import HttpMiddleware
-from services.prometheus import init_labels
 
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics"})
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -47,7 +47,7 @@ CLIENT_DISCONNECTS = Counter(
     "Requests whose client went away before the answer was complete.",
 )
 
-# Label values the dashboard reads, exported at 0 before the first event (services/prometheus.py).
+# Label values the dashboard reads, exported at 0 before the first event (common/prometheus.py).
 CACHE_RESULTS = ("hit", "miss", "bypass", "error")
 CACHE_ERROR_KINDS = ("lookup", "timeout", "store")
 WORKER_ERROR_CODES = (

@@ -8,8 +8,8 @@ import uuid
 
 from starlette.types import Message, Receive, Scope, Send
 
+from common.logs import REQUEST_ID
 from gateway.http_io import HttpMiddleware
-from services.logs import REQUEST_ID
 
 HEADER = b"x-request-id"
 METADATA_KEY = "x-request-id"

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gen import worker_pb2
+from common.gen import worker_pb2
 
 Json = dict[str, Any]
 Positions = list[worker_pb2.PositionLogprobs]

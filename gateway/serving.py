@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from common.gen import worker_pb2
 from gateway import observability
 from gateway.errors import from_grpc, model_not_found
 from gateway.http_io import check_api_key, read_body, until_disconnect
@@ -26,7 +27,6 @@ from gateway.settings import GatewaySettings
 from gateway.tool_calls import ToolCallParser, ToolPlan, plan_tools
 from gateway.worker_pool import WorkerPool, WorkerStream
 from gateway.worker_request import chat_request, completion_request
-from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
 

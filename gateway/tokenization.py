@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationError, model_validator
 
+from common.gen import worker_pb2
 from gateway.protocol import INT32_MAX, ChatMessage, Tool, _Strict, validation_error
 from gateway.worker_pool import WorkerPool
 from gateway.worker_request import chat_message
-from services.gen import worker_pb2
 
 
 class TokenizeRequest(_Strict):

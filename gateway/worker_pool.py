@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.gen import worker_pb2, worker_pb2_grpc
 from gateway import observability
 from gateway.errors import APIError, from_grpc, unavailable
 from gateway.request_id import grpc_metadata
-from services.gen import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 

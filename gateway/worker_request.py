@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from common.gen import worker_pb2
 from gateway.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from gateway.tool_calls import ToolPlan
-from services.gen import worker_pb2
 
 # Request fields copied to the proto unchanged when the client set them.
 _PASSTHROUGH = (

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.launch import (
+from scripts.launch import (
     ROOT,
     STOP_TIMEOUT_S,
     StartError,
@@ -123,7 +123,7 @@ def say(message: str) -> None:
 
 
 def wait_healthy(child: Child, check: Callable[[], bool], stopping: threading.Event) -> bool:
-    """services/launch.py's wait; a child that is not healthy in time is left running (and said so)."""
+    """scripts/launch.py's wait; a child that is not healthy in time is left running (and said so)."""
     assert child.proc is not None
     try:
         wait_ready(child.proc, check, child.name, START_TIMEOUT_S, stopping=stopping, poll_s=0.3)

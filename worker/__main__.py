@@ -12,9 +12,9 @@ import asyncio
 import logging
 import sys
 
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.grpc_server import GrpcServer, wait_for_stop_signal
-from services.logs import configure_logging
+from common.gen import worker_pb2, worker_pb2_grpc
+from common.grpc_server import GrpcServer, wait_for_stop_signal
+from common.logs import configure_logging
 from worker.async_engine import AsyncEngine
 from worker.metrics import start_metrics_server
 from worker.servicer import WorkerServicer
@@ -34,7 +34,7 @@ def engine_serving(engine: AsyncEngine) -> bool:
 
 
 def _log_engine_health(engine: AsyncEngine, serving: bool) -> None:
-    """Health follows the engine (services/grpc_server.py), so health checks, run_stack and the gateway's
+    """Health follows the engine (common/grpc_server.py), so health checks, run_stack and the gateway's
     /ready see a loop that died or stalled; a stall that clears is SERVING again."""
     if engine.is_running:
         log.warning("engine %s", "moving again: SERVING" if serving else "stalled: NOT_SERVING")

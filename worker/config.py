@@ -2,18 +2,19 @@
 
 The one source of every engine default and of every accepted name: `worker/settings.py` (the WORKER_*
 environment and flags) takes its defaults and choices from here, and the implementations check against
-the same tuples (services/linear.py, worker/attention.py).
+the same tuples (common/linear.py, worker/attention.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.linear import LINEAR_BACKENDS  # the layer's own names (common/linear.py)
+
 # auto: bfloat16 where the device computes it natively, else float32 on CPU and float16 on a CUDA GPU
 # without bf16 (worker/model_loader.py resolve_dtype). float16 is meant for such GPUs: on CPU it runs, but
 # only through the plain torch paths (oneDNN packing and the native attention kernel refuse it).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-LINEAR_BACKENDS = ("auto", "onednn", "torch")  # onednn: weights prepacked (CPU); torch: plain F.linear
 ATTENTION_BACKENDS = ("auto", "native", "torch")  # native: compiled CPU decode kernel; torch: gather + matmul
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # weight-only, linear layers (worker/quant.py); auto: see
 # worker/model_loader.py resolve_quantization

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import grpc
 
-from services.gen import worker_pb2
+from common.gen import worker_pb2
 from worker.errors import EngineError
 
 ERROR_TRAILER = "llmserve-error-bin"

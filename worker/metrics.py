@@ -26,7 +26,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from services.prometheus import init_labels  # also: no _created series
+from common.prometheus import init_labels  # also: no _created series
 from worker.outputs import FinishedRequestStats, ModelInfo, StepStats
 
 PREFIX = "llmserve:"

@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from services.linear import Linear
+from common.linear import Linear
 from worker.attention import AttentionMetadata, paged_attention
 from worker.decode_layers import DecodeLayers
 from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear

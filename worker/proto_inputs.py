@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.gen import worker_pb2
+from common.gen import worker_pb2
 from worker.errors import InvalidRequestError
 from worker.outputs import PromptInput
 from worker.sampling_params import GrammarSpec

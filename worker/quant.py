@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.linear import Linear
+from common.linear import Linear
 from worker.config import QUANTIZATIONS
 from worker.kernels import native_op
 

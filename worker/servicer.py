@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.logs import REQUEST_ID
+from common.gen import worker_pb2, worker_pb2_grpc
+from common.logs import REQUEST_ID
 from worker.async_engine import AsyncEngine
 from worker.errors import EngineError, InvalidRequestError
 from worker.grpc_errors import abort_for, abort_with, status_of

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.gen import cache_pb2_grpc
+from common.gen import cache_pb2_grpc
 from tests.cache.procs import CacheService, Proc, start_cache_service, start_redis
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gen import cache_pb2
+from common.gen import cache_pb2
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from services import launch
-from services.launch import Service as Proc
+from scripts import launch
+from scripts.launch import Service as Proc
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, str]:

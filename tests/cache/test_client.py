@@ -12,7 +12,7 @@ from gateway.cache_client import SemanticCacheClient, build_cache_key, params_fi
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.semantic import SemanticCacheGate, output_params
 from gateway.settings import GatewaySettings
-from services.launch import free_port
+from scripts.launch import free_port
 from tests.cache.procs import CacheService
 
 MESSAGES = [

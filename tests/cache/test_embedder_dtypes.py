@@ -7,7 +7,7 @@ import pytest
 
 from cache_service.embedder import Embedder, resolve_dtype
 from cache_service.verifier import fitted_embedding_dtype
-from services.linear import bf16_weight_ops
+from common.linear import bf16_weight_ops
 
 QUESTIONS = [
     "How do I reset my router to factory settings?",

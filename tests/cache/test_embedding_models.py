@@ -15,7 +15,7 @@ import pytest
 from cache_service.embedding_models import EMBEDDING_MODELS, MINILM, MPNET
 from cache_service.settings import CacheSettings
 from cache_service.verifier import load_classifier
-from services.gen import cache_pb2_grpc
+from common.gen import cache_pb2_grpc
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import start_cache_service
 

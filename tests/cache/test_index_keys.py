@@ -7,7 +7,7 @@ import pytest
 
 from cache_service.index import VectorIndex
 from cache_service.keys import NotCacheableError, normalize_text, parse_key
-from services.gen import cache_pb2
+from common.gen import cache_pb2
 
 
 def unit(v: list[float]) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.gen import cache_pb2, cache_pb2_grpc
+from common.gen import cache_pb2, cache_pb2_grpc
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService, start_cache_service
 from tests.support.net import wait_for

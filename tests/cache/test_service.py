@@ -8,7 +8,7 @@ import urllib.request
 import grpc
 import pytest
 
-from services.gen import cache_pb2
+from common.gen import cache_pb2
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService
 from tests.support.grpc_checks import serving_with_reflection

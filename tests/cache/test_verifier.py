@@ -11,7 +11,7 @@ from cache_service.embedding_models import EMBEDDING_MODELS
 from cache_service.keys import Conversation, parse_key
 from cache_service.pair_checks import objections, veto
 from cache_service.settings import CacheSettings
-from services.gen import cache_pb2
+from common.gen import cache_pb2
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 DEFAULTS = CacheSettings().verifier_thresholds()

@@ -15,8 +15,8 @@ from compose_spec import PyCompose
 from pydantic_settings import BaseSettings
 
 from cache_service.settings import CacheSettings
+from common import healthcheck
 from gateway.settings import GatewaySettings
-from services import healthcheck
 from tests.deploy.files import (
     APP_IMAGE,
     COMPOSE,
@@ -230,9 +230,9 @@ def test_healthchecks_probe_the_ports_the_services_listen_on(services: dict[str,
     }
     for name, (kind, target) in parser_checks.items():
         test = services[name]["healthcheck"]["test"]
-        assert test[:4] == ["CMD", "python", "-m", "services.healthcheck"], name
+        assert test[:4] == ["CMD", "python", "-m", "common.healthcheck"], name
         assert test[4:] == [kind, target], name
-    assert Path(healthcheck.__file__).resolve() == ROOT / "services" / "healthcheck.py"
+    assert Path(healthcheck.__file__).resolve() == ROOT / "common" / "healthcheck.py"
 
 
 def test_bind_mounts_and_volumes_exist(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:

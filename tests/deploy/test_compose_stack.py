@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from services.launch import ROOT, free_port
+from scripts.launch import ROOT, free_port
 
 OPT_IN = "LLMSERVE_COMPOSE_TEST"
 COMPOSE = str(ROOT / "deploy" / "compose.sh")

@@ -34,7 +34,7 @@ from tests.deploy.files import (
 )
 from worker.settings import WorkerSettings
 
-PACKAGES = ("worker", "gateway", "cache_service", "services", "scripts")
+PACKAGES = ("worker", "gateway", "cache_service", "common", "scripts")
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_build_steps_work_from_the_copied_files_alone(
     app.mkdir()
     make_steps = replay_copies(instructions, app)
     assert make_steps == ["make protos"]
-    assert not list((app / "services" / "gen").glob("*_pb2*.py")), "generated stubs must be built, not copied"
+    assert not list((app / "common" / "gen").glob("*_pb2*.py")), "generated stubs must be built, not copied"
     assert not (app / "requirements-dev.txt").exists(), "tests and lint stay out of the image"
     # The deps stage runs the Makefile's venv recipe for the runtime requirements, word for word.
     recipe = run(["make", "--no-print-directory", "-n", "venv", "REQUIREMENTS=requirements.txt"], cwd=app)
@@ -174,7 +174,7 @@ def test_build_steps_work_from_the_copied_files_alone(
     image_env = os.environ | final_stage_env(instructions)  # make protos and make model read REQUIREMENTS
     protos = run(["make", "protos", f"VENV={venv}"], cwd=app, env=image_env)
     assert protos.returncode == 0, protos.stdout + protos.stderr
-    assert (app / "services" / "gen" / "worker_pb2_grpc.py").is_file()
+    assert (app / "common" / "gen" / "worker_pb2_grpc.py").is_file()
     for name, service in app_services(load_compose()).items():
         if service["command"][0] == "make":  # e.g. model-init's `make model`
             dry = run([*service["command"], f"VENV={venv}", "-n"], cwd=app, env=image_env)
@@ -216,7 +216,7 @@ def test_copied_sources_include_the_services_but_not_local_state() -> None:
         "models/SmolLM2-135M-Instruct/model.safetensors",
         ".git/HEAD",
         "worker/__pycache__/x.cpython-311.pyc",
-        "services/gen/worker_pb2.py",
+        "common/gen/worker_pb2.py",
         "tests/__init__.py",
     ):
         assert excluded(drop, patterns), drop

@@ -1,4 +1,4 @@
-"""services/healthcheck.py against real gRPC and HTTP servers on loopback ports."""
+"""common/healthcheck.py against real gRPC and HTTP servers on loopback ports."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.healthcheck import main
+from common.healthcheck import main
 from tests.deploy.files import ROOT
 
 
@@ -86,6 +86,6 @@ def test_http_status_decides(http_url: str) -> None:
 def test_runs_as_the_module_compose_calls(grpc_health: tuple[str, health.HealthServicer]) -> None:
     target, servicer = grpc_health
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    cmd = [sys.executable, "-m", "services.healthcheck", "grpc", target]
+    cmd = [sys.executable, "-m", "common.healthcheck", "grpc", target]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "healthy: SERVING", result.stderr

@@ -1,7 +1,7 @@
 """Real processes on free loopback ports, started once per session: a worker, gateways in front of it.
 
 Every process logs to a file; when one fails to come up, its log tail is in the error. Starting and
-waiting is services/launch.py's, shared with the benchmarks and `make run`.
+waiting is scripts/launch.py's, shared with the benchmarks and `make run`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import grpc
 import httpx
 import pytest
 
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.launch import Service, free_port, start_gateway, start_worker
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import Service, free_port, start_gateway, start_worker
 
 
 @pytest.fixture(scope="session")

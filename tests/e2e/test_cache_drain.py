@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from services.gen import cache_pb2 as pb
-from services.gen import cache_pb2_grpc
+from common.gen import cache_pb2 as pb
+from common.gen import cache_pb2_grpc
 from tests.cache.procs import start_cache_service, start_redis
 
 REFUSED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)

@@ -14,9 +14,9 @@ import grpc
 import httpx
 import pytest
 
-from services.gen import worker_pb2 as pb
-from services.gen import worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, start_gateway
+from common.gen import worker_pb2 as pb
+from common.gen import worker_pb2_grpc
+from scripts.launch import MODEL_NAME, Service, start_gateway
 from tests.e2e.conftest import wait_for_idle
 
 LONG = pb.SamplingParams(max_tokens=1500, ignore_eos=True, temperature=0.0)

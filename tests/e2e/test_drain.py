@@ -20,9 +20,9 @@ import grpc
 import httpx
 import pytest
 
-from services.gen import worker_pb2 as pb
-from services.gen import worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, grpc_serving, start_gateway, start_worker
+from common.gen import worker_pb2 as pb
+from common.gen import worker_pb2_grpc
+from scripts.launch import MODEL_NAME, Service, grpc_serving, start_gateway, start_worker
 from tests.e2e.conftest import wait_for_idle
 from tests.e2e.test_deadlines import reason_of
 from tests.support.net import wait_for

@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from services.launch import MODEL_NAME, Service, start_gateway
+from scripts.launch import MODEL_NAME, Service, start_gateway
 
 TIME_BUDGET_S = 5.0  # per fuzzed operation
 FUZZ = settings(

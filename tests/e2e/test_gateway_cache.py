@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.single_flight import MAX_WAIT_S
-from services.launch import (
+from scripts.launch import (
     MODEL_NAME,
     Service,
     metrics_url,

@@ -13,10 +13,10 @@ import grpc
 import httpx
 import pytest
 
+from common.gen import worker_pb2 as pb
+from common.gen import worker_pb2_grpc
 from gateway.worker_pool import DOWN_FOR_S
-from services.gen import worker_pb2 as pb
-from services.gen import worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
 from tests.e2e.conftest import wait_for_idle
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.launch import MODEL_NAME, Service, start_gateway
+from scripts.launch import MODEL_NAME, Service, start_gateway
 from tests.e2e.test_gateway_errors import assert_openai_error
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

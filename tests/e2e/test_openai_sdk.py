@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from services.launch import MODEL_NAME, Service
+from scripts.launch import MODEL_NAME, Service
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

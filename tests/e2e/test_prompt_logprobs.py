@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from services.launch import MODEL_NAME, Service
+from scripts.launch import MODEL_NAME, Service
 
 PROMPT = "The capital of France is"
 

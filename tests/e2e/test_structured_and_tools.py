@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from services.launch import MODEL_NAME, Service
+from scripts.launch import MODEL_NAME, Service
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_TOOL = {

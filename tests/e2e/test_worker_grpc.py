@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.gen import worker_pb2 as pb
-from services.gen import worker_pb2_grpc
-from services.launch import MODEL_NAME, Service
+from common.gen import worker_pb2 as pb
+from common.gen import worker_pb2_grpc
+from scripts.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
 from tests.support.grpc_checks import serving_with_reflection
 from worker.model_loader import resolve_dtype, resolve_quantization

@@ -1,11 +1,11 @@
 """The bfloat16-weight linear kernel (worker/kernels/bf16_weight_linear.cpp) and its layer
-(services/linear.py): float32 arithmetic on weights stored in bfloat16, so the result is x times the
+(common/linear.py): float32 arithmetic on weights stored in bfloat16, so the result is x times the
 bf16-rounded weights, to float32 summation error."""
 
 import pytest
 import torch
 
-from services.linear import Bf16WeightLinear, bf16_weight_layers, bf16_weight_ops
+from common.linear import Bf16WeightLinear, bf16_weight_layers, bf16_weight_ops
 
 
 def kernel():

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.linear import Linear, onednn_available, pack_linear_layers
+from common.linear import Linear, onednn_available, pack_linear_layers
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33, 300])

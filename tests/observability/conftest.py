@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.launch import redis_service
+from scripts.launch import redis_service
 from tests.observability.stack import (
     Cache,
     Gateway,

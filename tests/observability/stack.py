@@ -1,4 +1,4 @@
-"""Real service processes on free loopback ports (started through services/launch.py), and a Prometheus
+"""Real service processes on free loopback ports (started through scripts/launch.py), and a Prometheus
 text scraper, for the live tests."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.launch import Service, free_port, grpc_serving, http_ok, python_service
+from scripts.launch import Service, free_port, grpc_serving, http_ok, python_service
 
 
 @dataclass

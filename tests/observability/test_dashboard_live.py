@@ -20,8 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.launch import Service, free_port
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import Service, free_port
 from tests.deploy.files import DASHBOARD, PROMETHEUS, prometheus_tool
 from tests.observability.stack import Cache, Gateway, Worker
 from tests.support.net import wait_for

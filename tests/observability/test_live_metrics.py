@@ -13,8 +13,8 @@ import grpc
 import httpx
 import pytest
 
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.launch import ROOT
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import ROOT
 from tests.deploy.files import DASHBOARD
 from tests.observability.conftest import PRICE_PER_HOUR_USD
 from tests.observability.stack import Cache, Gateway, Scrape, Worker, scrape
@@ -235,6 +235,6 @@ def test_compose_healthcheck_command_passes_against_the_real_service(
         "cache_service": ["grpc", cache.addr],
         "gateway": ["http", f"{gateway.url}/health"],
     }[kind]
-    cmd = [sys.executable, "-m", "services.healthcheck", *target]
+    cmd = [sys.executable, "-m", "common.healthcheck", *target]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.gen import worker_pb2
 from gateway.worker_pool import WorkerPool
-from services.gen import worker_pb2
 from tests.observability.stack import Gateway, Worker, gateway_service, scrape, worker_service
 from tests.support.net import wait_for
 

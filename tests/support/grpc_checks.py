@@ -1,4 +1,4 @@
-"""What the worker and the cache service share (services/grpc_server.py), checked the same way for both."""
+"""What the worker and the cache service share (common/grpc_server.py), checked the same way for both."""
 
 from __future__ import annotations
 

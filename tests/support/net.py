@@ -1,4 +1,4 @@
-"""Polling for process-level tests. Starting processes, ports and health probes: services/launch.py."""
+"""Polling for process-level tests. Starting processes, ports and health probes: scripts/launch.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 # Re-exported only for bench/quant_study.py, which still imports it from here.
-from services.launch import free_port as free_port
+from scripts.launch import free_port as free_port
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:

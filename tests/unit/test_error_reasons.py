@@ -7,8 +7,8 @@ import grpc
 import pytest
 from grpc.aio import Metadata
 
+from common.gen import worker_pb2 as pb
 from gateway.errors import ERROR_TRAILER, from_grpc
-from services.gen import worker_pb2 as pb
 from worker.errors import (
     ContextLengthError,
     EngineDeadError,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from common.gen import worker_pb2 as pb
 from gateway.responses import ChoiceState, ResponseMeta, UsageTotals, completion_logprobs, sse
-from services.gen import worker_pb2 as pb
 
 
 def position(token: str, logprob: float, *alternatives: tuple[str, float]) -> pb.PositionLogprobs:

@@ -1,5 +1,5 @@
 """All three services export metrics as vLLM does: no `_created` series, and the label values dashboards
-read present at 0 before the first event (services/prometheus.py)."""
+read present at 0 before the first event (common/prometheus.py)."""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ import logging
 
 from fastapi.testclient import TestClient
 
+from common.logs import REQUEST_ID, configure_logging
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from services.launch import free_port
-from services.logs import REQUEST_ID, configure_logging
+from scripts.launch import free_port
 
 
 def client(**settings: str) -> TestClient:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from scripts.launch import free_port, http_ok
 from scripts.run_stack import Backoff, Child, Stack, StackSettings
-from services.launch import free_port, http_ok
 from tests.support.net import wait_for
 
 

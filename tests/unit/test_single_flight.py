@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from common.gen import cache_pb2
 from gateway.cache_client import CacheHit
 from gateway.single_flight import SingleFlight
-from services.gen import cache_pb2
 
 
 def key(text: str, scope: str = "t") -> cache_pb2.CacheKey:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gen import worker_pb2 as pb
+from common.gen import worker_pb2 as pb
 from tests.engine.factories import ScriptedRunner
 from tests.unit.test_async_engine import CharTokenizer
 from worker.block_manager import BlockManager

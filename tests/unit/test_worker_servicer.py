@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.gen import worker_pb2 as pb
+from common.gen import worker_pb2 as pb
 from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
 from worker.outputs import PositionLogprobs, RequestOutput, TokenLogprob, Usage
 from worker.sampling_params import SamplingParams

@@ -3,19 +3,21 @@
 `make kernels` (a dependency of `make run` and `make test`) builds them into `worker/kernels/build/` with
 torch's extension builder; `-march=native` is right because the build runs where the worker runs (the
 Docker image builds them in its own build step). A worker without the compiled kernels still runs, on the
-torch gather path, and says so at start.
+torch gather path, and says so at start. Loading is in common/native_kernels.py, so the cache service's
+embedder finds the same library without importing the worker.
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from common.native_kernels import LIBRARY_DIR as BUILD_DIR
+from common.native_kernels import LIBRARY_NAME as MODULE_NAME
+from common.native_kernels import native_op, native_ops
+
+__all__ = ["build", "native_op", "native_ops"]
 
 SOURCE_DIR = Path(__file__).parent
-BUILD_DIR = SOURCE_DIR / "build"
-MODULE_NAME = "llmserve_paged_attention"
 SOURCES = [
     SOURCE_DIR / "paged_attention.cpp",
     SOURCE_DIR / "fused_ops.cpp",
@@ -25,9 +27,6 @@ SOURCES = [
     SOURCE_DIR / "decode_layers.cpp",
 ]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
-
-_loaded: object | None = None
-_tried = False
 
 
 def build(verbose: bool = False) -> Path:
@@ -45,26 +44,3 @@ def build(verbose: bool = False) -> Path:
         verbose=verbose,
     )
     return BUILD_DIR / f"{MODULE_NAME}.so"
-
-
-def native_ops() -> object | None:
-    """`torch.ops.llmserve` once the compiled library is loaded, or None when it has not been built."""
-    global _loaded, _tried
-    if not _tried:
-        _tried = True
-        library = BUILD_DIR / f"{MODULE_NAME}.so"
-        if library.exists():
-            import torch
-
-            torch.ops.load_library(str(library))
-            _loaded = torch.ops.llmserve
-        else:
-            log.warning("native kernels not built (run `make kernels`): the engine runs on torch ops only")
-    return _loaded
-
-
-def native_op(name: str) -> object | None:
-    """`torch.ops.llmserve` when the compiled kernels are loaded and have `name` (a build from before that
-    kernel existed does not), else None."""
-    ops = native_ops()
-    return ops if ops is not None and hasattr(ops, name) else None

@@ -1,7 +1,7 @@
 """Container health probe: exit 0 when a service answers healthy, 1 otherwise.
 
-`python -m services.healthcheck grpc 127.0.0.1:50051` asks grpc.health.v1 (the overall status, or
-`--service NAME`); `python -m services.healthcheck http http://127.0.0.1:8000/health` wants a 2xx.
+`python -m common.healthcheck grpc 127.0.0.1:50051` asks grpc.health.v1 (the overall status, or
+`--service NAME`); `python -m common.healthcheck http http://127.0.0.1:8000/health` wants a 2xx.
 A Python probe needs nothing beyond the image's own packages (no grpc_health_probe binary, no curl).
 """
 

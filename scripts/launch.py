@@ -1,5 +1,5 @@
 """Start a service process and wait until it is healthy: the one launcher of the tests, the benchmarks and
-`make run` (scripts/run_stack.py), asking the one health probe the containers use (services/healthcheck.py).
+`make run` (scripts/run_stack.py), asking the one health probe the containers use (common/healthcheck.py).
 
 A `Service` is one child process with its log file: started with only the environment it is given (our own
 WORKER_*, CACHE_*, GATEWAY_* ... variables of the caller are left out), ready when its probe says so,
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
-from services.healthcheck import check_grpc, check_http
+from common.healthcheck import check_grpc, check_http
 from worker.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]

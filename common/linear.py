@@ -21,7 +21,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from worker.config import LINEAR_BACKENDS
+from common.native_kernels import native_op
+
+LINEAR_BACKENDS = ("auto", "onednn", "torch")  # onednn: weights prepacked (CPU); torch: plain F.linear
 
 
 def onednn_available(weight: torch.Tensor) -> bool:
@@ -93,8 +95,6 @@ class Bf16WeightLinear:
 
 def bf16_weight_ops() -> object | None:
     """`torch.ops.llmserve` where the compiled kernels include the bfloat16-weight linear, else None."""
-    from worker.kernels import native_op
-
     return native_op("bf16_weight_linear")
 
 
