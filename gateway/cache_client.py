@@ -11,21 +11,21 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from common.gen import cache_pb2, cache_pb2_grpc
-from worker.sampling_params import SamplingParams
+from common.sampling import DEFAULTS
 
 log = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 2.0  # a store embeds the text: slower than a lookup, and nobody waits for it
 
-# The engine's defaults (worker/sampling_params.py owns them): a parameter left unset and one set to its
-# default shape the answer alike, so they fingerprint alike.
-_ENGINE_DEFAULTS: dict[str, Any] = {f.name: getattr(SamplingParams(), f.name) for f in fields(SamplingParams)}
+# The sampling contract's defaults (common/sampling.py): a parameter left unset and one set to its default
+# shape the answer alike, so they fingerprint alike.
+_ENGINE_DEFAULTS: dict[str, Any] = DEFAULTS
 # Not part of the fingerprint: the temperature (only requests at or below CACHE_MAX_TEMPERATURE reach the
 # cache, and their answers count as interchangeable), n and logprobs (never reach it: gateway/semantic.py).
 _NOT_FINGERPRINTED = ("temperature", "n", "logprobs", "top_logprobs")

@@ -7,16 +7,11 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from common.sampling import INT32_MAX, bounds
 from gateway.errors import APIError, invalid_request
 from gateway.limits import RequestLimits, check_limits
-from worker.sampling_params import MAX_N
-
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-MAX_TOP_LOGPROBS = 20
 
 Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
-MAX_LOGIT_BIAS = 100.0
 
 log = logging.getLogger(__name__)
 
@@ -130,24 +125,25 @@ class StreamOptions(_Strict):
 
 
 class _SamplingRequest(_Strict):
-    """Fields both endpoints share: OpenAI's sampling parameters and vLLM's extensions."""
+    """Fields both endpoints share: OpenAI's sampling parameters and vLLM's extensions; the bounds are the
+    sampling contract's (common/sampling.py), so the worker refuses the same values over gRPC."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(default=None, **bounds("max_tokens").pydantic())
+    temperature: float | None = Field(default=None, **bounds("temperature").pydantic())
+    top_p: float | None = Field(default=None, **bounds("top_p").pydantic())
+    n: int | None = Field(default=None, **bounds("n").pydantic())
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-INT64_MAX - 1, le=INT64_MAX)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, **bounds("seed").pydantic())
+    presence_penalty: float | None = Field(default=None, **bounds("presence_penalty").pydantic())
+    frequency_penalty: float | None = Field(default=None, **bounds("frequency_penalty").pydantic())
     user: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)  # -1 or 0: off (vLLM)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    top_k: int | None = Field(default=None, **bounds("top_k").pydantic())  # -1 or 0: off (vLLM)
+    min_p: float | None = Field(default=None, **bounds("min_p").pydantic())
+    repetition_penalty: float | None = Field(default=None, **bounds("repetition_penalty").pydantic())
+    min_tokens: int | None = Field(default=None, **bounds("min_tokens").pydantic())
     ignore_eos: bool | None = None
     stop_token_ids: list[Int32] | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> -100..100
@@ -177,8 +173,8 @@ class _SamplingRequest(_Strict):
         for token, bias in (self.logit_bias or {}).items():
             if not token.isdigit() or int(token) > INT32_MAX:
                 raise ValueError(f"logit_bias: keys must be token ids, got {token!r}")
-            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise ValueError(f"logit_bias: values must be between -100 and 100, got {bias}")
+            if bias not in bounds("logit_bias"):
+                raise ValueError(f"logit_bias: values must be in {bounds('logit_bias')}, got {bias}")
         formats = [self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar]
         if self.response_format is not None and self.response_format.type != "text":
             formats.append(self.response_format)
@@ -222,9 +218,9 @@ class _SamplingRequest(_Strict):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, **bounds("max_tokens").pydantic())
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, **bounds("logprobs").pydantic())
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -265,10 +261,10 @@ class ChatCompletionRequest(_SamplingRequest):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[Int32] | list[list[Int32]]
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: int | None = Field(default=None, **bounds("logprobs").pydantic())
     echo: bool | None = None
     suffix: str | None = None
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's
+    prompt_logprobs: int | None = Field(default=None, **bounds("prompt_logprobs").pydantic())  # vLLM's
 
     @model_validator(mode="after")
     def _check_supported(self) -> CompletionRequest:

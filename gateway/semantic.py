@@ -12,13 +12,14 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from common import sampling
 from gateway import observability
 from gateway.cache_client import CacheHit, SemanticCacheClient, build_cache_key
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.responses import UsageTotals
 from gateway.settings import GatewaySettings
 from gateway.single_flight import SHAREABLE_FINISH_REASONS, SingleFlight
-from worker.sampling_params import SamplingParams
+from gateway.worker_request import contract_values
 
 BYPASS_HEADER = "x-semantic-cache"
 
@@ -49,31 +50,18 @@ def scope_of(authorization: str | None, user: str | None) -> str:
 
 
 def output_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """Every parameter that shapes the answer; two requests may share an answer only if these match."""
-    return {
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "max_tokens": req.completion_limit(),
-        "min_tokens": req.min_tokens,
-        "stop": req.stop_list,
-        "seed": req.seed,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty,
-        "ignore_eos": req.ignore_eos,
-        "n": req.num_choices,
-        "logprobs": req.num_logprobs(),
-        # the output's format: a cached free-text answer is never served to a JSON request
-        "response_format": req.response_format.model_dump(by_alias=True) if req.response_format else None,
-        "guided_json": req.guided_json,
-        "guided_regex": req.guided_regex,
-        "guided_choice": req.guided_choice,
-        "guided_grammar": req.guided_grammar,
-        "logit_bias": req.logit_bias,
-        "stop_token_ids": req.stop_token_ids,
-    }
+    """Every parameter that shapes the answer (the sampling contract's fields, as sent to the worker, and the
+    output's format); two requests may share an answer only if these match."""
+    params = contract_values(req)
+    # the output's format: a cached free-text answer is never served to a JSON request
+    params.update(
+        response_format=req.response_format.model_dump(by_alias=True) if req.response_format else None,
+        guided_json=req.guided_json,
+        guided_regex=req.guided_regex,
+        guided_choice=req.guided_choice,
+        guided_grammar=req.guided_grammar,
+    )
+    return params
 
 
 def _count_error(kind: str) -> None:
@@ -134,7 +122,7 @@ class SemanticCacheGate:
             return False
         if getattr(req, "tools", None):
             return False
-        temperature = SamplingParams.temperature if req.temperature is None else req.temperature
+        temperature = sampling.DEFAULTS["temperature"] if req.temperature is None else req.temperature
         return temperature <= self.max_temperature + 1e-6
 
     @staticmethod

@@ -3,45 +3,44 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from common import sampling
 from common.gen import worker_pb2
 from gateway.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from gateway.tool_calls import ToolPlan
 
-# Request fields copied to the proto unchanged when the client set them.
-_PASSTHROUGH = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_tokens",
-)
+
+def contract_values(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The request's value of each sampling contract field (common/sampling.py) but the structured output,
+    under the contract's name (None: unset, the worker applies the default). The proto and the cache
+    fingerprint are both built from this."""
+    values: dict[str, Any] = {name: getattr(req, name, None) for name in sampling.NUMBER_FIELDS}
+    values.update(
+        n=req.num_choices,
+        top_k=None if req.top_k is None else max(req.top_k, 0),  # -1 and 0 both mean off
+        max_tokens=req.completion_limit(),
+        logprobs=req.num_logprobs(),
+        prompt_logprobs=req.num_prompt_logprobs(),
+        ignore_eos=bool(req.ignore_eos),
+        stop=req.stop_list,
+        stop_token_ids=list(req.stop_token_ids or []),
+        logit_bias={int(token): bias for token, bias in (req.logit_bias or {}).items()},
+    )
+    return values
 
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest) -> worker_pb2.SamplingParams:
-    """Unset fields stay unset so the engine applies the OpenAI defaults in one place."""
-    params = worker_pb2.SamplingParams(n=req.num_choices, ignore_eos=bool(req.ignore_eos), stop=req.stop_list)
-    for name in _PASSTHROUGH:
-        value = getattr(req, name)
-        if value is not None:
-            setattr(params, name, value)
-    if req.top_k is not None:
-        params.top_k = max(req.top_k, 0)
-    limit = req.completion_limit()
-    if limit is not None:
-        params.max_tokens = limit
-    num_logprobs = req.num_logprobs()
-    if num_logprobs is not None:
-        params.logprobs = num_logprobs
-    num_prompt_logprobs = req.num_prompt_logprobs()
-    if num_prompt_logprobs is not None:
-        params.prompt_logprobs = num_prompt_logprobs
-    params.stop_token_ids.extend(req.stop_token_ids or [])
-    for token, bias in (req.logit_bias or {}).items():
-        params.logit_bias[int(token)] = bias
+    """Unset fields stay unset so the engine applies the contract's defaults in one place."""
+    values = contract_values(req)
+    params = worker_pb2.SamplingParams(
+        ignore_eos=values["ignore_eos"], stop=values["stop"], stop_token_ids=values["stop_token_ids"]
+    )
+    for name in sampling.NUMBER_FIELDS:
+        if values[name] is not None:
+            setattr(params, name, values[name])
+    for token, bias in values["logit_bias"].items():
+        params.logit_bias[token] = bias
     structured = structured_output(req)
     if structured is not None:
         params.structured_output.CopyFrom(structured)

@@ -110,7 +110,7 @@ class LLMEngine:
         try:
             params.validate()
         except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from exc
+            raise InvalidRequestError(str(exc), param=getattr(exc, "param", None)) from exc
         prompt_ids = self.tokenize(prompt)
         max_model_len = self.scheduler.config.max_model_len
         max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(prompt_ids)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from collections.abc import AsyncIterator
 
 import grpc
 
+from common import sampling
 from common.gen import worker_pb2, worker_pb2_grpc
 from common.logs import REQUEST_ID
 from worker.async_engine import AsyncEngine
@@ -25,24 +25,6 @@ from worker.proto_inputs import chat_prompt, grammar_spec
 from worker.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-# Optional proto fields copied onto SamplingParams when set; unset ones keep the engine's defaults.
-_OPTIONAL_PARAMS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "max_tokens",
-    "min_tokens",
-    "logprobs",
-    "n",
-    "prompt_logprobs",
-)
-
 
 def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
     kind = request.WhichOneof("prompt")
@@ -59,7 +41,7 @@ def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
     params = SamplingParams(
         ignore_eos=proto.ignore_eos, stop=list(proto.stop), stop_token_ids=list(proto.stop_token_ids)
     )
-    for name in _OPTIONAL_PARAMS:
+    for name in sampling.NUMBER_FIELDS:  # optional on the wire: unset ones keep the contract's defaults
         if proto.HasField(name):
             setattr(params, name, getattr(proto, name))
     params.logit_bias = dict(proto.logit_bias)
@@ -68,22 +50,13 @@ def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
     return params
 
 
-_FLOAT_PARAMS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
-
-
 def check_params_for_model(params: SamplingParams, vocab_size: int) -> None:
-    """Refuse what SamplingParams.validate lets through but a step cannot run: non-finite numbers, and
-    token ids outside the served vocabulary (they index the logits, so they broke the engine loop)."""
-    for name in _FLOAT_PARAMS:
-        if not math.isfinite(getattr(params, name)):
-            raise InvalidRequestError(f"{name} must be a finite number", param=name)
+    """Refuse what the sampling contract cannot know: token ids outside the served vocabulary (they index
+    the logits, so they broke the engine loop). The contract's own ranges are checked first."""
+    try:
+        params.validate()
+    except sampling.SamplingError as exc:
+        raise InvalidRequestError(str(exc), param=exc.param) from None
     token_ids = [("stop_token_ids", t) for t in params.stop_token_ids]
     token_ids += [("logit_bias", t) for t in getattr(params, "logit_bias", None) or ()]
     for name, token_id in token_ids:

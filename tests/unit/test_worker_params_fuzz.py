@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.gen import worker_pb2 as pb
+from common.sampling import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.engine.factories import ScriptedRunner
 from tests.unit.test_async_engine import CharTokenizer
 from worker.block_manager import BlockManager
@@ -20,7 +21,6 @@ from worker.errors import ContextLengthError, InvalidRequestError
 from worker.outputs import ModelInfo, PromptInput
 from worker.request import Request
 from worker.sampler import build_batch, sample
-from worker.sampling_params import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from worker.scheduler import Scheduler
 from worker.servicer import check_params_for_model, params_from_proto
 
