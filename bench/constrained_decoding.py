@@ -21,10 +21,11 @@ import time
 import torch
 
 from bench.report import median, publish
-from worker.config import EngineConfig
-from worker.engine import LLMEngine, build_engine
-from worker.outputs import PromptInput
-from worker.sampling_params import GrammarSpec, SamplingParams
+from worker.engine.config import EngineConfig
+from worker.engine.engine import LLMEngine
+from worker.engine.outputs import PromptInput
+from worker.engine.sampling_params import GrammarSpec, SamplingParams
+from worker.model.build import build_engine
 
 SCHEMA = {
     "type": "object",

@@ -60,7 +60,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def engine_config(dtype: str, max_num_seqs: int = 256, prefix_caching: bool = True, eager: bool = False):
-    from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
+    from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
 
     return EngineConfig(
         model=MODEL_DIR,
@@ -110,13 +110,13 @@ def stage_logits() -> dict:
     import torch
 
     from bench.engine_bench import TEXT
-    from worker.block_manager import BlockManager
-    from worker.config import SchedulerConfig
-    from worker.model import LlamaForPagedAttention
-    from worker.model_runner import ModelRunner
-    from worker.request import Request
-    from worker.sampling_params import SamplingParams
-    from worker.scheduler import Scheduler
+    from worker.engine.block_manager import BlockManager
+    from worker.engine.config import SchedulerConfig
+    from worker.engine.request import Request
+    from worker.engine.sampling_params import SamplingParams
+    from worker.engine.scheduler import Scheduler
+    from worker.model.model import LlamaForPagedAttention
+    from worker.model.runner import ModelRunner
 
     tok = tokenizer()
     base = tok.encode(TEXT * 4)
@@ -175,10 +175,10 @@ def stage_logits() -> dict:
 def stage_greedy() -> dict:
     import torch
 
-    from worker.async_engine import AsyncEngine
-    from worker.outputs import PromptInput
-    from worker.sampling_params import SamplingParams
-    from worker.speculative import num_accepted  # the length of the common prefix of two token lists
+    from worker.engine.outputs import PromptInput
+    from worker.engine.sampling_params import SamplingParams
+    from worker.engine.speculative import num_accepted  # the length of the common prefix of two token lists
+    from worker.model.build import build_async_engine
 
     max_new = 48
     tok = tokenizer()
@@ -192,7 +192,7 @@ def stage_greedy() -> dict:
                 out = hf.generate(ids, max_new_tokens=max_new, do_sample=False)
                 expected.append(out[0, ids.shape[1] :].tolist())
         del hf
-        engine = AsyncEngine.from_config(engine_config(dtype, max_num_seqs=16))
+        engine = build_async_engine(engine_config(dtype, max_num_seqs=16))
 
         async def scenario(engine=engine) -> list[list[int]]:
             await engine.start()
@@ -259,11 +259,11 @@ def engine_speed(dtype: str, eager: bool = False) -> dict:
     a slot frees, as `vllm bench serve --max-concurrency C` drives a server."""
     import torch
 
-    from worker.async_engine import AsyncEngine
-    from worker.outputs import PromptInput
-    from worker.sampling_params import SamplingParams
+    from worker.engine.outputs import PromptInput
+    from worker.engine.sampling_params import SamplingParams
+    from worker.model.build import build_async_engine
 
-    engine = AsyncEngine.from_config(engine_config(dtype, eager=eager))
+    engine = build_async_engine(engine_config(dtype, eager=eager))
     params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     rows = {}
     if DEVICE.startswith("cuda"):
@@ -328,9 +328,9 @@ def stage_profile(dtype: str = "bfloat16", streams: int = 64, steps: int = 20, e
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from worker.engine import build_engine
-    from worker.outputs import PromptInput
-    from worker.sampling_params import SamplingParams
+    from worker.engine.outputs import PromptInput
+    from worker.engine.sampling_params import SamplingParams
+    from worker.model.build import build_engine
 
     engine = build_engine(engine_config(dtype, eager=eager))
     tok = engine.tokenizer
@@ -377,10 +377,10 @@ def stage_quantization() -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
-    from worker.engine import build_engine
-    from worker.outputs import PromptInput
-    from worker.sampling_params import SamplingParams
+    from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
+    from worker.engine.outputs import PromptInput
+    from worker.engine.sampling_params import SamplingParams
+    from worker.model.build import build_engine
 
     directory = tempfile.mkdtemp()
     torch.manual_seed(0)

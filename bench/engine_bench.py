@@ -216,8 +216,8 @@ def _engine(
     attention_backend: str = "auto",
     quantization: str = "none",  # the rungs are unquantized, but for the int8 rows (the CPU default)
 ):
-    from worker.async_engine import AsyncEngine
-    from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
+    from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
+    from worker.model.build import build_async_engine
 
     config = EngineConfig(
         model=MODEL_DIR,
@@ -233,7 +233,7 @@ def _engine(
         ),
         kv_cache=KVCacheConfig(kv_cache_memory_gb=1.0, enable_prefix_caching=prefix_caching),
     )
-    return AsyncEngine.from_config(config)
+    return build_async_engine(config)
 
 
 async def _stream(engine, request_id: str, prompt, params, start: float, delay: float = 0.0) -> dict:
@@ -256,8 +256,8 @@ def run_engine(
     attention_backend: str = "auto",
     quantization: str = "none",
 ) -> dict:
-    from worker.outputs import PromptInput
-    from worker.sampling_params import SamplingParams
+    from worker.engine.outputs import PromptInput
+    from worker.engine.sampling_params import SamplingParams
 
     engine = _engine(
         dtype,
@@ -314,8 +314,8 @@ def run_engine_single_spec(dtype: str) -> dict:
 
 def run_prefix(dtype: str, prefix_caching: bool) -> dict:
     """A 1024-token shared document, then 16 different questions about it, arriving one after another."""
-    from worker.outputs import PromptInput
-    from worker.sampling_params import SamplingParams
+    from worker.engine.outputs import PromptInput
+    from worker.engine.sampling_params import SamplingParams
 
     engine = _engine(dtype, prefix_caching)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

@@ -22,10 +22,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.report import median
 from common.linear import Linear
-from worker.config import EngineConfig, KVCacheConfig
-from worker.engine import build_engine
-from worker.outputs import PromptInput
-from worker.sampling_params import SamplingParams
+from worker.engine.config import EngineConfig, KVCacheConfig
+from worker.engine.outputs import PromptInput
+from worker.engine.sampling_params import SamplingParams
+from worker.model.build import build_engine
 
 
 def gemm_throughput(dtype: torch.dtype) -> None:

@@ -186,7 +186,7 @@ def measure(library: Library, tokenizer, tokens: list[int], rounds: int) -> dict
 
 def apply_cost(vocab: int, rows: int, repeats: int = 50) -> float:
     """Microseconds to mask `rows` rows of logits with the worker's numpy path (half the tokens allowed)."""
-    from worker.sampler import allocate_bitmask, apply_bitmask
+    from worker.model.sampler import allocate_bitmask, apply_bitmask
 
     logits = torch.randn(rows, vocab)
     bitmask = allocate_bitmask(rows, vocab)
@@ -238,7 +238,8 @@ def main() -> None:
             "| --- | --- | --- | --- |",
             *rows,
             "",
-            f"Masking the logits with the bitmask (worker/sampler.py, numpy): {apply_1:.0f} us for 1 row,"
+            f"Masking the logits with the bitmask (worker/model/sampler.py, numpy): {apply_1:.0f} us"
+            " for 1 row,"
             f" {apply_32:.0f} us for 32 rows.",
         ],
         args.write_docs,

@@ -95,8 +95,8 @@ class Server:
 
 
 def start_ours(dtype: str, log_dir: Path, quantization: str = "auto") -> Server:
-    from worker.model_loader import resolve_dtype, resolve_quantization
-    from worker.settings import WorkerSettings
+    from worker.model.loader import resolve_dtype, resolve_quantization
+    from worker.server.settings import WorkerSettings
 
     defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
     worker = start_worker(

@@ -4,14 +4,14 @@ and the batch sizes the engine runs, side by side.
 Columns: oneDNN float32 and bfloat16; the native int8 kernel (worker/kernels/int8_linear.cpp, float32 in);
 the native 4-bit kernel (int4_linear.cpp, float32 in), each held on one of the paths the engine switches
 between by rows: row-at-a-time products ("rows"), the bfloat16 panel GEMM ("panel", bf16_panel_gemm.h;
-AVX512-BF16 builds) and dequantize + oneDNN bfloat16 GEMM ("dequantized", worker/quant.py; CPUs with
+AVX512-BF16 builds) and dequantize + oneDNN bfloat16 GEMM ("dequantized", worker/model/quant.py; CPUs with
 native bfloat16); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
 (its only vectorized input on AVX2) and fed float32 (its scalar fallback). Each shape is timed alone (its
 weights stay in the last-level cache) and, in the `stack` rows, as the 30 layers of a decode step with
 distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
 microseconds per call; on a shared machine only the minimum is worth comparing.
 
-Why it exists: it chose worker/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
+Why it exists: it chose worker/model/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
 groups of 32; the row count from which to dequantize).
 
     .venv/bin/python -m bench.quant_kernels [--threads 2] [--rows 1,4,8,32] [--reps 15] [--write-docs]
@@ -28,7 +28,7 @@ import torch
 from bench.report import median, write_section
 from common.linear import Linear
 from worker.kernels import native_ops
-from worker.quant import Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
+from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
 
 SHAPES = {
     "qkv": (960, 576),
@@ -94,7 +94,7 @@ def int4pack_layer(weight: torch.Tensor, groups: Int4Groups, dtype: torch.dtype)
 def held(layer: Int8Linear | Int4Linear, path: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The layer held on one path at every row count, where the engine switches by rows: the native kernel's
     row-at-a-time products ("rows"), its bfloat16 panel GEMM ("panel", from `bf16_panel_min_rows`), or
-    dequantize + oneDNN bfloat16 GEMM ("deq", from `worker.quant.DEQUANTIZE_MIN_ROWS`)."""
+    dequantize + oneDNN bfloat16 GEMM ("deq", from `worker.model.quant.DEQUANTIZE_MIN_ROWS`)."""
     layer.dequantize_from = 1 if path == "deq" else None
     ops = native_ops()
     panel_rows = {"rows": 10**9, "panel": 1}.get(path)

@@ -38,7 +38,7 @@ import torch
 from bench.peer_bench import MemorySampler, Server, peer
 from bench.report import median, write_section
 from scripts.launch import MODEL_NAME, free_port, start_gateway, start_worker
-from worker.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
+from worker.model.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -105,13 +105,13 @@ def all_rows() -> dict[str, Row]:
 # ---- perplexity ------------------------------------------------------------------------------------
 def engine_perplexity(row: Row, tokens: list[int]) -> tuple[float, float]:
     """exp(mean NLL) of the second half of each 512-token chunk, through the engine's own forward pass."""
-    from worker.block_manager import BlockManager
-    from worker.config import SchedulerConfig
-    from worker.model_loader import load_model
-    from worker.model_runner import ModelRunner
-    from worker.request import Request
-    from worker.sampling_params import SamplingParams
-    from worker.scheduler import Scheduler
+    from worker.engine.block_manager import BlockManager
+    from worker.engine.config import SchedulerConfig
+    from worker.engine.request import Request
+    from worker.engine.sampling_params import SamplingParams
+    from worker.engine.scheduler import Scheduler
+    from worker.model.loader import load_model
+    from worker.model.runner import ModelRunner
 
     started = time.perf_counter()
     model = load_model(str(MODEL_DIR), row.dtype, "cpu", PPL_CONTEXT + 8, "auto", row.quantization)
@@ -176,7 +176,7 @@ def llama_perplexity(row: Row, num_chunks: int) -> float | None:
 
 # ---- servers ---------------------------------------------------------------------------------------
 def start_engine(row: Row, log_dir: Path) -> Server:
-    from worker.settings import WorkerSettings
+    from worker.server.settings import WorkerSettings
 
     defaults = WorkerSettings.model_fields  # the stack's own defaults, not the test suite's small ones
     worker = start_worker(
@@ -341,7 +341,8 @@ def setup(repeats: int) -> str:
     int4_rows = query() if query is not None else "float32"
     panel_rows = getattr(torch.ops.llmserve, "bf16_panel_min_rows", lambda: 0)()
     dequantized = (
-        f" On this CPU both quantized rows change method with the batch (worker/quant.py): from {panel_rows}"
+        " On this CPU both quantized rows change method with the batch (worker/model/quant.py):"
+        f" from {panel_rows}"
         f" rows their kernels run a bfloat16 panel GEMM, and from {DEQUANTIZE_MIN_ROWS} rows (prefill"
         " chunks) the layers dequantize to bfloat16 for oneDNN's GEMM."
         if native_cpu_bfloat16() and panel_rows
@@ -479,7 +480,7 @@ def recommendation(rows: list[Row]) -> list[str]:
     """The CPU default that follows from the table: among engine rows within 1% of float32's perplexity,
     the fastest at one stream and the fastest at concurrency 32; `auto` follows the second, since the stack
     is built for concurrent traffic."""
-    from worker.model_loader import resolve_dtype, resolve_quantization
+    from worker.model.loader import resolve_dtype, resolve_quantization
 
     engine = {r.name: r.figures for r in rows if r.kind == "engine" and "speed" in r.figures}
     if "float32" not in engine or not engine["float32"].get("perplexity"):

@@ -34,10 +34,11 @@ import psutil
 from bench.report import median, write_section
 from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
-from worker.async_engine import AsyncEngine
-from worker.outputs import PromptInput
-from worker.sampling_params import SamplingParams
-from worker.settings import WorkerSettings
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.outputs import PromptInput
+from worker.engine.sampling_params import SamplingParams
+from worker.model.build import build_async_engine
+from worker.server.settings import WorkerSettings
 
 BENCH_ENV = {"WORKER_KV_CACHE_GB": "0.5", "WORKER_MAX_NUM_SEQS": "64"}
 PER_TOKEN = "gateway, interval 1"
@@ -181,7 +182,7 @@ async def run(
     args: argparse.Namespace, worker: Service, gateway: Service, per_token_worker: Service, per_token: Service
 ) -> Results:
     os.environ.update(BENCH_ENV)
-    engine = AsyncEngine.from_config(WorkerSettings().engine_config())
+    engine = build_async_engine(WorkerSettings().engine_config())
     await engine.start()
     p = Paths(engine, worker.addr, gateway.addr, per_token.addr)
     paths: dict[str, Stream] = {

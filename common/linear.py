@@ -1,6 +1,6 @@
 """Linear layers whose weights are packed once, at load time, for the CPU's matmul library. Shared by the
 worker's model and the cache service's embedder, hence here; the worker's quantized layers are in
-worker/quant.py.
+worker/model/quant.py.
 
 `F.linear` on a CPU tensor goes to MKL's sgemm/sgemv with the weight in its plain [out, in] layout,
 which on this machine reads the weights far below memory bandwidth for one token. oneDNN, given the

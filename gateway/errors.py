@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from common.gen import worker_pb2
 
 RETRY_AFTER_S = "1"
-ERROR_TRAILER = "llmserve-error-bin"  # the worker's ErrorDetail (worker/grpc_errors.py)
+ERROR_TRAILER = "llmserve-error-bin"  # the worker's ErrorDetail (worker/server/grpc_errors.py)
 
 
 class APIError(Exception):

@@ -2,8 +2,9 @@
 
 - `none` (or no tools): plain chat; the tools are not rendered.
 - `auto`: the tools are rendered; the model may answer in text or with Hermes-style calls
-  (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format worker/chat_template.py teaches),
-  which are parsed out of the text. Text that does not parse stays content.
+  (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format
+  worker/engine/chat_template.py teaches), which are parsed out of the text. Text that does not parse
+  stays content.
 - `required`: the output is constrained to a JSON list of calls to the given tools (at least one; exactly
   one when `parallel_tool_calls` is false), so the calls always parse and match the parameter schemas.
 - a named function: the output is constrained to that function's arguments.

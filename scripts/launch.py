@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from common.healthcheck import check_grpc, check_http
-from worker.config import EngineConfig
+from worker.engine.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_SERVER = Path(sys.executable).parent / "redis-server"

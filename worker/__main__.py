@@ -15,10 +15,11 @@ import sys
 from common.gen import worker_pb2, worker_pb2_grpc
 from common.grpc_server import GrpcServer, wait_for_stop_signal
 from common.logs import configure_logging
-from worker.async_engine import AsyncEngine
-from worker.metrics import start_metrics_server
-from worker.servicer import WorkerServicer
-from worker.settings import WorkerSettings
+from worker.engine.async_engine import AsyncEngine
+from worker.model.build import build_async_engine
+from worker.server.metrics import start_metrics_server
+from worker.server.servicer import WorkerServicer
+from worker.server.settings import WorkerSettings
 
 log = logging.getLogger("worker")
 
@@ -51,7 +52,7 @@ async def drain(engine: AsyncEngine, timeout_s: float) -> int:
 
 async def serve(settings: WorkerSettings) -> None:
     log.info("loading %s (dtype %s, device %s)", settings.model, settings.dtype, settings.device)
-    engine = AsyncEngine.from_config(
+    engine = build_async_engine(
         settings.engine_config(),
         stall_timeout_s=settings.stall_timeout_s,
         debug_stall_file=settings.debug_stall_file,

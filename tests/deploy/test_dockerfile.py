@@ -32,7 +32,7 @@ from tests.deploy.files import (
     run,
     volume_parts,
 )
-from worker.settings import WorkerSettings
+from worker.server.settings import WorkerSettings
 
 PACKAGES = ("worker", "gateway", "cache_service", "common", "scripts")
 
@@ -207,7 +207,7 @@ def test_copied_sources_include_the_services_but_not_local_state() -> None:
         "requirements.txt",
         "Makefile",
         "protos/worker.proto",
-        "worker/settings.py",
+        "worker/server/settings.py",
         "gateway/app.py",
     ):
         assert not excluded(keep, patterns), keep

@@ -28,7 +28,7 @@ from tests.deploy.files import (
     settings_env_fields,
 )
 from tests.deploy.kustomize import load_kustomization, render
-from worker.settings import WorkerSettings
+from worker.server.settings import WorkerSettings
 
 K8S = ROOT / "deploy" / "k8s"
 # The oldest Kubernetes still commonly run and the newest the schema package knows.

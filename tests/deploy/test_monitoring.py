@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 import gateway.observability  # noqa: F401  (registers the gateway's metrics on the default registry)
 from cache_service.metrics import CacheMetrics
 from tests.deploy.files import DASHBOARD, GRAFANA, PROMETHEUS, load_compose, promtool, run
-from worker.metrics import WorkerMetrics
+from worker.server.metrics import WorkerMetrics
 
 METRIC = re.compile(r"\bllmserve[a-zA-Z0-9_:]*")
 GRAFANA_VARIABLE = re.compile(r"\$__rate_interval|\$__interval|\$__range")

@@ -11,7 +11,7 @@ from common.gen import worker_pb2_grpc
 from scripts.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
 from tests.support.grpc_checks import serving_with_reflection
-from worker.model_loader import resolve_dtype, resolve_quantization
+from worker.model.loader import resolve_dtype, resolve_quantization
 
 GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
 

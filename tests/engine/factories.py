@@ -6,14 +6,14 @@ import itertools
 
 import torch
 
-from worker.block_manager import BlockManager
-from worker.config import SchedulerConfig
-from worker.model import LlamaForPagedAttention
-from worker.model_runner import ModelRunner
-from worker.request import Request
-from worker.sampler import SamplerOutput
-from worker.sampling_params import SamplingParams
-from worker.scheduler import Scheduler, SchedulerOutput
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import SchedulerConfig
+from worker.engine.request import Request
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler, SchedulerOutput
+from worker.model.model import LlamaForPagedAttention
+from worker.model.runner import ModelRunner
+from worker.model.sampler import SamplerOutput
 
 _ids = itertools.count()
 

@@ -1,7 +1,7 @@
 """Block manager: allocation, reference counts, chained prefix hashes, LRU eviction. No model."""
 
 from tests.engine.factories import make_request
-from worker.block_manager import BlockManager
+from worker.engine.block_manager import BlockManager
 
 
 def test_allocate_and_free_returns_every_block():

@@ -1,5 +1,5 @@
-"""The CUDA-graph decode path (worker/decode_graphs.py), run eagerly on the CPU: padded batches, a scratch
-block for the padding rows and bucketed block tables must give transformers' logits exactly as the
+"""The CUDA-graph decode path (worker/model/decode_graphs.py), run eagerly on the CPU: padded batches, a
+scratch block for the padding rows and bucketed block tables must give transformers' logits exactly as the
 general path does. On a GPU the same path is captured and replayed (bench/cuda_check.py checks it there)."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 from tests.engine.factories import make_request, paged_runner, tiny_llama
 from tests.engine.test_model_vs_transformers import assert_matches_transformers, run_collecting_logits
-from worker.decode_graphs import batch_buckets, block_buckets, bucket
+from worker.model.decode_graphs import batch_buckets, block_buckets, bucket
 
 
 @pytest.fixture(scope="module")

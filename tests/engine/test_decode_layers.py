@@ -1,5 +1,5 @@
-"""The whole-step decode op (worker/kernels/decode_layers.cpp, worker/decode_layers.py) against the per-layer
-native path it replaces (worker/model.py `_forward_native`), on the same quantized weights.
+"""The whole-step decode op (worker/kernels/decode_layers.cpp, worker/model/decode_layers.py) against the
+per-layer native path it replaces (worker/model/model.py `_forward_native`), on the same quantized weights.
 
 Both chain the same kernels on the same values, so logits and the K/V written to the pools agree to float
 tolerance (in practice exactly). Decode steps run sequences of different lengths whose new tokens land on
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from tests.engine.factories import drive, make_request, make_scheduler, tiny_llama
-from worker.decode_layers import DecodeLayers
 from worker.kernels import native_ops
-from worker.model import LlamaForPagedAttention
-from worker.model_runner import ModelRunner
+from worker.model.decode_layers import DecodeLayers
+from worker.model.model import LlamaForPagedAttention
+from worker.model.runner import ModelRunner
 
 BLOCK = 4
 NUM_BLOCKS = 64

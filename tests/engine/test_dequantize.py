@@ -1,5 +1,5 @@
-"""Dequantize + bfloat16 GEMM for batches of many rows (worker/quant.py `DEQUANTIZE_MIN_ROWS`; the kernels
-int8_dequantize and int4_dequantize in worker/kernels/).
+"""Dequantize + bfloat16 GEMM for batches of many rows (worker/model/quant.py `DEQUANTIZE_MIN_ROWS`; the
+kernels int8_dequantize and int4_dequantize in worker/kernels/).
 
 The dequantized weights are checked element by element against the layer's own definition of its weights
 (int8: q s; int4: d q + m rounded once, as the kernel's FMA does) rounded to bfloat16; the layer's output on
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.decode_layers import DecodeLayers
 from worker.kernels import native_ops
-from worker.quant import DEQUANTIZE_MIN_ROWS, Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
+from worker.model.decode_layers import DecodeLayers
+from worker.model.quant import DEQUANTIZE_MIN_ROWS, Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
 
 
 def dequantize_ops():

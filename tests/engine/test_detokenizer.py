@@ -2,8 +2,8 @@
 
 import pytest
 
-from worker.detokenizer import IncrementalDetokenizer, TokenTexts
-from worker.model_loader import load_tokenizer
+from worker.engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from worker.model.loader import load_tokenizer
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
 

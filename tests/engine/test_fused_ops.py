@@ -1,4 +1,4 @@
-"""The fused per-layer kernels against the torch code they replace (worker/model.py's torch path)."""
+"""The fused per-layer kernels against the torch code they replace (worker/model/model.py's torch path)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_rotary_in_place_on_fused_qkv(ops, dtype, rows):
     sin = torch.cat([angles.sin(), angles.sin()], dim=1).to(dtype)
     positions = torch.randint(0, max_pos, (rows,), generator=gen)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:  # the torch path of worker/model.py
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # the torch path of worker/model/model.py
         c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
         half = dim // 2
         return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s

@@ -1,4 +1,4 @@
-"""The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in worker/quant.py.
+"""The native 4-bit kernel (worker/kernels/int4_linear.cpp) and its wiring in worker/model/quant.py.
 
 Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64) and x as
 the kernel reads it: float32, or rounded to bfloat16 on the AVX512-BF16 path (`int4_activation_dtype`); from
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import worker.quant as quant
-from worker.gguf_weights import decode_q4_blocks
+import worker.model.quant as quant
 from worker.kernels import native_ops
-from worker.quant import Int4Groups, Int4Linear, pack_int4
+from worker.model.gguf import decode_q4_blocks
+from worker.model.quant import Int4Groups, Int4Linear, pack_int4
 
 
 def native_int4():

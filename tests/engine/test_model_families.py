@@ -1,4 +1,4 @@
-"""Families beside Llama: their weights gathered by worker/model.py, checked against transformers.
+"""Families beside Llama: their weights gathered by worker/model/model.py, checked against transformers.
 
 - Qwen2 (q/k/v biases, tied embeddings) runs on the Llama forward: the paged engine's logits match
   transformers' for a tiny random model.
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from tests.engine.factories import make_request
 from tests.engine.test_model_vs_transformers import assert_matches_transformers, run_collecting_logits
-from worker.model import FORWARD_FEATURES, LlamaForPagedAttention
-from worker.model_loader import UnsupportedModelError, check_model_type, load_model
+from worker.model.loader import UnsupportedModelError, check_model_type, load_model
+from worker.model.model import FORWARD_FEATURES, LlamaForPagedAttention
 
 GEMMA_DIR = Path("models/gemma-3-270m")
 
@@ -168,7 +168,7 @@ def test_gemma3_on_the_paged_forward_or_refused_by_name(tmp_path: Path) -> None:
         hf_model.save_pretrained(tmp_path)
         with pytest.raises(UnsupportedModelError, match="does not compute yet: " + ", ".join(missing)):
             load_model(str(tmp_path), "float32", "cpu", 64, "torch")
-        pytest.skip(f"the paged forward does not compute {missing} yet (FORWARD_FEATURES in worker/model.py)")
+        pytest.skip(f"the paged forward does not compute {missing} yet (model.py FORWARD_FEATURES)")
     requests = [make_request(num_prompt_tokens=n, max_tokens=6) for n in (5, 19)]
     logits, _, _ = run_collecting_logits(hf_model, requests, block_size=4, num_blocks=64, budget=16)
     assert_matches_transformers(hf_model, requests, logits)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.attention import AttentionMetadata, _decode, resolve_attention_backend
 from worker.kernels import native_ops
+from worker.model.attention import AttentionMetadata, _decode, resolve_attention_backend
 
 
 def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0, lens=None):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.engine.factories import make_request, make_scheduler, paged_runner, tiny_llama
+from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.kernels import native_ops
-from worker.model_runner import ModelRunner, StepInputs
-from worker.scheduler import ScheduledRequest, SchedulerOutput
+from worker.model.runner import ModelRunner, StepInputs
 
 BLOCK = 4
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from tests.engine.factories import paged_runner, tiny_llama
-from worker.block_manager import BlockManager
-from worker.config import EngineConfig, SchedulerConfig
-from worker.engine import LLMEngine
-from worker.outputs import ModelInfo, PromptInput, RequestOutput
-from worker.sampling_params import SamplingParams
-from worker.scheduler import Scheduler
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig, SchedulerConfig
+from worker.engine.engine import LLMEngine
+from worker.engine.outputs import ModelInfo, PromptInput, RequestOutput
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
 
 VOCAB = 256
 BLOCK = 4

@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 linear layers and GGUF 4-bit loading (worker/quant.py, worker/gguf_weights.py).
+"""Weight-only int8/int4 linear layers and GGUF 4-bit loading (worker/model/quant.py, worker/model/gguf.py).
 
 Tolerances: torch's kernels run in bfloat16 (8 bits of mantissa, relative rounding 2^-9 per element), so a
 layer is compared with F.linear over its own de-quantized weights at a relative error of 1%; the
@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from tests.engine.factories import tiny_llama
-from worker.gguf_weights import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
 from worker.kernels import native_ops
-from worker.model import LlamaForPagedAttention
-from worker.model_loader import resolve_dtype, resolve_quantization
-from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear, native_cpu_bfloat16
+from worker.model.gguf import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
+from worker.model.loader import resolve_dtype, resolve_quantization
+from worker.model.model import LlamaForPagedAttention
+from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear, native_cpu_bfloat16
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -180,7 +180,7 @@ def collect_logits(
 ):
     """Greedy-decode prompts through scheduler + paged runner; per request, logits at every position."""
     from tests.engine.factories import make_request, make_scheduler
-    from worker.model_runner import ModelRunner
+    from worker.model.runner import ModelRunner
 
     scheduler = make_scheduler(
         num_blocks=128, block_size=4, max_num_batched_tokens=budget, prefix_caching=prefix_caching
@@ -209,7 +209,8 @@ def held_path(request):
     """Every decoder linear of a model held on one of its kernels' paths at every row count, where the engine
     switches by rows: the native kernels' row-at-a-time products ("rows"), their bfloat16 panel GEMM
     ("panel", worker/kernels/bf16_panel_gemm.h, AVX512-BF16 builds), or dequantize + oneDNN bfloat16 GEMM
-    ("dequantized", worker/quant.py). Yields a function that holds a model there; the switch is restored."""
+    ("dequantized", worker/model/quant.py). Yields a function that holds a model there; the switch is
+    restored."""
     ops = native_ops()
     path = request.param
     if ops is None and path != "rows":

@@ -5,11 +5,11 @@ import asyncio
 import pytest
 import torch
 
-from worker.async_engine import AsyncEngine
-from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
-from worker.errors import InvalidRequestError
-from worker.outputs import PromptInput
-from worker.sampling_params import SamplingParams
+from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
+from worker.engine.errors import InvalidRequestError
+from worker.engine.outputs import PromptInput
+from worker.engine.sampling_params import SamplingParams
+from worker.model.build import build_async_engine
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
 MAX_NEW = 24
@@ -43,7 +43,7 @@ def engine(loop):
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, max_model_len=1024),
         kv_cache=KVCacheConfig(block_size=16, num_blocks=400),
     )
-    eng = AsyncEngine.from_config(config)
+    eng = build_async_engine(config)
     loop.run_until_complete(eng.start())
     yield eng
     loop.run_until_complete(eng.shutdown())
@@ -145,7 +145,7 @@ def test_speculative_decoding_keeps_greedy_output_identical(loop, reference):
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_model_len=1024, num_speculative_tokens=4),
         kv_cache=KVCacheConfig(block_size=16, num_blocks=200),
     )
-    engine = AsyncEngine.from_config(config)
+    engine = build_async_engine(config)
 
     async def scenario():
         await engine.start()

@@ -3,7 +3,7 @@
 import torch
 
 from tests.engine.factories import make_request, make_scheduler, paged_runner, tiny_llama
-from worker.sampler import build_batch, sample
+from worker.model.sampler import build_batch, sample
 
 VOCAB = 50
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tests.engine.factories import ScriptedRunner, drive, make_request, make_scheduler
-from worker.request import RequestStatus
+from worker.engine.request import RequestStatus
 
 
 def _assert_no_blocks_held(scheduler) -> None:

@@ -1,7 +1,7 @@
 """Prompt-lookup speculation: drafts, acceptance, and greedy output identical to one token a step."""
 
 from tests.engine.factories import make_request, make_scheduler, paged_runner, tiny_llama
-from worker.speculative import can_speculate, num_accepted, propose_ngram_drafts
+from worker.engine.speculative import can_speculate, num_accepted, propose_ngram_drafts
 
 
 def test_drafts_copy_what_followed_the_latest_match_of_the_tail():

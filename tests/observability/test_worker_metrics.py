@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from worker.metrics import WorkerMetrics, start_metrics_server
-from worker.outputs import FinishedRequestStats, ModelInfo, StepStats
-from worker.settings import WorkerSettings
+from worker.engine.outputs import FinishedRequestStats, ModelInfo, StepStats
+from worker.server.metrics import WorkerMetrics, start_metrics_server
+from worker.server.settings import WorkerSettings
 
 MODEL = "test-model"
 LABELS = {"model_name": MODEL}

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.engine.factories import ScriptedRunner
-from worker.async_engine import AsyncEngine
-from worker.block_manager import BlockManager
-from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
-from worker.engine import LLMEngine
-from worker.errors import EngineDrainingError, EngineOverloadedError, EngineStalledError
-from worker.outputs import ModelInfo, PromptInput
-from worker.sampling_params import SamplingParams
-from worker.scheduler import Scheduler
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
+from worker.engine.engine import LLMEngine
+from worker.engine.errors import EngineDrainingError, EngineOverloadedError, EngineStalledError
+from worker.engine.outputs import ModelInfo, PromptInput
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
 
 
 class CharTokenizer:

@@ -9,7 +9,7 @@ from grpc.aio import Metadata
 
 from common.gen import worker_pb2 as pb
 from gateway.errors import ERROR_TRAILER, from_grpc
-from worker.errors import (
+from worker.engine.errors import (
     ContextLengthError,
     EngineDeadError,
     EngineDrainingError,
@@ -17,8 +17,8 @@ from worker.errors import (
     EngineStalledError,
     InvalidRequestError,
 )
-from worker.grpc_errors import ERROR_TRAILER as WORKER_TRAILER
-from worker.grpc_errors import error_detail, reason_of, status_of
+from worker.server.grpc_errors import ERROR_TRAILER as WORKER_TRAILER
+from worker.server.grpc_errors import error_detail, reason_of, status_of
 
 
 def worker_error(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from worker.heap import HeapTrimmer
+from worker.engine.heap import HeapTrimmer
 
 
 def test_trims_once_per_interval_and_returns_freed_heap():

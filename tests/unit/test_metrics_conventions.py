@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cache_service.metrics import CacheMetrics
 from gateway import observability
-from worker.metrics import FINISH_REASONS, WorkerMetrics
+from worker.server.metrics import FINISH_REASONS, WorkerMetrics
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from worker.output_stream import OutputStream, TokenBatcher
-from worker.outputs import PositionLogprobs, RequestOutput, TokenLogprob, Usage
+from worker.engine.output_stream import OutputStream, TokenBatcher
+from worker.engine.outputs import PositionLogprobs, RequestOutput, TokenLogprob, Usage
 
 
 def delta(index: int, token: int, finish: str | None = None, logprob: bool = False) -> RequestOutput:

@@ -11,7 +11,7 @@ import pytest
 from common import sampling
 from common.gen import worker_pb2 as pb
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from worker.sampling_params import SamplingParams
+from worker.engine.sampling_params import SamplingParams
 
 # The HTTP fields that feed a contract field under another name.
 HTTP_ALIASES = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs"}

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from worker.chat_template import hermes_messages
-from worker.sampler import allocate_bitmask, apply_bitmask
-from worker.sampling_params import GrammarSpec
-from worker.structured_output import GrammarCache, GrammarError
+from worker.engine.chat_template import hermes_messages
+from worker.engine.sampling_params import GrammarSpec
+from worker.engine.structured_output import GrammarCache, GrammarError
+from worker.model.sampler import allocate_bitmask, apply_bitmask
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
 

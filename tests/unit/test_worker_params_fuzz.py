@@ -14,15 +14,15 @@ from common.gen import worker_pb2 as pb
 from common.sampling import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.engine.factories import ScriptedRunner
 from tests.unit.test_async_engine import CharTokenizer
-from worker.block_manager import BlockManager
-from worker.config import EngineConfig, KVCacheConfig, SchedulerConfig
-from worker.engine import LLMEngine
-from worker.errors import ContextLengthError, InvalidRequestError
-from worker.outputs import ModelInfo, PromptInput
-from worker.request import Request
-from worker.sampler import build_batch, sample
-from worker.scheduler import Scheduler
-from worker.servicer import check_params_for_model, params_from_proto
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
+from worker.engine.engine import LLMEngine
+from worker.engine.errors import ContextLengthError, InvalidRequestError
+from worker.engine.outputs import ModelInfo, PromptInput
+from worker.engine.request import Request
+from worker.engine.scheduler import Scheduler
+from worker.model.sampler import build_batch, sample
+from worker.server.servicer import check_params_for_model, params_from_proto
 
 VOCAB = 64
 INT32 = st.integers(-(2**31), 2**31 - 1)

@@ -6,10 +6,10 @@ import grpc
 import pytest
 
 from common.gen import worker_pb2 as pb
-from worker.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
-from worker.outputs import PositionLogprobs, RequestOutput, TokenLogprob, Usage
-from worker.sampling_params import SamplingParams
-from worker.servicer import output_to_proto, params_from_proto, prompt_from_proto, status_of
+from worker.engine.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from worker.engine.outputs import PositionLogprobs, RequestOutput, TokenLogprob, Usage
+from worker.engine.sampling_params import SamplingParams
+from worker.server.servicer import output_to_proto, params_from_proto, prompt_from_proto, status_of
 
 
 def test_unset_params_keep_engine_defaults() -> None:

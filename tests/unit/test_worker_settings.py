@@ -1,12 +1,13 @@
-"""WorkerSettings takes its engine defaults and accepted names from worker/config.py, their one source."""
+"""WorkerSettings takes its engine defaults and accepted names from worker/engine/config.py, their one
+source."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from worker.config import DTYPES, LINEAR_BACKENDS, EngineConfig, KVCacheConfig, SchedulerConfig
-from worker.settings import WorkerSettings
+from worker.engine.config import DTYPES, LINEAR_BACKENDS, EngineConfig, KVCacheConfig, SchedulerConfig
+from worker.server.settings import WorkerSettings
 
 
 def test_defaults_are_the_engine_config_defaults() -> None:

@@ -1,4 +1,4 @@
-// Every decoder layer of a decode-only step in one call: the plain Llama layer exactly as worker/model.py's
+// Every decoder layer of a decode-only step in one call: the plain Llama layer exactly as worker/model/model.py's
 // `_forward_native` runs it, with the kernels' entry points (ops.h) chained directly.
 //
 // At one stream the 135M model's int4 decode step spent about a third of its time outside the kernels:
@@ -14,7 +14,7 @@
 //   cos, sin [max_positions, D]; k_caches, v_caches: L pools [KV, num_blocks, block_size, D] (the new token's
 //     K/V goes to slot s = block * block_size + offset, written before attention reads it).
 //   input_norms, post_norms: L weights [E].
-//   qkv, o_proj, gate_up, down: each layer's tensors for that linear, layer after layer, as worker/quant.py's
+//   qkv, o_proj, gate_up, down: each layer's tensors for that linear, layer after layer, as worker/model/quant.py's
 //   layers hold them for their kernel (int4_linear.cpp, int8_linear.cpp check the layouts):
 //     weight_bits 4: packed codes [N, K / 2], scales, mins [N, K / 32]   (3 L tensors)
 //     weight_bits 8: codes [N, K], scales [N]                            (2 L tensors)

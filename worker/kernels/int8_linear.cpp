@@ -105,7 +105,7 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
 }
 
 // out = bfloat16(codes * scale), the weights whole: a batch of many rows (a prefill chunk) runs faster as
-// this plus one bfloat16 GEMM than through int8_linear, on a CPU whose GEMM has native bfloat16 (worker/quant.py).
+// this plus one bfloat16 GEMM than through int8_linear, on a CPU whose GEMM has native bfloat16 (worker/model/quant.py).
 void int8_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out) {
   TORCH_CHECK(codes.device().is_cpu() && out.device().is_cpu(), "int8_dequantize runs on CPU tensors");
   TORCH_CHECK(codes.dim() == 2 && out.sizes() == codes.sizes(), "int8_dequantize: codes and out [N, K]");

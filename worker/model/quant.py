@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from common.linear import Linear
-from worker.config import QUANTIZATIONS
+from worker.engine.config import QUANTIZATIONS
 from worker.kernels import native_op
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128

@@ -1,8 +1,8 @@
 """Engine configuration: numbers and strings only, so the scheduler builds without a model.
 
-The one source of every engine default and of every accepted name: `worker/settings.py` (the WORKER_*
+The one source of every engine default and of every accepted name: `worker/server/settings.py` (the WORKER_*
 environment and flags) takes its defaults and choices from here, and the implementations check against
-the same tuples (common/linear.py, worker/attention.py).
+the same tuples (common/linear.py, worker/model/attention.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from common.linear import LINEAR_BACKENDS  # the layer's own names (common/linear.py)
 
 # auto: bfloat16 where the device computes it natively, else float32 on CPU and float16 on a CUDA GPU
-# without bf16 (worker/model_loader.py resolve_dtype). float16 is meant for such GPUs: on CPU it runs, but
+# without bf16 (worker/model/loader.py resolve_dtype). float16 is meant for such GPUs: on CPU it runs, but
 # only through the plain torch paths (oneDNN packing and the native attention kernel refuse it).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "native", "torch")  # native: compiled CPU decode kernel; torch: gather + matmul
-QUANTIZATIONS = ("auto", "none", "int8", "int4")  # weight-only, linear layers (worker/quant.py); auto: see
-# worker/model_loader.py resolve_quantization
+# weight-only, linear layers (worker/model/quant.py); auto: see worker/model/loader.py resolve_quantization
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass
@@ -50,7 +50,7 @@ class EngineConfig:
     linear_backend: str = "auto"  # one of LINEAR_BACKENDS
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
     quantization: str = "auto"  # one of QUANTIZATIONS
-    enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (worker/decode_graphs.py)
+    enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (model/decode_graphs.py)
     scheduler: SchedulerConfig | None = None
     kv_cache: KVCacheConfig | None = None
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from worker.attention import AttentionMetadata, PrefillChunk, resolve_attention_backend
-from worker.decode_graphs import DecodeGraphs
+from worker.engine.request import Request
+from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.kernels import native_ops
-from worker.model import LlamaForPagedAttention, ModelShape
-from worker.request import Request
-from worker.sampler import SamplerOutput, build_batch, gather_prompt_logprobs, sample
-from worker.scheduler import ScheduledRequest, SchedulerOutput
+from worker.model.attention import AttentionMetadata, PrefillChunk, resolve_attention_backend
+from worker.model.decode_graphs import DecodeGraphs
+from worker.model.model import LlamaForPagedAttention, ModelShape
+from worker.model.sampler import SamplerOutput, build_batch, gather_prompt_logprobs, sample
 
 
 def kv_bytes_per_block(shape: ModelShape, block_size: int, dtype: torch.dtype) -> int:

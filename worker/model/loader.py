@@ -7,14 +7,14 @@ import os
 
 import torch
 
-from worker.model import LlamaForPagedAttention
-from worker.quant import native_cpu_bfloat16
+from worker.model.model import LlamaForPagedAttention
+from worker.model.quant import native_cpu_bfloat16
 
 log = logging.getLogger(__name__)
 
-# Decoder-only families whose weights worker/model.py gathers (RMSNorm, rotary, GQA, gated MLP). Llama,
+# Decoder-only families whose weights worker/model/model.py gathers (RMSNorm, rotary, GQA, gated MLP). Llama,
 # Mistral and Qwen2 run on the Llama forward pass; Gemma 3 (text) also needs what
-# FORWARD_FEATURES in worker/model.py lists, and is refused with the list of what is missing until then.
+# FORWARD_FEATURES in worker/model/model.py lists, and is refused with the list of what is missing until then.
 SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "gemma3_text"}
 
 
@@ -45,8 +45,8 @@ def resolve_dtype(name: str, device: str, quantization: str = "none") -> str:
     """`auto`: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or
     AMX), else float32. On a CPU without it, bfloat16 matmuls are emulated and measured several times slower
     than oneDNN's float32 at batch sizes above one (docs/BENCHMARKS.md). With quantized weights on a CPU,
-    float32: the native kernels read float32 rows and the fused decode step (worker/decode_layers.py) is the
-    float32 layer; a bfloat16 model around them measured slower at every batch size (9.1 against 6.8 ms
+    float32: the native kernels read float32 rows and the fused decode step (worker/model/decode_layers.py) is
+    the float32 layer; a bfloat16 model around them measured slower at every batch size (9.1 against 6.8 ms
     per single-stream int8 step on an AVX512-BF16 EPYC)."""
     if name != "auto":
         return name
@@ -103,7 +103,7 @@ def load_model(
     if missing:
         raise UnsupportedModelError(
             f"{path}: model type {hf_model.config.model_type!r} needs what this engine's forward pass does "
-            f"not compute yet: {', '.join(missing)} (FORWARD_FEATURES in worker/model.py)"
+            f"not compute yet: {', '.join(missing)} (FORWARD_FEATURES in worker/model/model.py)"
         )
     log.info(
         "loaded %s (%s, %s, %s linear layers, quantization %s)",
@@ -119,7 +119,7 @@ def load_model(
 def gguf_int4_groups(path: str, hf_model: torch.nn.Module) -> dict:
     """4-bit blocks from the GGUF file kept in the model directory, where there is one (else {}:
     every weight is quantized from float at load)."""
-    from worker.gguf_weights import find_gguf, load_int4_groups
+    from worker.model.gguf import find_gguf, load_int4_groups
 
     gguf_path = find_gguf(path) if os.path.isdir(path) else None
     if gguf_path is None:

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from common.gen import worker_pb2
-from worker.errors import InvalidRequestError
-from worker.outputs import PromptInput
-from worker.sampling_params import GrammarSpec
+from worker.engine.errors import InvalidRequestError
+from worker.engine.outputs import PromptInput
+from worker.engine.sampling_params import GrammarSpec
 
 
 def chat_prompt(chat: worker_pb2.ChatPrompt) -> PromptInput:

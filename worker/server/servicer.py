@@ -16,13 +16,13 @@ import grpc
 from common import sampling
 from common.gen import worker_pb2, worker_pb2_grpc
 from common.logs import REQUEST_ID
-from worker.async_engine import AsyncEngine
-from worker.errors import EngineError, InvalidRequestError
-from worker.grpc_errors import abort_for, abort_with, status_of
-from worker.output_stream import TokenBatcher
-from worker.outputs import PromptInput, RequestOutput, TokenLogprob
-from worker.proto_inputs import chat_prompt, grammar_spec
-from worker.sampling_params import SamplingParams
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.errors import EngineError, InvalidRequestError
+from worker.engine.output_stream import TokenBatcher
+from worker.engine.outputs import PromptInput, RequestOutput, TokenLogprob
+from worker.engine.sampling_params import SamplingParams
+from worker.server.grpc_errors import abort_for, abort_with, status_of
+from worker.server.proto_inputs import chat_prompt, grammar_spec
 
 log = logging.getLogger(__name__)
 

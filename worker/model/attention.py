@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.config import ATTENTION_BACKENDS
+from worker.engine.config import ATTENTION_BACKENDS
 from worker.kernels import native_ops
 
 

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections import OrderedDict
 
-from worker.sampling_params import GrammarSpec
+from worker.engine.sampling_params import GrammarSpec
 
 log = logging.getLogger(__name__)
 

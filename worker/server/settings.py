@@ -1,6 +1,6 @@
 """Worker settings: one environment variable (and flag) per setting, prefix WORKER_.
 
-Engine defaults and accepted names come from worker/config.py, their one source; only the process's own
+Engine defaults and accepted names come from worker/engine/config.py, their one source; only the process's own
 settings (addresses, drain, stall, price) have their defaults here.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import (
+from worker.engine.config import (
     ATTENTION_BACKENDS,
     DTYPES,
     LINEAR_BACKENDS,

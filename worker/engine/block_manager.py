@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from worker.request import Request
+from worker.engine.request import Request
 
 
 @dataclass

@@ -10,7 +10,7 @@ exactly the greedy output, only produced in fewer passes. Drafts are rejected fo
 
 from __future__ import annotations
 
-from worker.request import Request
+from worker.engine.request import Request
 
 
 def propose_ngram_drafts(

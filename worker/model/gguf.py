@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worker.quant import INT4_GROUP_SIZE, Int4Groups
+from worker.model.quant import INT4_GROUP_SIZE, Int4Groups
 
 log = logging.getLogger(__name__)
 

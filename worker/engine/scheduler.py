@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from worker.block_manager import BlockManager
-from worker.config import SchedulerConfig
-from worker.request import Request, RequestStatus
-from worker.speculative import can_speculate, num_accepted, propose_ngram_drafts
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import SchedulerConfig
+from worker.engine.request import Request, RequestStatus
+from worker.engine.speculative import can_speculate, num_accepted, propose_ngram_drafts
 
 
 @dataclass

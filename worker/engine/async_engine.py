@@ -27,20 +27,26 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from worker.config import EngineConfig
-from worker.engine import LLMEngine, StepResult, build_engine
-from worker.errors import (
+from worker.engine.engine import LLMEngine, StepResult
+from worker.engine.errors import (
     EngineDeadError,
     EngineDrainingError,
     EngineOverloadedError,
     EngineStalledError,
     InvalidRequestError,
 )
-from worker.heap import HeapTrimmer
-from worker.output_stream import OutputStream
-from worker.outputs import EngineStats, FinishedRequestStats, ModelInfo, PromptInput, RequestOutput, StepStats
-from worker.request import Request
-from worker.sampling_params import SamplingParams
+from worker.engine.heap import HeapTrimmer
+from worker.engine.output_stream import OutputStream
+from worker.engine.outputs import (
+    EngineStats,
+    FinishedRequestStats,
+    ModelInfo,
+    PromptInput,
+    RequestOutput,
+    StepStats,
+)
+from worker.engine.request import Request
+from worker.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +89,6 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
-
-    @classmethod
-    def from_config(cls, config: EngineConfig, **options: object) -> AsyncEngine:
-        return cls(lambda: build_engine(config), **options)  # type: ignore[arg-type]
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:

@@ -12,7 +12,7 @@ from typing import NoReturn
 import grpc
 
 from common.gen import worker_pb2
-from worker.errors import EngineError
+from worker.engine.errors import EngineError
 
 ERROR_TRAILER = "llmserve-error-bin"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attention import AttentionMetadata
+from worker.model.attention import AttentionMetadata
 
 # Linear backend -> (weight bits the op is told, the layer's tensors it is given, in order).
 _NATIVE_LINEARS = {
@@ -36,7 +36,7 @@ class DecodeLayers:
     num_heads: int
     num_kv_heads: int
     eps: float
-    # From this many tokens the layers dequantize for a bfloat16 GEMM (worker/quant.py), which beats the
+    # From this many tokens the layers dequantize for a bfloat16 GEMM (worker/model/quant.py), which beats the
     # op's native products by more than the op saves; None: the op takes any decode step.
     max_tokens: int | None = None
     _pools: tuple[list, list[torch.Tensor], list[torch.Tensor]] | None = None

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from common.prometheus import init_labels  # also: no _created series
-from worker.outputs import FinishedRequestStats, ModelInfo, StepStats
+from worker.engine.outputs import FinishedRequestStats, ModelInfo, StepStats
 
 PREFIX = "llmserve:"
 FINISH_REASONS = ("stop", "length", "abort")

@@ -1,7 +1,7 @@
 """Engine errors, each with one meaning for every transport.
 
 Each class names its machine-readable reason (protos/worker.proto's ErrorReason, without the
-ERROR_REASON_ prefix); worker/servicer.py turns the class into a gRPC status plus that reason, and the
+ERROR_REASON_ prefix); worker/server/servicer.py turns the class into a gRPC status plus that reason, and the
 gateway turns the reason into the OpenAI error. `param` names the request parameter at fault, in
 the OpenAI API's words, where it is known.
 """

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.sampling_params import SamplingParams
+from worker.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from worker.outputs import RequestOutput
+from worker.engine.outputs import RequestOutput
 
 Item = RequestOutput | BaseException
 

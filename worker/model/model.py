@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from common.linear import Linear
-from worker.attention import AttentionMetadata, paged_attention
-from worker.decode_layers import DecodeLayers
-from worker.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
+from worker.model.attention import AttentionMetadata, paged_attention
+from worker.model.decode_layers import DecodeLayers
+from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
 
 # What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
 # each model needs (`LlamaForPagedAttention.needs`); the loader refuses a model that needs anything not
-# listed here (worker/model_loader.py), so a family is served only once the forward computes it. Needs:
+# listed here (worker/model/loader.py), so a family is served only once the forward computes it. Needs:
 #   qk_norm         RMSNorm of each head of q and of k (LayerWeights.q_norm / k_norm, [head_dim]) after
 #                   the QKV projection, before rotary
 #   sandwich_norms  LayerWeights.post_attn_norm on o_proj's output and post_mlp_norm on down's output, each
@@ -105,7 +105,7 @@ class LlamaForPagedAttention:
         quantization: str = "none",
         int4_groups: dict[str, Int4Groups] | None = None,
     ) -> None:
-        """`quantization`: none | int8 | int4 (weight-only, worker/quant.py); `int4_groups`: 4-bit
+        """`quantization`: none | int8 | int4 (weight-only, worker/model/quant.py); `int4_groups`: 4-bit
         blocks already in a GGUF file, by Hugging Face name, used instead of re-quantizing."""
         config = hf_model.config
         self.shape = ModelShape(
@@ -266,8 +266,8 @@ class LlamaForPagedAttention:
 
     @cached_property
     def decode_layers(self) -> DecodeLayers | None:
-        """All layers of a decode-only step in one native call (worker/decode_layers.py), or None where this
-        model or build cannot use it; its weight lists are gathered on first use."""
+        """All layers of a decode-only step in one native call (worker/model/decode_layers.py), or None where
+        this model or build cannot use it; its weight lists are gathered on first use."""
         return DecodeLayers.build(self, getattr(self, "native_ops", None))
 
     @property

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from worker.request import Request
+from worker.engine.request import Request
 
 
 @dataclass

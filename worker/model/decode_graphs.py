@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from worker.attention import AttentionMetadata
+from worker.model.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

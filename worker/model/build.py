@@ -1,0 +1,89 @@
+"""Wiring: load a model, size the KV pool from the memory budget, and plug a runner into an engine. The
+engine layer below takes its runner as a parameter, so it is built (and tested) without torch or a model."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.engine import LLMEngine
+from worker.engine.outputs import ModelInfo
+from worker.engine.scheduler import Scheduler
+from worker.model.loader import (
+    check_model_type,
+    load_model,
+    load_tokenizer,
+    resolve_dtype,
+    resolve_quantization,
+    torch_dtype,
+)
+from worker.model.runner import ModelRunner, kv_bytes_per_block
+
+
+def build_async_engine(config: EngineConfig, **options: object) -> AsyncEngine:
+    """An AsyncEngine that builds its LLMEngine (loads the model) on its own thread when started."""
+    return AsyncEngine(lambda: build_engine(config), **options)  # type: ignore[arg-type]
+
+
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """Load the model and tokenizer, size the KV pool from the memory budget, wire everything."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    sched, cache = config.scheduler, config.kv_cache
+    quantization = resolve_quantization(config.quantization, device)
+    dtype = resolve_dtype(config.dtype, device, quantization)
+    check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)
+    num_blocks = cache.num_blocks or int(
+        cache.kv_cache_memory_gb
+        * 2**30
+        // kv_bytes_per_block(model.shape, cache.block_size, torch_dtype(dtype))
+    )
+    graphs = "capture" if device.startswith("cuda") and not config.enforce_eager else "off"
+    runner = ModelRunner(
+        model,
+        num_blocks,
+        cache.block_size,
+        config.attention_backend,
+        decode_graphs=graphs,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=sched.max_model_len,
+    )
+    block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+    scheduler = Scheduler(sched, block_manager)
+    eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)
+    info = ModelInfo(
+        model_name=config.served_model_name or config.model,
+        max_model_len=sched.max_model_len,
+        block_size=cache.block_size,
+        num_kv_blocks=num_blocks,
+        dtype=dtype,
+        device=device,
+        quantization=quantization,
+        max_num_seqs=sched.max_num_seqs,
+        vocab_size=model.shape.vocab_size,
+    )
+    engine = LLMEngine(
+        config, scheduler, runner, tokenizer, info, eos_ids[0] if eos_ids else None, tuple(eos_ids[1:])
+    )
+    engine.grammars.prefetch()  # llguidance's view of the vocabulary takes seconds: built in the background
+    return engine
+
+
+def _eos_token_ids(path: str, tokenizer, generation_config_cls) -> list[int]:
+    """The generation config's EOS ids (what transformers' generate stops on), else the tokenizer's."""
+    try:
+        eos = generation_config_cls.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return list(dict.fromkeys(ids))
