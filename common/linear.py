@@ -6,7 +6,7 @@ worker/model/quant.py.
 which on this machine reads the weights far below memory bandwidth for one token. oneDNN, given the
 weight once and allowed to re-lay it out into its own blocked format (`_reorder_linear_weight`), runs
 the same products markedly faster in float32 and bfloat16 at every batch size the engine uses
-(`bench/engine_profile.py` measures both side by side; the figures are in docs/BENCHMARKS.md). The
+(`studies/engine_profile.py` measures both side by side; the figures are in docs/BENCHMARKS.md). The
 packed weight is opaque, so the plain copy stays available to callers that need it (the tied embedding
 table).
 

@@ -34,7 +34,7 @@ from tests.deploy.files import (
 )
 from worker.server.settings import WorkerSettings
 
-PACKAGES = ("worker", "gateway", "cache_service", "common", "scripts")
+PACKAGES = ("worker", "gateway", "cache_service", "common", "scripts", "tools")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The CUDA-graph decode path (worker/model/decode_graphs.py), run eagerly on the CPU: padded batches, a
 scratch block for the padding rows and bucketed block tables must give transformers' logits exactly as the
-general path does. On a GPU the same path is captured and replayed (bench/cuda_check.py checks it there)."""
+general path does. On a GPU the same path is captured and replayed (studies/cuda_check.py checks it there)."""
 
 import pytest
 import torch

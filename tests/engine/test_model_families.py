@@ -8,7 +8,7 @@
   transformers, and the paged forward (torch attention backend: the native kernels run the Llama layer
   only) against transformers' logits, prompts longer than the window, chunked prefill included.
 - Any other architecture is refused before anything loads, naming its type, also by a worker process.
-- `models/gemma-3-270m` (`python -m worker.fetch_model --model gemma-3-270m`), when present: the real
+- `models/gemma-3-270m` (`python -m tools.fetch_model --model gemma-3-270m`), when present: the real
   weights through `reference_logits` against transformers' logits and greedy generate.
 """
 
@@ -197,7 +197,7 @@ def test_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    not (GEMMA_DIR / "config.json").exists(), reason="python -m worker.fetch_model --model gemma-3-270m"
+    not (GEMMA_DIR / "config.json").exists(), reason="python -m tools.fetch_model --model gemma-3-270m"
 )
 def test_gemma3_270m_weights_against_transformers() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,4 +1,4 @@
-"""worker/fetch_model.py without the network: a GGUF file shipped whole, or split over several packages."""
+"""tools/fetch_model.py without the network: a GGUF file shipped whole, or split over several packages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.fetch_model import MODELS, find_or_assemble_gguf
+from tools.fetch_model import MODELS, find_or_assemble_gguf
 
 
 def write(path: Path, data: bytes) -> None:

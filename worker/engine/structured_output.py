@@ -1,6 +1,6 @@
 """Constrained decoding with llguidance: a grammar per request, its token mask applied in the sampler.
 
-Why llguidance (bench/grammar_libraries.py, docs/BENCHMARKS.md): no dependencies (xgrammar declares torch,
+Why llguidance (studies/grammar_libraries.py, docs/BENCHMARKS.md): no dependencies (xgrammar declares torch,
 transformers and triton), a JSON schema compiles in ~10 ms (xgrammar ~50 ms, outlines-core seconds), and
 its ~30 us per token is small beside a model step. It also reads regexes and Lark grammars, and rolls back.
 

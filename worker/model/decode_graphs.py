@@ -1,7 +1,7 @@
 """Decode steps replayed from CUDA graphs.
 
 A decode step of a small model on a GPU is bound by the host, not the GPU: the forward launches about
-fifty kernels per layer and the GPU runs them faster than Python issues them (bench/cuda_check.py on an
+fifty kernels per layer and the GPU runs them faster than Python issues them (studies/cuda_check.py on an
 H200: 64 streams, 1,496 kernels, 25.7 ms of host time per step against 3.8 ms of GPU time). Capturing
 the forward once per shape and replaying it issues all of those kernels with one call, as vLLM does.
 

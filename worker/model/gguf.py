@@ -109,7 +109,7 @@ def _skip_value(buf: memoryview, offset: int, value_type: int) -> int:
 
 
 def find_gguf(model_dir: str) -> str | None:
-    """The GGUF file kept beside a model directory's safetensors (worker/fetch_model.py), if any."""
+    """The GGUF file kept beside a model directory's safetensors (tools/fetch_model.py), if any."""
     files = sorted(glob.glob(os.path.join(model_dir, "*.gguf")))
     return files[0] if files else None
 

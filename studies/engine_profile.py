@@ -1,6 +1,6 @@
 """Where a decode step's time goes: matmul throughput of this CPU and a profiled engine step.
 
-    .venv/bin/python -m bench.engine_profile [--dtype float32] [--quantization int8]
+    .venv/bin/python -m studies.engine_profile [--dtype float32] [--quantization int8]
 
 Prints GEMM throughput at 1, 32 and 512 rows (F.linear and weights prepacked for oneDNN), the bandwidth
 of one-row products over all the model's weights (plain, transposed, prepacked) against a plain read, the

@@ -18,7 +18,7 @@ top result is the true nearest neighbour by id, or within 1e-3 of its similarity
 rows closer than that); then single adds and removes after the build. Memory: index bytes per entry as the
 structures hold them, and (--memory) the RSS growth over one build alone in a fresh process.
 
-    .venv/bin/python -m bench.vector_index_bench [--sizes 10000,100000,1000000] [--memory] [--write-docs]
+    .venv/bin/python -m studies.vector_index_bench [--sizes 10000,100000,1000000] [--memory] [--write-docs]
 
 faiss-cpu and usearch are not dependencies of the service: install them by hand to run this
 (`pip install faiss-cpu==1.15.1 usearch==2.26.6`); a library that is absent is reported as such.
@@ -466,7 +466,7 @@ def partitions_child(impl: str, parts: int, per: int) -> dict[str, Any]:
 
 
 def run_child(args: list[str], timeout: float) -> Any:
-    cmd = [sys.executable, "-m", "bench.vector_index_bench", *args]
+    cmd = [sys.executable, "-m", "studies.vector_index_bench", *args]
     try:
         done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -617,8 +617,8 @@ def notes(sized: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
     hw, sq, us = "handwritten", "faiss-sq-fp16", "usearch-hnsw"
     k100, cpu = 100_000, "search_cpu_p50_ms"
     return [
-        "Command: `.venv/bin/python -m bench.vector_index_bench --write-docs` (runs at 10k, 100k and 1M, then"
-        " `--memory`; faiss-cpu 1.15.1 and usearch 2.26.6 installed by hand). Machine: 2 vCPUs (AVX2, no"
+        "Command: `.venv/bin/python -m studies.vector_index_bench --write-docs` (runs at 10k, 100k and 1M,"
+        " then `--memory`; faiss-cpu 1.15.1 and usearch 2.26.6 installed by hand). Machine: 2 vCPUs (AVX2, no"
         " AVX-512) shared with other jobs: load average "
         + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "n/a")
         + " during the runs, all at nice 19. Wall times are mostly waiting for a core; CPU times are"

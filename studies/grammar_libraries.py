@@ -5,7 +5,7 @@ For each library: the one-off tokenizer setup, the compile time of a JSON schema
 per-token cost of what the engine does each step (compute the next-token bitmask, then advance the matcher
 by the accepted token) while walking the tokens of a valid document. Medians over rounds, one process.
 
-    .venv/bin/python -m bench.grammar_libraries [--rounds 5] [--write-docs]
+    .venv/bin/python -m studies.grammar_libraries [--rounds 5] [--write-docs]
 
 xgrammar and outlines-core are not runtime dependencies: install them by hand to run this
 (`pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 outlines-core==0.2.14`); a library that
@@ -223,7 +223,7 @@ def main() -> None:
     vocab = len(tokenizer)
     apply_1, apply_32 = apply_cost(vocab, 1), apply_cost(vocab, 32)
     print(f"apply bitmask: 1 row {apply_1:.0f} us, 32 rows {apply_32:.0f} us")
-    command = f".venv/bin/python -m bench.grammar_libraries --rounds {args.rounds} --write-docs"
+    command = f".venv/bin/python -m studies.grammar_libraries --rounds {args.rounds} --write-docs"
     publish(
         "grammar-libraries",
         [

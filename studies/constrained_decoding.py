@@ -8,7 +8,7 @@ request cannot end before max_tokens either: both modes generate exactly the sam
 matcher advance. Each mode runs its requests through the synchronous engine from admission to the last
 token; the grammar is compiled once before timing (the cache serves the rest, as in serving).
 
-    .venv/bin/python -m bench.constrained_decoding [--rounds 3] [--max-tokens 64] [--write-docs]
+    .venv/bin/python -m studies.constrained_decoding [--rounds 3] [--max-tokens 64] [--write-docs]
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
         [
             "## Constrained decoding",
             "",
-            f"`.venv/bin/python -m bench.constrained_decoding {flags}`: the engine in one process (default"
+            f"`.venv/bin/python -m studies.constrained_decoding {flags}`: the engine in one process (default"
             f" settings: {info.dtype}, quantization {info.quantization}, {threads} torch threads),"
             f" chat prompts, {args.max_tokens} tokens a request,"
             " all requests admitted together;"
