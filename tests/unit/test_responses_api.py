@@ -51,8 +51,13 @@ def translate(req: ResponsesRequest, items: list[Any] | None = None) -> Any:
 
 
 def test_text_input_and_instructions_become_system_and_user_messages() -> None:
-    chat = translate(parse(input="Hi there", instructions="Answer briefly.", max_output_tokens=7, temperature=0))
-    assert [(m.role, m.text()) for m in chat.messages] == [("system", "Answer briefly."), ("user", "Hi there")]
+    chat = translate(
+        parse(input="Hi there", instructions="Answer briefly.", max_output_tokens=7, temperature=0)
+    )
+    assert [(m.role, m.text()) for m in chat.messages] == [
+        ("system", "Answer briefly."),
+        ("user", "Hi there"),
+    ]
     assert chat.completion_limit() == 7 and chat.temperature == 0
     generate = chat_request(chat, "resp_1", "m", plan_tools(chat))
     assert generate.params.max_tokens == 7
@@ -63,11 +68,29 @@ def test_function_calls_join_the_assistant_turn_and_outputs_become_tool_messages
     req = parse(
         input=[
             {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
-            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
-            {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city":"Rome"}'},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Checking."}],
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city":"Paris"}',
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_2",
+                "name": "get_weather",
+                "arguments": '{"city":"Rome"}',
+            },
             {"type": "function_call_output", "call_id": "call_1", "output": "20C"},
-            {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "25C"}]},
+            {
+                "type": "function_call_output",
+                "call_id": "call_2",
+                "output": [{"type": "input_text", "text": "25C"}],
+            },
         ],
         tools=[WEATHER],
     )
@@ -85,7 +108,9 @@ def test_function_calls_join_the_assistant_turn_and_outputs_become_tool_messages
 
 
 def test_tool_choice_and_text_format_map_to_the_constrained_decoding() -> None:
-    named = translate(parse(input="x", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}))
+    named = translate(
+        parse(input="x", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"})
+    )
     plan = plan_tools(named)
     assert plan.mode == "named" and plan.schema == WEATHER["parameters"]
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
@@ -103,7 +128,11 @@ def test_tool_choice_and_text_format_map_to_the_constrained_decoding() -> None:
         ({"background": True}, "background", "background"),
         ({"tools": [{"type": "web_search"}]}, "tools", "web_search"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input_image"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input",
+            "input_image",
+        ),
         ({"include": ["message.output_text.logprobs"]}, "include", "include"),
         ({"truncation": "auto"}, "truncation", "auto"),
         ({"tool_choice": "required"}, "tool_choice", "requires tools"),
@@ -118,8 +147,17 @@ def test_unsupported_or_invalid_fields_are_refused_by_name(body: dict, param: st
 
 def test_fields_that_change_nothing_are_accepted() -> None:
     req = parse(
-        input="hi", store=False, metadata={"k": "v"}, user="u", service_tier="auto", prompt_cache_key="k",
-        safety_identifier="s", truncation="disabled", include=[], reasoning=None, background=False,
+        input="hi",
+        store=False,
+        metadata={"k": "v"},
+        user="u",
+        service_tier="auto",
+        prompt_cache_key="k",
+        safety_identifier="s",
+        truncation="disabled",
+        include=[],
+        reasoning=None,
+        background=False,
         text={"format": {"type": "text"}, "verbosity": "low"},
     )
     assert req.store is False and req.metadata == {"k": "v"}
@@ -133,9 +171,19 @@ def test_limits_name_this_routes_parameters() -> None:
 
 
 FIELDS = {
-    "model": "m", "instructions": None, "metadata": {}, "parallel_tool_calls": True, "tools": [],
-    "tool_choice": "auto", "text": {"format": {"type": "text"}}, "store": True, "temperature": None,
-    "top_p": None, "previous_response_id": None, "max_output_tokens": None, "user": None,
+    "model": "m",
+    "instructions": None,
+    "metadata": {},
+    "parallel_tool_calls": True,
+    "tools": [],
+    "tool_choice": "auto",
+    "text": {"format": {"type": "text"}},
+    "store": True,
+    "temperature": None,
+    "top_p": None,
+    "previous_response_id": None,
+    "max_output_tokens": None,
+    "user": None,
 }
 
 
@@ -156,12 +204,21 @@ def test_text_events_follow_the_sdk_sequence_and_build_the_snapshot() -> None:
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     kinds, final = replay(events)
     assert kinds == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
     ]
     assert final.output_text == "Hello, world" and final.status == "completed"
-    snapshot = Response.model_validate(builder.snapshot())  # the non-streaming body, validated by the SDK's type
+    snapshot = Response.model_validate(
+        builder.snapshot()
+    )  # the non-streaming body, validated by the SDK's type
     assert snapshot.output_text == "Hello, world"
     assert snapshot.usage.input_tokens == 5 and snapshot.usage.total_tokens == 7
 
@@ -173,12 +230,20 @@ def test_function_call_events_and_incomplete_end() -> None:
     events += builder.finish("stop", usage(5, 9, 0))
     kinds, final = replay(events)
     assert kinds[-6:] == [
-        "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done", "response.completed",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
     ]
     call = final.output[1]
-    assert (call.type, call.name, call.arguments, call.call_id) == ("function_call", "get_weather",
-                                                                   '{"city":"Paris"}', "call_9")
+    assert (call.type, call.name, call.arguments, call.call_id) == (
+        "function_call",
+        "get_weather",
+        '{"city":"Paris"}',
+        "call_9",
+    )
     cut = ResponseBuilder("resp_3", FIELDS)
     events = cut.begin() + cut.text("abc") + cut.finish("length", usage(1, 3, 0))
     assert events[-1]["type"] == "response.incomplete"
