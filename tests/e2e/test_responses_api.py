@@ -255,3 +255,35 @@ def test_unknown_model_and_too_long_input(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL_NAME, input="word " * 5000, max_output_tokens=5)
     assert caught.value.body["code"] == "context_length_exceeded" and caught.value.body["param"] == "input"
+
+
+def test_redis_down(worker: Service, dead_addr: str, log_dir: Path) -> None:
+    """The answer still goes out (unstored, logged); what needs the store is a 503 in the OpenAI shape."""
+    service = start_gateway(
+        "gateway-responses-no-redis", log_dir, worker.addr, GATEWAY_REDIS_URL=f"redis://{dead_addr}/0"
+    )
+    try:
+        with sdk(service) as down:
+            reply = down.responses.create(
+                model=MODEL_NAME, input=QUESTION, max_output_tokens=8, temperature=0
+            )
+            assert reply.status in ("completed", "incomplete")
+            for call in (
+                lambda: down.responses.retrieve(reply.id),
+                lambda: down.responses.create(model=MODEL_NAME, input="x", previous_response_id=reply.id),
+            ):
+                with pytest.raises(openai.InternalServerError) as caught:
+                    call()
+                assert caught.value.status_code == 503 and caught.value.body["type"] == "service_unavailable"
+    finally:
+        service.stop()
+    assert "not stored" in service.log_tail()
+
+
+def test_without_a_store_nothing_is_kept(gateway: Service) -> None:
+    """GATEWAY_REDIS_URL empty (the shared test gateway): responses say store false and GET finds nothing."""
+    with sdk(gateway) as plain:
+        reply = plain.responses.create(model=MODEL_NAME, input=QUESTION, max_output_tokens=4)
+        assert reply.store is False
+        with pytest.raises(openai.NotFoundError):
+            plain.responses.retrieve(reply.id)
