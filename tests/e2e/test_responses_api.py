@@ -13,7 +13,9 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from services.gen import worker_pb2, worker_pb2_grpc
 from services.launch import MODEL_NAME, Service, start_gateway, start_redis
+from tests.e2e.conftest import wait_for_idle
 
 QUESTION = "What is the capital of France?"
 WEATHER = {
@@ -287,3 +289,28 @@ def test_without_a_store_nothing_is_kept(gateway: Service) -> None:
         assert reply.store is False
         with pytest.raises(openai.NotFoundError):
             plain.responses.retrieve(reply.id)
+
+
+def test_stream_disconnect_aborts_the_request(
+    responses_gateway: Service, worker_stub: worker_pb2_grpc.WorkerStub
+) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "input": "Write a very long story about a dragon.",
+        "max_output_tokens": 1500,
+        "temperature": 0,
+        "stream": True,
+    }
+    url = f"{responses_gateway.addr}/v1/responses"
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line == "event: response.output_text.delta":
+                break
+        assert worker_stub.GetStats(worker_pb2.StatsRequest()).num_running == 1, (
+            "still generating when we leave"
+        )
+    stats = wait_for_idle(worker_stub)
+    assert (stats.num_running, stats.num_waiting, stats.num_kv_blocks_used) == (0, 0, 0)
+    metrics = httpx.get(f"{responses_gateway.addr}/metrics", timeout=10).text
+    assert "llmserve_gateway_open_streams 0.0" in metrics
