@@ -20,6 +20,14 @@ log = logging.getLogger(__name__)
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 MODEL_INFO_TIMEOUT_S = 0.5
+CHANNEL_OPTIONS = [
+    # 2,048 inputs of a 768-dimension model are ~6 MB of float32: past gRPC's default 4 MB.
+    ("grpc.max_receive_message_length", 64 << 20),
+    # Back within a second or two of the cache service's return (gRPC's default backoff grows to minutes).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
@@ -116,10 +124,7 @@ class EmbeddingsClient:
 
     def __init__(self, addr: str, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        # 2,048 inputs of a 768-dimension model are ~6 MB of float32: past gRPC's default 4 MB.
-        self._channel = grpc.aio.insecure_channel(
-            addr, options=[("grpc.max_receive_message_length", 64 << 20)]
-        )
+        self._channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
         self._stub = cache_pb2_grpc.EmbeddingsStub(self._channel)
 
     async def embed(self, req: EmbeddingRequest) -> dict[str, Any]:

@@ -4,6 +4,7 @@ and a gateway), checked against sentence-transformers' own float32 vectors for t
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,17 @@ def reference() -> Any:
 
 
 @pytest.fixture(scope="module")
-def cache_service(log_dir: Path) -> Iterator[Service]:
+def redis_url(log_dir: Path) -> Iterator[str]:
     redis, url = start_redis(log_dir, "redis-embeddings")
-    service = start_cache_service("cache-embeddings", log_dir, url)
+    yield url
+    redis.stop()
+
+
+@pytest.fixture(scope="module")
+def cache_service(log_dir: Path, redis_url: str) -> Iterator[Service]:
+    service = start_cache_service("cache-embeddings", log_dir, redis_url)
     yield service
     service.stop()
-    redis.stop()
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +143,13 @@ def test_listed_in_models(client: openai.OpenAI) -> None:
     assert client.models.retrieve(EMBEDDING_MODEL).id == EMBEDDING_MODEL
 
 
-def test_cache_service_down_is_503(worker: Service, dead_addr: str, log_dir: Path) -> None:
+def test_cache_service_down_is_503_until_it_is_back(
+    worker: Service, dead_addr: str, log_dir: Path, redis_url: str
+) -> None:
     service = start_gateway(
         "gateway-no-cache", log_dir, worker.addr, CACHE_ENABLED="true", CACHE_ADDR=dead_addr
     )
+    cache = None
     try:
         with openai.OpenAI(base_url=f"{service.addr}/v1", api_key="x", max_retries=0, timeout=60) as down:
             with pytest.raises(openai.InternalServerError) as caught:
@@ -149,5 +158,20 @@ def test_cache_service_down_is_503(worker: Service, dead_addr: str, log_dir: Pat
             assert caught.value.body["type"] == "service_unavailable"
             assert caught.value.response.headers["retry-after"]
             assert [m.id for m in down.models.list().data] == [MODEL_NAME], "not listed while it is away"
+            port = dead_addr.rsplit(":", 1)[1]
+            cache = start_cache_service("cache-comes-back", log_dir, redis_url, CACHE_PORT=port)
+            deadline = (
+                time.monotonic() + 15
+            )  # the gateway reconnects within its 2 s backoff, then the model loads
+            while True:
+                try:
+                    reply = down.embeddings.create(model=EMBEDDING_MODEL, input="hi")
+                    break
+                except openai.InternalServerError:
+                    assert time.monotonic() < deadline, "the gateway did not reconnect"
+                    time.sleep(0.2)
+            assert len(reply.data[0].embedding) == 384
     finally:
         service.stop()
+        if cache is not None:
+            cache.stop()
