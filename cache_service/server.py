@@ -11,6 +11,7 @@ from threadpoolctl import threadpool_limits
 
 from cache_service.core import SemanticCache
 from cache_service.embedder import Embedder, MicroBatcher
+from cache_service.embeddings import EmbeddingsServicer, start_embeddings, stop_embeddings
 from cache_service.index import VectorIndex, default_scan_threads
 from cache_service.metrics import CacheMetrics
 from cache_service.servicer import SemanticCacheServicer
@@ -58,6 +59,8 @@ async def serve(settings: CacheSettings) -> None:
     metrics.watch_token_states(token_states)
     batcher = MicroBatcher(token_states, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
     batcher.start()
+    model_dir = settings.embedding_model_dir or model.default_directory()
+    embeddings = start_embeddings(model_dir, model.name, batcher, settings.embed_max_batch)
     index = VectorIndex(embedder.dim, scan_threads=default_scan_threads())
     replica_id = uuid.uuid4().hex
     sync = IndexSync(
@@ -83,6 +86,7 @@ async def serve(settings: CacheSettings) -> None:
 
     server = GrpcServer(SERVICE_NAME)
     cache_pb2_grpc.add_SemanticCacheServicer_to_server(SemanticCacheServicer(cache), server.server)
+    cache_pb2_grpc.add_EmbeddingsServicer_to_server(EmbeddingsServicer(embeddings), server.server)
     address = f"{settings.host}:{settings.port}"
     await server.start(address)
     if settings.metrics_port:
@@ -110,6 +114,7 @@ async def serve(settings: CacheSettings) -> None:
     await server.begin_shutdown()
     await server.server.stop(grace=settings.drain_timeout_s)
     await sync.close()
+    await stop_embeddings(embeddings)
     await batcher.close()
     index.close()
     await store.close()

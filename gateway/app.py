@@ -16,11 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import tokenization
 from gateway.drain import DrainGate, DrainMiddleware
+from gateway.embeddings import EmbeddingsClient, disabled, parse_embedding_request
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
 from gateway.http_io import ClientDisconnected, check_api_key, read_body
 from gateway.observability import MetricsMiddleware
 from gateway.openapi import build_openapi
 from gateway.request_id import RequestIdMiddleware
+from gateway.responses_api.serving import ResponsesServing
+from gateway.responses_api.store import ResponseStore
 from gateway.semantic import SemanticCacheGate
 from gateway.serving import Serving
 from gateway.settings import GatewaySettings
@@ -41,6 +44,14 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         cache = SemanticCacheGate(settings)
         app.state.pool = pool
         app.state.serving = Serving(settings, pool, cache)
+        store = ResponseStore(settings.gateway_redis_url, settings.gateway_responses_ttl_s)
+        app.state.responses = ResponsesServing(settings, pool, store)
+        embeddings = (
+            EmbeddingsClient(settings.cache_addr, settings.gateway_request_timeout_s)
+            if settings.cache_enabled
+            else None
+        )
+        app.state.embeddings = embeddings
         try:
             await pool.model_info(timeout_s=1.0)
         except APIError:
@@ -49,6 +60,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             )
         yield
         await cache.close()
+        await store.close()
+        if embeddings is not None:
+            await embeddings.close()
         await pool.close()
 
     app = FastAPI(title="llmserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -73,6 +87,28 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await request.app.state.serving.completions(request)
 
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        return await request.app.state.responses.create(request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> dict:
+        return await request.app.state.responses.retrieve(request, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> dict:
+        return await request.app.state.responses.delete(request, response_id)
+
+    @app.post("/v1/embeddings")
+    async def embeddings_route(request: Request) -> dict:
+        check_api_key(request, settings.api_key)
+        body = await read_body(request, settings.gateway_max_body_bytes)
+        req = parse_embedding_request(body)
+        client: EmbeddingsClient | None = request.app.state.embeddings
+        if client is None:
+            raise disabled()
+        return await client.embed(req)
+
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> dict:
         check_api_key(request, settings.api_key)
@@ -88,15 +124,16 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
         check_api_key(request, settings.api_key)
-        return {"object": "list", "data": [await _model_card(request, started)]}
+        return {"object": "list", "data": await _model_cards(request, started)}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> dict:
         check_api_key(request, settings.api_key)
-        card = await _model_card(request, started)
-        if card["id"] != model:
-            raise model_not_found(model, card["id"])
-        return card
+        cards = await _model_cards(request, started)
+        for card in cards:
+            if card["id"] == model:
+                return card
+        raise model_not_found(model, cards[0]["id"])
 
     @app.get("/health")
     async def health() -> dict:
@@ -116,6 +153,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _model_cards(request: Request, created: int) -> list[dict]:
+    """The served model, then the cache service's embedding model while that service answers."""
+    cards = [await _model_card(request, created)]
+    embeddings: EmbeddingsClient | None = request.app.state.embeddings
+    if embeddings is not None and (card := await embeddings.model_card(created)) is not None:
+        cards.append(card)
+    return cards
 
 
 async def _model_card(request: Request, created: int) -> dict:

@@ -13,11 +13,15 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from gateway.embeddings import EmbeddingRequest
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.responses_api.protocol import ResponsesRequest
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/embeddings": EmbeddingRequest,
 }
 REF = "#/components/schemas/{model}"
 

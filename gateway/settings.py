@@ -32,6 +32,9 @@ class GatewaySettings(BaseSettings):
     gateway_max_prompts: int = Field(default=128, ge=1)  # prompts in one /v1/completions list
     gateway_max_prompt_chars: int = Field(default=1_000_000, ge=1)  # all messages' text, or all prompts
     gateway_max_total_tokens: int = Field(default=65536, ge=1)  # n x max_tokens, over all prompts
+    # Stored responses of /v1/responses (gateway/responses_api/store.py); "": none stored
+    gateway_redis_url: str = "redis://127.0.0.1:6379/0"
+    gateway_responses_ttl_s: int = Field(default=30 * 86400, ge=1)  # OpenAI keeps them 30 days
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:

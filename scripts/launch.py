@@ -174,7 +174,9 @@ def gateway_service(
     """A gateway, up once `route` answers 200 (/health: the process; /ready: a worker answers too)."""
     port = int(env.get("GATEWAY_PORT") or free_port())
     url = f"http://127.0.0.1:{port}"
-    full = {"GATEWAY_PORT": str(port), "WORKER_ADDR": worker_addr, "CACHE_ENABLED": "false"} | env
+    # No semantic cache and no stored responses unless asked: a test gateway never touches a stray Redis.
+    off = {"CACHE_ENABLED": "false", "GATEWAY_REDIS_URL": ""}
+    full = {"GATEWAY_PORT": str(port), "WORKER_ADDR": worker_addr} | off | env
     return python_service(name, "gateway", full, log_dir, lambda: http_ok(url + route), url)
 
 
@@ -191,8 +193,8 @@ def start_worker(name: str, log_dir: Path, **env: str) -> Service:
 
 
 def start_gateway(name: str, log_dir: Path, worker_addr: str, ready: bool = False, **env: str) -> Service:
-    """A gateway (semantic cache off unless `env` turns it on), up once /health answers (with `ready`: once
-    /ready does, a worker answering too); `.addr`: its URL."""
+    """A gateway (semantic cache and stored responses off unless `env` turns them on), up once /health
+    answers (with `ready`: once /ready does, a worker answering too); `.addr`: its URL."""
     route = "/ready" if ready else "/health"
     return gateway_service(name, log_dir, worker_addr, route, **env).start()
 

@@ -45,6 +45,7 @@ class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", extra="ignore")
 
     redis_url: str | None = None  # set: use that Redis; unset: start .venv/bin/redis-server
+    gateway_redis_url: str | None = None  # stored /v1/responses; unset: the same Redis as the cache
     workers: int = Field(default=1, ge=1)
     worker_host: str = "127.0.0.1"
     worker_port: int = 50051
@@ -173,8 +174,9 @@ class Stack:
         s = self.settings
         pending: list[tuple[Child, Callable[[], bool], str]] = []
         cache_addr = f"{s.cache_host}:{s.cache_port}"
+        redis_url = self.redis_url() if s.cache_enabled or s.gateway_redis_url is None else None
         if s.cache_enabled:
-            cache = self.python("cache", "cache_service", {"REDIS_URL": self.redis_url()})
+            cache = self.python("cache", "cache_service", {"REDIS_URL": redis_url or ""})
             line = f"cache service  grpc {cache_addr}, metrics http://{s.cache_host}:{s.cache_metrics_port}/metrics"
             pending.append((cache, lambda: grpc_serving(cache_addr), line))
         worker_addrs = []
@@ -191,9 +193,10 @@ class Stack:
                 self.lines.append(line)
         if self.stopping.is_set():
             return
-        gateway = self.python(
-            "gateway", "gateway", {"WORKER_ADDR": ",".join(worker_addrs), "CACHE_ADDR": cache_addr}
-        )
+        gateway_env = {"WORKER_ADDR": ",".join(worker_addrs), "CACHE_ADDR": cache_addr}
+        if s.gateway_redis_url is None and redis_url is not None:
+            gateway_env["GATEWAY_REDIS_URL"] = redis_url  # stored responses live beside the cache entries
+        gateway = self.python("gateway", "gateway", gateway_env)
         base = f"http://{s.gateway_host}:{s.gateway_port}"
         if wait_healthy(gateway, lambda: http_ok(f"{base}/ready"), self.stopping):
             self.lines.append(f"gateway        {base}  (OpenAI API at {base}/v1, metrics {base}/metrics)")

@@ -108,7 +108,10 @@ def test_tunables_pass_through_so_the_services_own_defaults_apply(
     services: dict[str, dict[str, Any]],
 ) -> None:
     """A default copied into compose would drift from the settings class; only container facts are set."""
-    container_facts = {"WORKER_MODEL", "REDIS_URL", "WORKER_ADDR", "CACHE_ADDR", "CACHE_ONNX_DIR"}  # mounts
+    # mounts and service names
+    container_facts = {
+        "WORKER_MODEL", "REDIS_URL", "GATEWAY_REDIS_URL", "WORKER_ADDR", "CACHE_ADDR", "CACHE_ONNX_DIR"
+    }
     for name in APP_SETTINGS:
         for var, value in service_env(services[name]).items():
             is_fact = var in container_facts or var.endswith(("_HOST", "_PORT"))

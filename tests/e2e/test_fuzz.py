@@ -78,10 +78,13 @@ def fuzz(
     return len(sent)
 
 
+# Without a worker (nor a cache service) these validate, then answer 503.
+OTHER_ROUTES = [("POST", "/v1/responses"), ("POST", "/v1/embeddings")]
 FUZZED_WITHOUT_WORKER = [
-    (m, p, GenerationMode.POSITIVE) for m, p in ROUTES + [("GET", "/v1/models"), ("GET", "/ready")]
+    (m, p, GenerationMode.POSITIVE)
+    for m, p in ROUTES + OTHER_ROUTES + [("GET", "/v1/models"), ("GET", "/ready")]
 ]
-FUZZED_WITHOUT_WORKER += [(m, p, GenerationMode.NEGATIVE) for m, p in ROUTES]  # GETs have nothing to break
+FUZZED_WITHOUT_WORKER += [(m, p, GenerationMode.NEGATIVE) for m, p in ROUTES + OTHER_ROUTES]
 
 
 @pytest.mark.parametrize(("method", "path", "mode"), FUZZED_WITHOUT_WORKER)
