@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 
 from cache_service.embedder import MicroBatcher
-from services.gen import cache_pb2, cache_pb2_grpc
+from common.gen import cache_pb2, cache_pb2_grpc
 
 log = logging.getLogger(__name__)
 

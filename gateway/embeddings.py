@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 import grpc
 from pydantic import Field, ValidationError, model_validator
 
+from common.gen import cache_pb2, cache_pb2_grpc
 from gateway.errors import APIError, invalid_request, unavailable
 from gateway.protocol import INT32_MAX, _Strict, validation_error
-from services.gen import cache_pb2, cache_pb2_grpc
 
 log = logging.getLogger(__name__)
 

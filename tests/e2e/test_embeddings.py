@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, embedding_model
-from services.launch import MODEL_NAME, Service, start_cache_service, start_gateway, start_redis
+from scripts.launch import MODEL_NAME, Service, start_cache_service, start_gateway, start_redis
 
 EMBEDDING_MODEL = DEFAULT_EMBEDDING_MODEL
 TEXTS = ["What is the capital of France?", "Paris is the capital of France.", "A cat sat on the mat 🐈."]

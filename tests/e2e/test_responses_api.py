@@ -13,8 +13,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from services.gen import worker_pb2, worker_pb2_grpc
-from services.launch import MODEL_NAME, Service, start_gateway, start_redis
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import MODEL_NAME, Service, start_gateway, start_redis
 from tests.e2e.conftest import wait_for_idle
 
 QUESTION = "What is the capital of France?"
