@@ -25,6 +25,7 @@ from gateway.semantic import SemanticCacheGate
 from gateway.serving import Serving
 from gateway.settings import GatewaySettings
 from gateway.worker_pool import WorkerPool
+from services.gen import worker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = WorkerPool(settings.worker_addrs, settings.gateway_request_timeout_s)
+        routing = settings.routing_config()
+        pool = WorkerPool(settings.worker_addrs, settings.gateway_request_timeout_s, routing)
         cache = SemanticCacheGate(settings)
         app.state.pool = pool
         app.state.serving = Serving(settings, pool, cache)
         try:
+            await pool.start()
             await pool.model_info(timeout_s=1.0)
         except APIError:
             log.warning(
@@ -88,15 +91,17 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
         check_api_key(request, settings.api_key)
-        return {"object": "list", "data": [await _model_card(request, started)]}
+        infos = await request.app.state.pool.models(timeout_s=1.0)
+        return {"object": "list", "data": [_model_card(info, started) for info in infos]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> dict:
         check_api_key(request, settings.api_key)
-        card = await _model_card(request, started)
-        if card["id"] != model:
-            raise model_not_found(model, card["id"])
-        return card
+        infos = await request.app.state.pool.models(timeout_s=1.0)
+        for info in infos:
+            if info.model_name == model:
+                return _model_card(info, started)
+        raise model_not_found(model, ", ".join(info.model_name for info in infos))
 
     @app.get("/health")
     async def health() -> dict:
@@ -105,11 +110,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/ready")
     async def ready(request: Request) -> dict:
-        """200 only when a worker is SERVING (model loaded, engine moving) and this gateway not draining."""
+        """200 only while every model has a ready worker (reporting load, not draining, engine moving)
+        and this gateway is not draining; the 503 names each model that has none."""
         if request.app.state.drain.draining:
             raise unavailable("The gateway is shutting down")
-        info = await request.app.state.pool.ready(timeout_s=1.0)
-        return {"status": "ready", "model": info.model_name}
+        ready = await request.app.state.pool.ready(timeout_s=1.0)
+        return {"status": "ready", "model": next(iter(ready)), "models": list(ready)}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -118,9 +124,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     return app
 
 
-async def _model_card(request: Request, created: int) -> dict:
-    pool: WorkerPool = request.app.state.pool
-    info = await pool.model_info(timeout_s=1.0)
+def _model_card(info: worker_pb2.ModelInfo, created: int) -> dict:
     return {
         "id": info.model_name,
         "object": "model",
