@@ -112,14 +112,35 @@ class WorkerReplica:
             delay = min(delay * 2, WATCH_RETRY_S[1])
 
     async def _watch_once(self) -> None:
+        """Follow one WatchLoad stream; while it is silent, look every half staleness period, so that the
+        metrics and the log say so when the worker stops reporting."""
         self.info = await self.stub.GetModelInfo(worker_pb2.ModelInfoRequest(), timeout=5.0)
         if self.pinned_model and self.info.model_name != self.pinned_model:
             log.error(
                 "worker %s serves %r, not %r as WORKER_ADDR says", self.addr, self.model, self.pinned_model
             )
         request = worker_pb2.WatchLoadRequest(interval_ms=WATCH_INTERVAL_MS, heartbeat_ms=WATCH_HEARTBEAT_MS)
-        async for report in self.stub.WatchLoad(request):
-            if self.report is None:
-                log.info("worker %s serves %s: load reports started", self.addr, report.model_name)
-            self.report, self.reported_at = report, time.monotonic()
-            metrics.observe_load(self)
+        call = self.stub.WatchLoad(request)
+        read: asyncio.Future | None = None
+        warned = False
+        try:
+            while True:
+                read = read or asyncio.ensure_future(call.read())
+                done, _ = await asyncio.wait({read}, timeout=self.stale_after_s / 2)
+                if not done:
+                    if self.stale and not warned:
+                        log.warning("worker %s: no load report for %.1f s", self.addr, self.stale_after_s)
+                        warned = True
+                    metrics.observe_load(self)
+                    continue
+                report, read = read.result(), None
+                if report is grpc.aio.EOF:
+                    return
+                if self.report is None:
+                    log.info("worker %s serves %s: load reports started", self.addr, report.model_name)
+                self.report, self.reported_at, warned = report, time.monotonic(), False
+                metrics.observe_load(self)
+        finally:
+            if read is not None and not read.done():
+                read.cancel()
+            call.cancel()
