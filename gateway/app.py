@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.gen import worker_pb2
 from gateway import tokenization
 from gateway.drain import DrainGate, DrainMiddleware
 from gateway.embeddings import EmbeddingsClient, disabled, parse_embedding_request
@@ -40,7 +41,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = WorkerPool(settings.worker_addrs, settings.gateway_request_timeout_s)
+        routing = settings.routing_config()
+        pool = WorkerPool(settings.worker_addrs, settings.gateway_request_timeout_s, routing)
         cache = SemanticCacheGate(settings)
         app.state.pool = pool
         app.state.serving = Serving(settings, pool, cache)
@@ -53,6 +55,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         )
         app.state.embeddings = embeddings
         try:
+            await pool.start()
             await pool.model_info(timeout_s=1.0)
         except APIError:
             log.warning(
@@ -133,7 +136,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         for card in cards:
             if card["id"] == model:
                 return card
-        raise model_not_found(model, cards[0]["id"])
+        raise model_not_found(model, ", ".join(card["id"] for card in cards))
 
     @app.get("/health")
     async def health() -> dict:
@@ -142,11 +145,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/ready")
     async def ready(request: Request) -> dict:
-        """200 only when a worker is SERVING (model loaded, engine moving) and this gateway not draining."""
+        """200 only while every model has a ready worker (reporting load, not draining, engine moving)
+        and this gateway is not draining; the 503 names each model that has none."""
         if request.app.state.drain.draining:
             raise unavailable("The gateway is shutting down")
-        info = await request.app.state.pool.ready(timeout_s=1.0)
-        return {"status": "ready", "model": info.model_name}
+        ready = await request.app.state.pool.ready(timeout_s=1.0)
+        return {"status": "ready", "model": next(iter(ready)), "models": list(ready)}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -156,17 +160,16 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
 
 async def _model_cards(request: Request, created: int) -> list[dict]:
-    """The served model, then the cache service's embedding model while that service answers."""
-    cards = [await _model_card(request, created)]
+    """Every model the fleet serves, then the cache service's embedding model while that service answers."""
+    infos = await request.app.state.pool.models(timeout_s=1.0)
+    cards = [_model_card(info, created) for info in infos]
     embeddings: EmbeddingsClient | None = request.app.state.embeddings
     if embeddings is not None and (card := await embeddings.model_card(created)) is not None:
         cards.append(card)
     return cards
 
 
-async def _model_card(request: Request, created: int) -> dict:
-    pool: WorkerPool = request.app.state.pool
-    info = await pool.model_info(timeout_s=1.0)
+def _model_card(info: worker_pb2.ModelInfo, created: int) -> dict:
     return {
         "id": info.model_name,
         "object": "model",

@@ -16,9 +16,9 @@ from starlette.types import Receive, Scope, Send
 
 from common.gen import worker_pb2
 from gateway import observability
-from gateway.errors import from_grpc, model_not_found
+from gateway.errors import APIError, from_grpc
 from gateway.http_io import check_api_key, read_body, until_disconnect
-from gateway.limits import RequestLimits
+from gateway.limits import RequestLimits, check_limits
 from gateway.merged_stream import MergedStream
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.responses import SSE_DONE, ChoiceState, ResponseMeta, UsageTotals, sse, usage_dict
@@ -70,10 +70,9 @@ class Serving:
         check_api_key(raw, self.settings.api_key)
         body = await read_body(raw, self.settings.gateway_max_body_bytes)
         limits = RequestLimits.from_settings(self.settings)
-        req = parse_request(model_type, body, limits, self.pool.max_model_len)
-        served = await self.pool.served_model_name()
-        if req.model != served:
-            raise model_not_found(req.model, served)
+        req = parse_request(model_type, body, limits)
+        await self.pool.check_model(req.model)
+        check_limits(req, limits, self.pool.max_model_len(req.model))  # n x max_tokens, now per model
         return req
 
     async def chat(self, raw: Request) -> Response:
@@ -99,7 +98,8 @@ class Serving:
         decision = await self.cache.decide(raw.headers, req, req.model, prompt=text_prompt)
         try:
             if req.echo:
-                texts = [p if isinstance(p, str) else await self.pool.detokenize(p) for p in prompts]
+                detokenize = self.pool.detokenize
+                texts = [p if isinstance(p, str) else await detokenize(p, req.model) for p in prompts]
                 meta.echo = [text for text in texts for _ in range(req.num_choices)]
             generates = [
                 completion_request(req, meta.id if len(prompts) == 1 else f"{meta.id}-{i}", req.model, prompt)
@@ -139,7 +139,7 @@ class Serving:
         streams: list[WorkerStream] = []
         try:
             for generate in generates:
-                started = self.pool.generate(generate, prompt_param)
+                started = self.pool.generate(generate, prompt_param, req.user)
                 streams.append(await until_disconnect(raw, started, WorkerStream.cancel))
         except BaseException:
             for started_stream in streams:
@@ -259,6 +259,10 @@ class Serving:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
             log.warning("worker stream %s failed mid-stream: %s", meta.id, exc.code().name)
             yield sse(from_grpc(exc, generation.prompt_param).body())
+            yield SSE_DONE
+            completed = True
+        except APIError as exc:  # the stream stalled (GATEWAY_STREAM_STALL_S)
+            yield sse(exc.body())
             yield SSE_DONE
             completed = True
         finally:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.routing.config import RoutingConfig
 
 
 class GatewaySettings(BaseSettings):
@@ -13,7 +17,18 @@ class GatewaySettings(BaseSettings):
 
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
-    worker_addr: str = "127.0.0.1:50051"  # comma-separated for several workers
+    # Comma-separated `[model=]target` entries; a DNS name stands for every address it resolves to
+    # (gateway/routing/addresses.py).
+    worker_addr: str = "127.0.0.1:50051"
+    # Routing over the workers (gateway/routing/, docs/ARCHITECTURE.md): by the request's leading content
+    # with bounded load, or round-robin.
+    gateway_routing: Literal["round_robin", "cache_aware"] = "cache_aware"
+    gateway_routing_balance: float = Field(default=1.25, ge=1.0)  # a worker's load bound over the mean
+    gateway_routing_prefix_chars: int = Field(default=1024, ge=1)  # leading characters in the routing key
+    gateway_routing_session_affinity: bool = False  # route by `user` when the request names one
+    gateway_worker_stale_s: float = Field(default=3.0, gt=0)  # no load report for this long: not routed
+    gateway_resolve_interval_s: float = Field(default=5.0, gt=0)  # WORKER_ADDR re-resolved this often
+    gateway_stream_stall_s: float = Field(default=10.0, gt=0)  # a stream with no token this long ends
     api_key: str | None = None  # unset or empty: no authentication
     gateway_max_body_bytes: int = Field(default=1 << 20, ge=1024)
     cors_allow_origins: str = ""  # comma-separated origins ("*" for any); empty: no CORS headers
@@ -44,3 +59,14 @@ class GatewaySettings(BaseSettings):
     @property
     def worker_addrs(self) -> list[str]:
         return [addr.strip() for addr in self.worker_addr.split(",") if addr.strip()]
+
+    def routing_config(self) -> RoutingConfig:
+        return RoutingConfig(
+            policy=self.gateway_routing,
+            balance=self.gateway_routing_balance,
+            prefix_chars=self.gateway_routing_prefix_chars,
+            session_affinity=self.gateway_routing_session_affinity,
+            stale_after_s=self.gateway_worker_stale_s,
+            resolve_interval_s=self.gateway_resolve_interval_s,
+            stream_stall_s=self.gateway_stream_stall_s,
+        )

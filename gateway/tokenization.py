@@ -57,7 +57,9 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
         call = worker_pb2.TokenizeRequest(chat=chat)
     else:
         call = worker_pb2.TokenizeRequest(text=req.prompt, add_special_tokens=req.add_special_tokens)
-    reply = await pool.tokenize(call)
+    if req.model is not None:
+        await pool.check_model(req.model)
+    reply = await pool.tokenize(call, req.model)
     return {
         "count": len(reply.token_ids),
         "max_model_len": reply.max_model_len,
@@ -69,4 +71,6 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
 async def detokenize(pool: WorkerPool, body: bytes) -> dict:
     req = parse(DetokenizeRequest, body)
     assert isinstance(req, DetokenizeRequest)
-    return {"prompt": await pool.detokenize(req.tokens)}
+    if req.model is not None:
+        await pool.check_model(req.model)
+    return {"prompt": await pool.detokenize(req.tokens, req.model)}

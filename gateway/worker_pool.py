@@ -1,168 +1,273 @@
-"""Worker replicas behind one gRPC client: round-robin, skipping a replica that just refused a call.
+"""The workers behind this gateway, per model: membership, routing, and the calls to them.
 
-Every Generate call carries the request's deadline (GATEWAY_REQUEST_TIMEOUT_S from its arrival, over
-all retries), so a request that runs too long is aborted by the worker and its KV blocks freed.
-Readiness asks each replica's grpc.health, which turns off while its engine is stalled or draining.
+Each Generate call goes to the worker the router picks (gateway/routing/: cache-aware by the request's
+leading content, bounded by the load the workers report over WatchLoad). A worker that refuses the call,
+dies, or stops reporting before the first chunk arrives is passed over and the request tried on the next
+one; nothing reached the client yet. Every call carries the request's deadline
+(GATEWAY_REQUEST_TIMEOUT_S from its arrival, over all retries), so a request that runs too long is aborted
+by the worker and its KV blocks freed; a stream that goes GATEWAY_STREAM_STALL_S without a chunk ends.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from common.gen import worker_pb2, worker_pb2_grpc
+from common.gen import worker_pb2
 from gateway import observability
-from gateway.errors import APIError, from_grpc, unavailable
+from gateway.errors import APIError, from_grpc, model_not_found, unavailable
 from gateway.request_id import grpc_metadata
+from gateway.routing import metrics
+from gateway.routing.addresses import parse_worker_addr
+from gateway.routing.config import RoutingConfig
+from gateway.routing.key import routing_key
+from gateway.routing.membership import Membership
+from gateway.routing.replica import WorkerReplica
+from gateway.routing.router import Router
 
 log = logging.getLogger(__name__)
 
-# round_robin: an address that resolves to several replicas (dns:///worker:50051 with scaled containers)
-# spreads calls over all of them instead of pinning the first. Reconnect quickly once a worker comes
-# back (gRPC's default backoff grows to two minutes).
-CHANNEL_OPTIONS = [
-    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.max_receive_message_length", 64 << 20),
-]
-DOWN_FOR_S = 2.0  # a replica that refused a call is tried last for this long
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+FIRST_CHUNK_POLL_S = 0.25  # while waiting for a first chunk, look this often whether the worker went stale
 
 
-class WorkerReplica:
-    """One worker address with its channel and the time it last refused a call."""
+class WorkerGone(Exception):
+    """The worker stopped reporting while the request waited for its first chunk."""
 
-    def __init__(self, addr: str) -> None:
-        self.addr = addr
-        self.channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.down_until = 0.0
 
-    def mark_down(self) -> None:
-        self.down_until = time.monotonic() + DOWN_FOR_S
-
-    @property
-    def looks_up(self) -> bool:
-        return time.monotonic() >= self.down_until
+def stream_stalled(stall_s: float) -> APIError:
+    message = f"The worker produced nothing for {stall_s:g} s; the request was aborted"
+    return APIError(503, message, "service_unavailable", None, "worker_stalled", {"Retry-After": "1"})
 
 
 class WorkerStream:
     """A started Generate call: its first chunk already arrived, so retries are over."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, first: worker_pb2.GenerateResponse, addr: str) -> None:
+    def __init__(
+        self,
+        call: grpc.aio.UnaryStreamCall,
+        first: worker_pb2.GenerateResponse,
+        replica: WorkerReplica,
+        stall_s: float | None = None,
+    ) -> None:
         self.call = call
         self.first = first
-        self.addr = addr
+        self.replica = replica
+        self.addr = replica.addr
+        self.stall_s = stall_s
+        self._released = False
 
     async def chunks(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        yield self.first
-        while True:
-            chunk = await self.call.read()
-            if chunk is grpc.aio.EOF:
-                return
-            yield chunk
+        try:
+            yield self.first
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(self.call.read(), self.stall_s)
+                except TimeoutError:
+                    log.warning("worker %s: no chunk for %.1f s; ending the stream", self.addr, self.stall_s)
+                    self.cancel()
+                    raise stream_stalled(self.stall_s or 0.0) from None
+                if chunk is grpc.aio.EOF:
+                    return
+                yield chunk
+        finally:
+            self._release()
 
     def cancel(self) -> None:
         """Cancelling the call makes the worker abort the request and free its KV blocks."""
         self.call.cancel()
+        self._release()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.replica.in_flight -= 1
 
 
 class WorkerPool:
-    def __init__(self, addrs: list[str], request_timeout_s: float | None = None) -> None:
-        if not addrs:
-            raise ValueError("WORKER_ADDR names no worker")
+    def __init__(
+        self,
+        addrs: list[str] | str,
+        request_timeout_s: float | None = None,
+        routing: RoutingConfig | None = None,
+    ) -> None:
+        self.routing = routing or RoutingConfig()
         self.request_timeout_s = request_timeout_s
-        self.replicas = [WorkerReplica(addr) for addr in addrs]
-        self._turn = itertools.count()
-        self.model_name: str | None = None
-        self.max_model_len: int | None = None
+        self.membership = Membership(
+            parse_worker_addr(addrs), self.routing.stale_after_s, self.routing.resolve_interval_s
+        )
+        self.router = Router(self.routing.policy, self.routing.balance)
+        self._started: asyncio.Task[None] | None = None
 
-    def _order(self) -> list[WorkerReplica]:
-        """Round-robin start, replicas that recently refused a call moved to the back."""
-        start = next(self._turn) % len(self.replicas)
-        rotated = self.replicas[start:] + self.replicas[:start]
-        return [r for r in rotated if r.looks_up] + [r for r in rotated if not r.looks_up]
+    async def start(self) -> None:
+        """Resolve WORKER_ADDR and start the load watchers (once; every call below does it if needed)."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self.membership.start())
+        await asyncio.shield(self._started)
 
-    async def generate(self, request: worker_pb2.GenerateRequest, prompt_param: str) -> WorkerStream:
-        """Start a call on the first replica that answers; raise APIError when none can take it."""
-        last_error: grpc.aio.AioRpcError | None = None
+    @property
+    def replicas(self) -> list[WorkerReplica]:
+        return list(self.membership.replicas.values())
+
+    def replicas_for(self, model: str | None) -> list[WorkerReplica]:
+        """Replicas serving `model` (any when empty), plus those whose model is not known yet."""
+        if not model:
+            return self.replicas
+        return [r for r in self.replicas if r.model in (model, None)]
+
+    def served_models(self) -> list[str]:
+        """Models of the fleet: those pinned in WORKER_ADDR, then those the workers report, in order."""
+        found = self.membership.pinned_models + [r.model for r in self.replicas if r.model]
+        return list(dict.fromkeys(found))
+
+    # ---- generation ---------------------------------------------------------------------------------
+    async def generate(
+        self, request: worker_pb2.GenerateRequest, prompt_param: str, user: str | None = None
+    ) -> WorkerStream:
+        """Start a call on the first worker in routing order that takes it; raise APIError when none can."""
+        await self.start()
+        replicas = {r.addr: r for r in self.replicas_for(request.model)}
+        if not replicas:
+            raise unavailable(f"No worker serves the model {request.model!r}")
+        key = routing_key(request, self.routing.prefix_chars, user if self.routing.session_affinity else None)
+        order = self.router.order(key, [r.state() for r in replicas.values()])
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
-        for replica in self._order():
+        last_error: APIError | None = None
+        for attempt, addr in enumerate(order):
+            if attempt:
+                metrics.RETRIES.labels(request.model).inc()
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            call = replica.stub.Generate(request, timeout=timeout, metadata=grpc_metadata())
             try:
-                first = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                observability.WORKER_ERRORS.labels(exc.code().name).inc()
-                if exc.code() not in RETRYABLE:
-                    raise from_grpc(exc, prompt_param) from None
-                log.warning("worker %s refused a request: %s", replica.addr, exc.code().name)
-                replica.mark_down()
-                last_error = exc
-                continue
-            except BaseException:
-                call.cancel()
-                raise
-            if first is grpc.aio.EOF:
-                raise APIError(500, "The worker closed the stream without output", "server_error")
-            return WorkerStream(call, first, replica.addr)
+                return await self._start_on(replicas[addr], request, prompt_param, timeout)
+            except _Retry as retry:
+                last_error = retry.error
         assert last_error is not None
-        raise from_grpc(last_error, prompt_param)
+        raise last_error
 
-    async def model_info(self, timeout_s: float = 2.0) -> worker_pb2.ModelInfo:
-        """The served model, from the first replica that answers; remembered for model checks."""
-        last_error: grpc.aio.AioRpcError | None = None
-        for replica in self._order():
+    async def _start_on(
+        self,
+        replica: WorkerReplica,
+        request: worker_pb2.GenerateRequest,
+        prompt_param: str,
+        timeout: float | None,
+    ) -> WorkerStream:
+        call = replica.stub.Generate(request, timeout=timeout, metadata=grpc_metadata())
+        replica.in_flight += 1
+        try:
+            first = await _first_chunk(call, replica)
+        except grpc.aio.AioRpcError as exc:
+            replica.in_flight -= 1
+            observability.WORKER_ERRORS.labels(exc.code().name).inc()
+            if exc.code() not in RETRYABLE:
+                raise from_grpc(exc, prompt_param) from None
+            log.warning("worker %s refused a request: %s", replica.addr, exc.code().name)
+            replica.mark_down()
+            raise _Retry(from_grpc(exc, prompt_param)) from None
+        except WorkerGone:
+            replica.in_flight -= 1
+            call.cancel()
+            log.warning("worker %s stopped reporting; moving its request to another worker", replica.addr)
+            raise _Retry(unavailable(f"worker {replica.addr} stopped answering")) from None
+        except BaseException:
+            replica.in_flight -= 1
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF:
+            replica.in_flight -= 1
+            raise APIError(500, "The worker closed the stream without output", "server_error")
+        metrics.ROUTED.labels(request.model or replica.model or "", replica.addr).inc()
+        return WorkerStream(call, first, replica, self.routing.stream_stall_s)
+
+    # ---- models, readiness, unary calls -----------------------------------------------------------------
+    async def model_info(self, timeout_s: float = 2.0, model: str | None = None) -> worker_pb2.ModelInfo:
+        """A model's info, from a worker that serves it (asked now when none has answered yet)."""
+        await self.start()
+        for replica in self.replicas_for(model):
+            if replica.info is not None and (not model or replica.info.model_name == model):
+                return replica.info
+        last = "no worker"
+        for replica in self.replicas_for(model):
             try:
-                info = await replica.stub.GetModelInfo(worker_pb2.ModelInfoRequest(), timeout=timeout_s)
+                replica.info = await replica.stub.GetModelInfo(
+                    worker_pb2.ModelInfoRequest(), timeout=timeout_s
+                )
             except grpc.aio.AioRpcError as exc:
                 observability.WORKER_ERRORS.labels(exc.code().name).inc()
-                replica.mark_down()
-                last_error = exc
+                last = f"{replica.addr}: {exc.code().name}"
                 continue
-            self.model_name, self.max_model_len = info.model_name, info.max_model_len
-            return info
-        detail = last_error.details() if last_error else "no replica"
-        raise unavailable(f"No worker is available: {detail}")
+            if not model or replica.info.model_name == model:
+                return replica.info
+        raise unavailable(f"No worker is available: {last}")
 
-    async def ready(self, timeout_s: float = 1.0) -> worker_pb2.ModelInfo:
-        """The served model, from the first replica whose grpc.health says SERVING; 503 when none does."""
-        problems = []
-        for replica in self._order():
+    async def models(self, timeout_s: float = 1.0) -> list[worker_pb2.ModelInfo]:
+        """One info per model the fleet serves; a model none of whose workers answered is left out."""
+        await self.start()
+        infos = []
+        for model in self.served_models() or [""]:
             try:
-                reply = await replica.health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-                if reply.status != health_pb2.HealthCheckResponse.SERVING:
-                    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-                    problems.append(f"{replica.addr}: {status}")
-                    continue
-                info = await replica.stub.GetModelInfo(worker_pb2.ModelInfoRequest(), timeout=timeout_s)
-            except grpc.aio.AioRpcError as exc:
-                problems.append(f"{replica.addr}: {exc.code().name}")
+                infos.append(await self.model_info(timeout_s, model))
+            except APIError:
                 continue
-            self.model_name, self.max_model_len = info.model_name, info.max_model_len
-            return info
-        raise unavailable(f"No worker is ready: {'; '.join(problems)}")
+        if not infos:
+            raise unavailable("No worker is available")
+        return list({info.model_name: info for info in infos}.values())
 
-    async def tokenize(self, request: worker_pb2.TokenizeRequest) -> worker_pb2.TokenizeResponse:
-        return await self._unary("Tokenize", request)
+    async def check_model(self, model: str) -> None:
+        """404 unless some worker serves `model` (workers are asked first if none has said yet)."""
+        await self.start()
+        if model in self.served_models():
+            return
+        if all(r.info is None for r in self.replicas):
+            await self.model_info(timeout_s=1.0)  # 503 when no worker answers at all
+            if model in self.served_models():
+                return
+        raise model_not_found(model, ", ".join(self.served_models()))
 
-    async def detokenize(self, token_ids: list[int]) -> str:
-        reply = await self._unary("Detokenize", worker_pb2.DetokenizeRequest(token_ids=token_ids))
+    def max_model_len(self, model: str | None = None) -> int | None:
+        for replica in self.replicas_for(model):
+            if replica.info is not None and (not model or replica.info.model_name == model):
+                return replica.info.max_model_len
+        return None
+
+    async def ready(self, timeout_s: float = 1.0) -> dict[str, str]:
+        """Every model with a ready worker -> that worker; 503 naming each model that has none."""
+        await self.start()
+        ready: dict[str, str] = {}
+        problems: dict[str, list[str]] = {}
+        for replica in self.replicas:
+            if replica.ready or await _health_serving(replica, timeout_s):
+                ready.setdefault(replica.model or "", replica.addr)
+            else:
+                problems.setdefault(replica.model or "?", []).append(f"{replica.addr}: {_why_not(replica)}")
+        missing = [m for m in self.served_models() if m not in ready]
+        if missing or not ready:
+            detail = "; ".join(f"{m}: {', '.join(problems.get(m, ['no worker']))}" for m in missing or ["?"])
+            raise unavailable(f"No ready worker for {', '.join(missing) or 'any model'} ({detail})")
+        return ready
+
+    async def tokenize(
+        self, request: worker_pb2.TokenizeRequest, model: str | None = None
+    ) -> worker_pb2.TokenizeResponse:
+        return await self._unary("Tokenize", request, model)
+
+    async def detokenize(self, token_ids: list[int], model: str | None = None) -> str:
+        reply = await self._unary("Detokenize", worker_pb2.DetokenizeRequest(token_ids=token_ids), model)
         return reply.text
 
-    async def _unary(self, method: str, request: object, timeout_s: float = 30.0) -> object:
-        """A short call on the first replica that answers; a refusal of the input is a 400."""
+    async def _unary(
+        self, method: str, request: object, model: str | None, timeout_s: float = 30.0
+    ) -> object:
+        """A short call on the least loaded worker of the model that answers; a refused input is a 400."""
+        await self.start()
+        replicas = {r.addr: r for r in self.replicas_for(model)}
         last_error: grpc.aio.AioRpcError | None = None
-        for replica in self._order():
+        for addr in Router("cache_aware").order(model or "", [r.state() for r in replicas.values()]):
+            replica = replicas[addr]
             try:
                 return await getattr(replica.stub, method)(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
@@ -171,15 +276,58 @@ class WorkerPool:
                     raise from_grpc(exc, "prompt") from None
                 replica.mark_down()
                 last_error = exc
-        assert last_error is not None
+        if last_error is None:
+            raise unavailable(f"No worker serves the model {model!r}")
         raise from_grpc(last_error, "prompt")
 
     async def served_model_name(self) -> str:
-        if self.model_name is None:
-            await self.model_info()
-        assert self.model_name is not None
-        return self.model_name
+        """The first model (the only one of a single-model fleet)."""
+        return (await self.model_info()).model_name
 
     async def close(self) -> None:
-        for replica in self.replicas:
-            await replica.channel.close()
+        if self._started is not None:
+            await self.membership.close()
+
+
+class _Retry(Exception):
+    def __init__(self, error: APIError) -> None:
+        self.error = error
+
+
+async def _first_chunk(call: grpc.aio.UnaryStreamCall, replica: WorkerReplica) -> object:
+    """The call's first chunk; WorkerGone when the worker's load reports stop meanwhile (it will not
+    answer: a stopped or hung process), so the request can still go elsewhere."""
+    read = asyncio.ensure_future(call.read())
+    try:
+        while True:
+            done, _ = await asyncio.wait({read}, timeout=FIRST_CHUNK_POLL_S)
+            if done:
+                return read.result()
+            if replica.stale:
+                raise WorkerGone
+    finally:
+        if not read.done():
+            read.cancel()
+
+
+async def _health_serving(replica: WorkerReplica, timeout_s: float) -> bool:
+    """Readiness of a worker that sends no load reports (an older worker): its grpc.health."""
+    if not replica.watch_unsupported:
+        return False
+    try:
+        reply = await replica.health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _why_not(replica: WorkerReplica) -> str:
+    if replica.stale:
+        return "load reports stopped"
+    if replica.report is None:
+        return "not connected"
+    if replica.report.draining:
+        return "draining"
+    if replica.report.stalled:
+        return "engine stalled"
+    return "refused a call just now"

@@ -1,4 +1,5 @@
-"""`make run`: Redis, the semantic cache service, WORKERS workers and the gateway, each its own process.
+"""`make run`: Redis, the semantic cache service, WORKERS workers (per model of WORKER_MODELS) and the
+gateway, each its own process.
 
 Every setting is the service's own environment variable, passed through unchanged. Each service is
 waited on until healthy; if one dies later the others keep running (the gateway answers 503 while no
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,7 +48,10 @@ class StackSettings(BaseSettings):
 
     redis_url: str | None = None  # set: use that Redis; unset: start .venv/bin/redis-server
     gateway_redis_url: str | None = None  # stored /v1/responses; unset: the same Redis as the cache
-    workers: int = Field(default=1, ge=1)
+    workers: int = Field(default=1, ge=1)  # worker processes per model
+    # Several models behind the one gateway: comma-separated WORKER_MODEL paths, WORKERS workers for each,
+    # served under the folder's name (WORKER_ADDR becomes `name=addr,...`). Empty: WORKER_MODEL's one model.
+    worker_models: str = ""
     worker_host: str = "127.0.0.1"
     worker_port: int = 50051
     worker_metrics_port: int = 9101
@@ -135,6 +140,12 @@ def wait_healthy(child: Child, check: Callable[[], bool], stopping: threading.Ev
         return False
 
 
+def worker_models(s: StackSettings) -> list[str | None]:
+    """The model of each worker to start: WORKERS of each WORKER_MODELS entry (None: WORKER_MODEL's)."""
+    models = [m.strip() for m in s.worker_models.split(",") if m.strip()] or [None]
+    return [model for model in models for _ in range(s.workers)]
+
+
 class Stack:
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
@@ -180,14 +191,16 @@ class Stack:
             line = f"cache service  grpc {cache_addr}, metrics http://{s.cache_host}:{s.cache_metrics_port}/metrics"
             pending.append((cache, lambda: grpc_serving(cache_addr), line))
         worker_addrs = []
-        for i in range(s.workers):
+        for i, model in enumerate(worker_models(s)):
             port, metrics_port = s.worker_port + PORT_STRIDE * i, s.worker_metrics_port + PORT_STRIDE * i
             addr = f"{s.worker_host}:{port}"
             env = {"WORKER_PORT": str(port), "WORKER_METRICS_PORT": str(metrics_port)}
+            if model is not None:
+                env |= {"WORKER_MODEL": model, "WORKER_SERVED_MODEL_NAME": PurePath(model).name}
             worker = self.python(f"worker-{i}", "worker", env)
             line = f"worker-{i}       grpc {addr}, metrics http://{s.worker_host}:{metrics_port}/metrics"
             pending.append((worker, lambda addr=addr: grpc_serving(addr), line))
-            worker_addrs.append(addr)
+            worker_addrs.append(addr if model is None else f"{PurePath(model).name}={addr}")
         for child, check, line in pending:
             if wait_healthy(child, check, self.stopping):
                 self.lines.append(line)

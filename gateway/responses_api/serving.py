@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter, ValidationError
 
 from gateway import observability
-from gateway.errors import from_grpc, invalid_request, model_not_found
+from gateway.errors import from_grpc, invalid_request
 from gateway.http_io import check_api_key, read_body, until_disconnect
 from gateway.limits import RequestLimits
 from gateway.protocol import validation_error
@@ -85,18 +85,16 @@ class ResponsesServing:
             req = ResponsesRequest.model_validate_json(body, strict=True)
         except ValidationError as exc:
             raise validation_error(exc) from None
-        served = await self.pool.served_model_name()
-        if req.model != served:
-            raise model_not_found(req.model, served)
+        await self.pool.check_model(req.model)
         tenant = tenant_of(raw)
         items = await self._conversation(req, tenant)
         limits = RequestLimits.from_settings(self.settings)
-        chat = to_chat_request(req, items, limits, self.pool.max_model_len)
+        chat = to_chat_request(req, items, limits, self.pool.max_model_len(req.model))
         tools = plan_tools(chat)
         builder = ResponseBuilder(
             new_id("resp"), echoed_fields(req, req.store is not False and self.store.enabled)
         )
-        started = self.pool.generate(chat_request(chat, builder.id, chat.model, tools), PROMPT_PARAM)
+        started = self.pool.generate(chat_request(chat, builder.id, chat.model, tools), PROMPT_PARAM, req.user)
         stream = await until_disconnect(raw, started, WorkerStream.cancel)
         conversation = [item.model_dump(by_alias=True, exclude_none=True) for item in items]
         steps = self._steps(builder, stream, tools, tenant, conversation)

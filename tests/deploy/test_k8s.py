@@ -208,3 +208,10 @@ def test_workers_get_time_to_drain(docs: list[Doc]) -> None:
     for name in ("worker", "gateway", "cache-service"):
         grace = find(docs, "Deployment", name)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > drain, name
+
+
+def test_two_gateways_route_over_the_workers(docs: list[Doc]) -> None:
+    """Gateways are stateless and choose alike, so the Deployment runs two; each routes cache-aware."""
+    assert find(docs, "Deployment", "gateway")["spec"]["replicas"] == 2
+    settings = GatewaySettings(**{k.lower(): v for k, v in env_of(container(docs, "gateway")).items()})
+    assert settings.gateway_routing == "cache_aware"

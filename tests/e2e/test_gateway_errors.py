@@ -15,7 +15,6 @@ import pytest
 
 from common.gen import worker_pb2 as pb
 from common.gen import worker_pb2_grpc
-from gateway.worker_pool import DOWN_FOR_S
 from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
 from tests.e2e.conftest import wait_for_idle
 
@@ -156,17 +155,24 @@ def _unavailable_errors(gateway: Service) -> float:
     return sum(float(line.removeprefix(prefix)) for line in metrics.splitlines() if line.startswith(prefix))
 
 
+def _routed(gateway: Service, worker_addr: str) -> float:
+    metrics = httpx.get(f"{gateway.addr}/metrics", timeout=30).text
+    prefix = f'llmserve_gateway_routed_requests_total{{model="{MODEL_NAME}",worker="{worker_addr}"}} '
+    return sum(float(line.removeprefix(prefix)) for line in metrics.splitlines() if line.startswith(prefix))
+
+
 def test_dead_replica_is_skipped(worker: Service, dead_addr: str, log_dir: Path) -> None:
-    """Round-robin over a dead and a live replica: calls refused by the dead one are retried."""
-    pair = start_gateway("gateway-two-replicas", log_dir, f"{dead_addr},{worker.addr}")
+    """A dead and a live replica: the dead one sends no load reports, so routing sends every request to
+    the live one without trying the dead one first (no refused call), streamed or not."""
+    pair = start_gateway("gateway-two-replicas", log_dir, f"{dead_addr},{worker.addr}", ready=True)
     try:
-        time.sleep(DOWN_FOR_S + 0.5)  # let the start-up probe's verdict on the dead replica expire
-        before = _unavailable_errors(pair)
-        for stream in (False, True, False, True):
-            body = CHAT | {"stream": stream}
+        before, routed = _unavailable_errors(pair), _routed(pair, worker.addr)
+        for i, stream in enumerate((False, True, False, True)):
+            body = CHAT | {"stream": stream, "messages": [{"role": "user", "content": f"Hi {i}"}]}
             response = httpx.post(f"{pair.addr}/v1/chat/completions", json=body, timeout=60)
             assert response.status_code == 200, response.text
-        assert _unavailable_errors(pair) > before, "some request went to the dead replica first"
+        assert _unavailable_errors(pair) == before, "no request went to the dead replica"
+        assert _routed(pair, worker.addr) == routed + 4
     finally:
         pair.stop()
 
@@ -236,7 +242,7 @@ def test_non_streaming_disconnect_aborts_the_request(
 
 def test_health_ready_metrics(http: httpx.Client) -> None:
     assert http.get("/health").json() == {"status": "ok"}
-    assert http.get("/ready").json() == {"status": "ready", "model": MODEL_NAME}
+    assert http.get("/ready").json() == {"status": "ready", "model": MODEL_NAME, "models": [MODEL_NAME]}
     metrics = http.get("/metrics").text
     for name in (
         "llmserve_gateway_http_requests_total",

@@ -33,6 +33,7 @@ def test_health_and_reflection(worker: Service) -> None:
         "GetStats",
         "Tokenize",
         "Detokenize",
+        "WatchLoad",
     }
 
 
@@ -45,6 +46,29 @@ def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     quantization = resolve_quantization("auto", "cpu")
     assert info.dtype == resolve_dtype("auto", "cpu", quantization) and info.device == "cpu"
     assert info.quantization == quantization
+
+
+def test_watch_load_reports_at_once_then_follows_a_request(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+    """The first report comes at once; a running request shows up in a later one and leaves again."""
+    wait_for_idle(worker_stub)
+    reports = worker_stub.WatchLoad(pb.WatchLoadRequest(interval_ms=10, heartbeat_ms=200), timeout=60)
+    first = next(reports)
+    assert first.model_name == MODEL_NAME and not first.draining and not first.stalled
+    assert (first.num_running, first.num_waiting) == (0, 0)
+    params = pb.SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    call = worker_stub.Generate(pb.GenerateRequest(text="Count to a hundred:", params=params), timeout=60)
+    next(call)  # the request runs now
+    seen_running = False
+    for report in reports:
+        seen_running = seen_running or report.num_running == 1
+        if seen_running and report.num_running == 0:
+            break
+        if not seen_running:
+            assert report.kv_cache_usage >= 0.0
+    assert seen_running
+    assert report.prefix_cache_queries >= first.prefix_cache_queries + 5
+    list(call)
+    reports.cancel()
 
 
 def test_generate_text_streams_deltas_then_usage(worker_stub: worker_pb2_grpc.WorkerStub) -> None:

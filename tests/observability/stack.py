@@ -73,7 +73,9 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}"
 
 
-def gateway_service(log_dir: Path, worker_addr: str, cache_addr: str | None) -> Gateway:
+def gateway_service(
+    log_dir: Path, worker_addr: str, cache_addr: str | None, name: str = "gateway", **extra_env: str
+) -> Gateway:
     port = free_port()
     env = {
         "GATEWAY_HOST": "127.0.0.1",
@@ -85,7 +87,8 @@ def gateway_service(log_dir: Path, worker_addr: str, cache_addr: str | None) -> 
     if cache_addr:
         env["CACHE_ADDR"] = cache_addr
     url = f"http://127.0.0.1:{port}"
-    service = python_service("gateway", "gateway", env, log_dir, lambda: http_ok(f"{url}/ready"), url)
+    env |= extra_env
+    service = python_service(name, "gateway", env, log_dir, lambda: http_ok(f"{url}/ready"), url)
     return Gateway(service, port)
 
 

@@ -1,4 +1,5 @@
-"""Two real workers behind one gateway: requests reach both, and losing one loses no new request."""
+"""Two real workers behind one gateway: distinct tenants reach both, a tenant stays on its worker, and
+losing one worker loses no new request."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import httpx
 import pytest
 
 from common.gen import worker_pb2
+from gateway.routing.key import routing_key
+from gateway.routing.router import ranking
 from gateway.worker_pool import WorkerPool
 from tests.observability.stack import Gateway, Worker, gateway_service, scrape, worker_service
 from tests.support.net import wait_for
@@ -47,53 +50,79 @@ def pool_gateway(log_dir: Path, workers: tuple[Worker, Worker]) -> Iterator[Gate
         gateway.service.stop()
 
 
-def complete(gateway: Gateway) -> httpx.Response:
+def complete(gateway: Gateway, prompt: str | None = None) -> httpx.Response:
     body = {
         "model": MODEL,
-        "prompt": f"{uuid.uuid4().hex} Once upon a time",
+        "prompt": prompt or f"{uuid.uuid4().hex} Once upon a time",
         "max_tokens": 3,
         "temperature": 0,
     }
     return httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=120)
 
 
+def owner(prompt: str, workers: tuple[Worker, Worker]) -> str:
+    """The worker cache-aware routing gives this prompt while both are idle: its key's rendezvous owner."""
+    key = routing_key(worker_pb2.GenerateRequest(model=MODEL, text=prompt))
+    return ranking(key, [w.addr for w in workers])[0]
+
+
+def tenants_of_each(workers: tuple[Worker, Worker], per_worker: int) -> list[str]:
+    """Distinct tenants' prompts, `per_worker` owned by each worker."""
+    chosen: dict[str, list[str]] = {w.addr: [] for w in workers}
+    for i in range(1000):
+        prompt = f"Tenant {i} asks: once upon a time"
+        mine = chosen[owner(prompt, workers)]
+        if len(mine) < per_worker:
+            mine.append(prompt)
+    return [p for prompts in chosen.values() for p in prompts]
+
+
 def served(worker: Worker) -> float:
     return scrape(worker.metrics_url).value(SUCCESS)
 
 
-def test_requests_reach_both_workers(pool_gateway: Gateway, workers: tuple[Worker, Worker]) -> None:
+def test_distinct_tenants_reach_both_workers(pool_gateway: Gateway, workers: tuple[Worker, Worker]) -> None:
     a, b = workers
     a0, b0 = served(a), served(b)
-    for _ in range(NUM_REQUESTS):
-        response = complete(pool_gateway)
+    for prompt in tenants_of_each(workers, NUM_REQUESTS // 2):
+        response = complete(pool_gateway, prompt)
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["finish_reason"] == "length"
     wait_for(lambda: served(a) - a0 + served(b) - b0 == NUM_REQUESTS, what="every request to be counted")
-    assert served(a) - a0 >= 1 and served(b) - b0 >= 1, (served(a) - a0, served(b) - b0)
+    assert (served(a) - a0, served(b) - b0) == (NUM_REQUESTS // 2, NUM_REQUESTS // 2)
 
 
-async def test_one_target_naming_several_workers_spreads_calls(workers: tuple[Worker, Worker]) -> None:
-    """What compose's WORKER_ADDR=dns:///worker:50051 becomes with --scale worker=N: one gRPC target that
-    resolves to every replica. (An ipv4: target lists the two local addresses, as DNS would answer.)
-    gRPC connects to the addresses in the background, so up to 20 calls are given to reach both."""
+def test_one_tenant_stays_on_one_worker(pool_gateway: Gateway, workers: tuple[Worker, Worker]) -> None:
+    """A long shared start (a tenant's instructions) keys the request, whatever follows it."""
+    shared = "You answer questions about the billing rules of tenant 42. " * 20
+    home = next(w for w in workers if w.addr == owner(shared[:1024], workers))
+    before = [served(w) for w in workers]
+    for question in ("When is the invoice due?", "Can I pay by card?", "What is a credit note?"):
+        assert complete(pool_gateway, f"{shared}\nQ: {question}\nA:").status_code == 200
+    wait_for(lambda: sum(served(w) for w in workers) - sum(before) == 3, what="every request to be counted")
+    counts = [served(w) - b for w, b in zip(workers, before, strict=True)]
+    assert counts == [3 if w is home else 0 for w in workers]
+
+
+async def test_a_comma_list_and_a_dns_name_become_one_replica_per_address(
+    workers: tuple[Worker, Worker],
+) -> None:
+    """WORKER_ADDR as gRPC's ipv4: list or as a name (localhost here, a headless Service in Kubernetes):
+    the gateway resolves it itself, one channel per worker address, so routing sees every replica."""
     a, b = workers
-    pool = WorkerPool([f"ipv4:{a.addr},{b.addr}"])
-    a0, b0 = served(a), served(b)
-    params = worker_pb2.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    calls = 0
+    pool = WorkerPool([f"ipv4:{a.addr},{b.addr}", f"dns:///localhost:{a.port}"])
     try:
-        while calls < 20 and not (served(a) > a0 and served(b) > b0):
-            request = worker_pb2.GenerateRequest(text=f"{uuid.uuid4().hex} hello", params=params)
+        await pool.start()
+        assert sorted(r.addr for r in pool.replicas) == sorted([a.addr, b.addr])
+        params = worker_pb2.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        for prompt in tenants_of_each(workers, 1):
+            request = worker_pb2.GenerateRequest(model=MODEL, text=prompt, params=params)
             stream = await pool.generate(request, "prompt")
+            assert stream.addr == owner(prompt, workers)
             finishes = [chunk.finish_reason async for chunk in stream.chunks()]
             assert finishes[-1] == "length"
-            calls += 1
-            wait_for(lambda n=calls: served(a) - a0 + served(b) - b0 == n, what="the call to be counted")
     finally:
         await pool.close()
-    assert served(a) > a0 and served(b) > b0, (
-        f"{calls} calls: {served(a) - a0} to one, {served(b) - b0} to the other"
-    )
 
 
 def test_killing_one_worker_loses_no_new_request(

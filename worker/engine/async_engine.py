@@ -128,6 +128,11 @@ class AsyncEngine:
         self._fail_all(EngineDeadError("the engine is shutting down"))
 
     @property
+    def draining(self) -> bool:
+        """True once stop_admitting() was called (event loop only)."""
+        return not self._admitting
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
 

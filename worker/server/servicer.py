@@ -102,6 +102,15 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
     return asyncio.get_running_loop().time() + remaining
 
 
+LOAD_INTERVAL_S = (0.05, 0.01, 1.0)  # WatchLoad's look-for-a-change period: default, min, max
+LOAD_HEARTBEAT_S = (1.0, 0.1, 10.0)  # WatchLoad sends at least this often: default, min, max
+
+
+def _period(ms: int, bounds: tuple[float, float, float]) -> float:
+    default, low, high = bounds
+    return min(max(ms / 1000, low), high) if ms > 0 else default
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, engine: AsyncEngine, stream_interval: int = 1) -> None:
         self.engine = engine
@@ -206,3 +215,39 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_preemptions=stats.num_preemptions,
             num_finished=stats.num_finished,
         )
+
+    def load_report(self) -> worker_pb2.LoadReport:
+        """The engine's last published counters plus the drain and stall flags, for WatchLoad."""
+        stats = self.engine.stats()
+        return worker_pb2.LoadReport(
+            model_name=self.engine.model_info.model_name,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            kv_cache_usage=stats.kv_cache_usage,
+            draining=self.engine.draining,
+            stalled=self.engine.is_stalled,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+        )
+
+    async def WatchLoad(
+        self, request: worker_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.LoadReport]:
+        """A report now, then on every change of the routing figures, and a heartbeat at least every
+        heartbeat period, so a gateway can tell a quiet worker from one that stopped (SIGSTOP, a hang)."""
+        interval = _period(request.interval_ms, LOAD_INTERVAL_S)
+        heartbeat = _period(request.heartbeat_ms, LOAD_HEARTBEAT_S)
+        loop = asyncio.get_running_loop()
+        last: tuple | None = None
+        sent_at = 0.0
+        while True:
+            try:
+                report = self.load_report()
+            except EngineError as exc:
+                await abort_for(context, exc)
+            figures = (report.num_running, report.num_waiting, report.kv_cache_usage, report.draining)
+            figures += (report.stalled,)
+            if figures != last or loop.time() - sent_at >= heartbeat:
+                yield report
+                last, sent_at = figures, loop.time()
+            await asyncio.sleep(interval)

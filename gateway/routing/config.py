@@ -1,0 +1,18 @@
+"""Routing settings as the pool takes them (GatewaySettings.routing_config() fills them from the env)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.routing.router import Policy
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    policy: Policy = "cache_aware"
+    balance: float = 1.25  # (1 + eps): a worker above balance x the mean load is passed over
+    prefix_chars: int = 1024
+    session_affinity: bool = False
+    stale_after_s: float = 3.0
+    resolve_interval_s: float = 5.0
+    stream_stall_s: float = 10.0

@@ -1,0 +1,67 @@
+"""Routing metrics, per worker and model: requests routed there, and the load this gateway sees."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Gauge
+
+if TYPE_CHECKING:
+    from gateway.routing.replica import WorkerReplica
+
+ROUTED = Counter(
+    "llmserve_gateway_routed_requests_total",
+    "Worker calls started, by model and worker address (a retried request counts where it ran).",
+    ["model", "worker"],
+)
+RETRIES = Counter(
+    "llmserve_gateway_routing_retries_total",
+    "Requests moved to another worker before their first token (the worker refused, died or stopped).",
+    ["model"],
+)
+WORKER_RUNNING = Gauge(
+    "llmserve_gateway_worker_running",
+    "Requests running on a worker, from its last load report.",
+    ["model", "worker"],
+)
+WORKER_WAITING = Gauge(
+    "llmserve_gateway_worker_waiting",
+    "Requests waiting on a worker, from its last load report.",
+    ["model", "worker"],
+)
+WORKER_KV_USAGE = Gauge(
+    "llmserve_gateway_worker_kv_cache_usage",
+    "Share of a worker's KV blocks held by live requests, from its last load report (0..1).",
+    ["model", "worker"],
+)
+WORKER_ROUTABLE = Gauge(
+    "llmserve_gateway_worker_routable",
+    "1 while a worker takes new requests (fresh load reports, not draining), else 0.",
+    ["model", "worker"],
+)
+_GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE, WORKER_ROUTABLE)
+_labels: dict[str, str] = {}  # worker -> the model label its gauges carry
+
+
+def observe_load(replica: WorkerReplica) -> None:
+    model = replica.model or ""
+    if _labels.get(replica.addr, model) != model:
+        forget_worker(replica.addr)
+    _labels[replica.addr] = model
+    report = replica.report
+    WORKER_RUNNING.labels(model, replica.addr).set(report.num_running if report else 0)
+    WORKER_WAITING.labels(model, replica.addr).set(report.num_waiting if report else 0)
+    WORKER_KV_USAGE.labels(model, replica.addr).set(report.kv_cache_usage if report else 0.0)
+    WORKER_ROUTABLE.labels(model, replica.addr).set(1 if replica.tier() == 0 else 0)
+
+
+def forget_worker(addr: str) -> None:
+    """A worker that left membership: its gauges go away rather than freeze at their last value."""
+    model = _labels.pop(addr, None)
+    if model is None:
+        return
+    for gauge in _GAUGES:
+        try:
+            gauge.remove(model, addr)
+        except KeyError:
+            pass

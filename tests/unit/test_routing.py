@@ -1,0 +1,146 @@
+"""The pure router and routing keys: stickiness, movement on joins and leaves, bounded load, tiers."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from common.gen import worker_pb2
+from gateway.routing.key import routing_key
+from gateway.routing.router import Router, WorkerState, load_bound, ranking
+
+WORKERS = [f"127.0.0.{i}:50051" for i in range(1, 5)]
+KEYS = [f"model\x1etenant-{i}" for i in range(4000)]
+
+
+def idle(addrs: list[str]) -> list[WorkerState]:
+    return [WorkerState(addr) for addr in addrs]
+
+
+def owners(router: Router, addrs: list[str]) -> dict[str, str]:
+    return {key: router.order(key, idle(addrs))[0] for key in KEYS}
+
+
+def chat(model: str, *messages: tuple[str, str]) -> worker_pb2.GenerateRequest:
+    chat = worker_pb2.ChatPrompt(messages=[worker_pb2.ChatMessage(role=r, content=c) for r, c in messages])
+    return worker_pb2.GenerateRequest(model=model, chat=chat)
+
+
+def test_the_same_key_goes_to_the_same_worker_and_keys_spread() -> None:
+    router = Router("cache_aware")
+    first = owners(router, WORKERS)
+    assert owners(router, WORKERS) == first
+    assert owners(router, list(reversed(WORKERS))) == first, "the order of the list does not matter"
+    shares = Counter(first.values())
+    assert set(shares) == set(WORKERS)
+    assert all(0.2 < n / len(KEYS) < 0.3 for n in shares.values()), shares
+
+
+def test_a_join_moves_about_one_in_n_keys_all_to_the_newcomer() -> None:
+    router = Router("cache_aware")
+    before = owners(router, WORKERS)
+    after = owners(router, [*WORKERS, "127.0.0.9:50051"])
+    moved = [key for key in KEYS if before[key] != after[key]]
+    assert all(after[key] == "127.0.0.9:50051" for key in moved)
+    assert 0.15 < len(moved) / len(KEYS) < 0.25, len(moved) / len(KEYS)  # 1/5 expected
+
+
+def test_a_leave_moves_only_the_leavers_keys() -> None:
+    router = Router("cache_aware")
+    before = owners(router, WORKERS)
+    after = owners(router, WORKERS[1:])
+    moved = {key for key in KEYS if before[key] != after[key]}
+    assert moved == {key for key in KEYS if before[key] == WORKERS[0]}
+    assert 0.2 < len(moved) / len(KEYS) < 0.3
+
+
+def test_an_owner_at_its_bound_passes_the_key_to_its_next_ranked_worker() -> None:
+    router = Router("cache_aware", balance=1.25)
+    key = KEYS[0]
+    owner, second, *_ = ranking(key, WORKERS)
+    loads = {addr: 1 for addr in WORKERS} | {owner: 3}  # bound: ceil(1.25 x 7 / 4) = 3, owner is full
+    workers = [WorkerState(addr, loads[addr]) for addr in WORKERS]
+    assert load_bound(list(loads.values()), 1.25) == 3
+    order = router.order(key, workers)
+    assert order[0] == second and order[-1] == owner
+    loads[owner] = 1  # bound ceil(1.25 x 5 / 4) = 2: room again, the owner takes it back
+    assert router.order(key, [WorkerState(a, loads[a]) for a in WORKERS])[0] == owner
+
+
+def test_bounded_load_under_a_skewed_mix() -> None:
+    """Half the requests from one tenant, each held for a while: no worker goes past the bound, and the
+    hot tenant spills only onto some workers (its ranking), not onto all at once."""
+    router = Router("cache_aware", balance=1.25)
+    rng = random.Random(0)
+    load = dict.fromkeys(WORKERS, 0)
+    ends: list[tuple[int, str]] = []  # (step it finishes, worker)
+    hot_workers: Counter[str] = Counter()
+    for step in range(2000):
+        for end, addr in [e for e in ends if e[0] <= step]:
+            ends.remove((end, addr))
+            load[addr] -= 1
+        key = KEYS[0] if rng.random() < 0.5 else rng.choice(KEYS[1:64])
+        bound = load_bound(list(load.values()), router.balance)
+        chosen = router.order(key, [WorkerState(addr, load[addr]) for addr in WORKERS])[0]
+        assert load[chosen] + 1 <= bound, (load, chosen, bound)
+        load[chosen] += 1
+        ends.append((step + rng.randint(4, 12), chosen))
+        if key == KEYS[0]:
+            hot_workers[chosen] += 1
+    assert hot_workers.most_common(1)[0][0] == ranking(KEYS[0], WORKERS)[0]
+    assert len(hot_workers) > 1, "the hot tenant spilled past its owner"
+
+
+def test_tiers_draining_and_stale_workers_come_last_in_that_order() -> None:
+    router = Router("cache_aware")
+    key = KEYS[7]
+    owner = ranking(key, WORKERS)[0]
+    others = [a for a in WORKERS if a != owner]
+    workers = [WorkerState(owner, tier=1), WorkerState(others[0], tier=2)]
+    workers += [WorkerState(a) for a in others[1:]]
+    order = router.order(key, workers)
+    assert set(order[:2]) == set(others[1:]) and order[2:] == [owner, others[0]]
+
+
+def test_two_routers_with_the_same_membership_and_load_choose_alike() -> None:
+    a, b = Router("cache_aware"), Router("cache_aware")
+    rng = random.Random(1)
+    for key in KEYS[:500]:
+        workers = [WorkerState(addr, rng.randint(0, 6), rng.choice((0, 0, 0, 1))) for addr in WORKERS]
+        assert a.order(key, workers) == b.order(key, list(reversed(workers)))
+
+
+def test_round_robin_rotates_over_the_tier_zero_workers() -> None:
+    router = Router("round_robin")
+    firsts = [router.order("same key", idle(WORKERS))[0] for _ in range(8)]
+    assert Counter(firsts) == Counter({addr: 2 for addr in WORKERS})
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="round_robin, cache_aware"):
+        Router("random")  # type: ignore[arg-type]
+
+
+def test_the_key_follows_the_leading_content_not_the_last_turn() -> None:
+    system = ("system", "You are the billing assistant of tenant 7. " * 40)
+    one = chat("m", system, ("user", "How do I pay?"))
+    two = chat("m", system, ("user", "Where is my invoice?"), ("assistant", "Here."), ("user", "Thanks"))
+    assert routing_key(one) == routing_key(two)
+    other_tenant = chat("m", ("system", "You are the support assistant of tenant 8. " * 40), ("user", "Hi"))
+    assert routing_key(one) != routing_key(other_tenant)
+    assert routing_key(chat("other-model", system, ("user", "x"))) != routing_key(one)
+
+
+def test_short_prefixes_are_keyed_per_conversation_and_user_affinity_overrides() -> None:
+    a = chat("m", ("system", "Be brief."), ("user", "What is 2+2?"))
+    b = chat("m", ("system", "Be brief."), ("user", "Name a color."))
+    assert routing_key(a) != routing_key(b)
+    assert routing_key(a, user="alice") == routing_key(b, user="alice") != routing_key(a, user="bob")
+    text = worker_pb2.GenerateRequest(model="m", text="x" * 5000 + "tail one")
+    assert routing_key(text) == routing_key(worker_pb2.GenerateRequest(model="m", text="x" * 5000 + "two"))
+    ids = worker_pb2.GenerateRequest(model="m", token_ids=worker_pb2.TokenIds(ids=list(range(300))))
+    assert routing_key(ids) == routing_key(
+        worker_pb2.GenerateRequest(model="m", token_ids=worker_pb2.TokenIds(ids=[*range(256), 9]))
+    )
