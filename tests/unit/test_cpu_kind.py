@@ -108,12 +108,16 @@ def test_auto_on_native_bfloat16_kinds_serves_bfloat16_weights(kind, dtype, quan
     assert resolve_dtype("auto", "cpu", quantization, kind) == dtype
 
 
-@pytest.mark.parametrize("kind", ["avx2", "avx512"])
-def test_auto_on_emulated_bfloat16_kinds_serves_int8_with_float32_when_the_kernel_is_built(kind):
+def test_auto_on_avx2_serves_int8_with_float32_when_the_kernel_is_built():
     built = native_ops() is not None and hasattr(native_ops(), "int8_linear")
-    quantization = resolve_quantization("auto", "cpu", kind)
+    quantization = resolve_quantization("auto", "cpu", "avx2")
     assert quantization == ("int8" if built else "none")
-    assert resolve_dtype("auto", "cpu", quantization, kind) == "float32"
+    assert resolve_dtype("auto", "cpu", quantization, "avx2") == "float32"
+
+
+def test_auto_on_avx512_without_bf16_is_unquantized_float32_until_measured():
+    assert resolve_quantization("auto", "cpu", "avx512") == "none"
+    assert resolve_dtype("auto", "cpu", "none", "avx512") == "float32"
 
 
 def test_unmeasured_kinds_ask_onednn_for_the_dtype_and_do_not_quantize():
