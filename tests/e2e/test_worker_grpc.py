@@ -11,6 +11,7 @@ from services.gen import worker_pb2_grpc
 from services.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
 from tests.support.grpc_checks import serving_with_reflection
+from worker.cpu_kind import auto_choice, cpu_info
 from worker.model_loader import resolve_dtype, resolve_quantization
 
 GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
@@ -45,6 +46,13 @@ def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     quantization = resolve_quantization("auto", "cpu")
     assert info.dtype == resolve_dtype("auto", "cpu", quantization) and info.device == "cpu"
     assert info.quantization == quantization
+
+
+def test_the_worker_logs_the_cpu_and_why_auto_chose(worker: Service) -> None:
+    log = worker.log_path.read_text(errors="replace")
+    cpu = cpu_info()
+    assert f"CPU {cpu.describe()}" in log
+    assert auto_choice(cpu.kind).basis in log  # WORKER_DTYPE and WORKER_QUANTIZATION are auto here
 
 
 def test_generate_text_streams_deltas_then_usage(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
