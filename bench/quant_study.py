@@ -15,8 +15,13 @@ llama.cpp's with its llama-perplexity tool when built. llama.cpp is built by ../
 into .peers/llama on the first run (never a dependency of the stack); its rows are skipped, and say so, when
 that script is absent or its build fails.
 
+Speed ranks differ by CPU kind (worker/model/cpu_kind.py), so every table and JSON names the CPU (model, kind,
+flags): client JSON and figures.json go to docs/bench/quant/<kind>/, and docs/BENCHMARKS.md gets one section
+per kind (a run on another kind adds a table beside this one). Speeds are medians of `--repeats` serving
+runs, the rows taking turns.
+
     .venv/bin/python -m bench.quant_study [--rows float32 bfloat16 int8 int4 llama-q4_1 llama-q8_0]
-                                          [--quick] [--write-docs]
+                                          [--repeats 3] [--quick] [--write-docs]
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.peer_bench import MemorySampler, Server, peer
-from bench.report import median, write_section
+from bench.peer_bench import MemorySampler, Server, peer, with_cpu
+from bench.report import cpu_section, median_of_runs, write_section
 from scripts.launch import MODEL_NAME, free_port, start_gateway, start_worker
+from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +52,7 @@ GGUF_Q4_1 = MODEL_DIR / "model.gguf"
 LLAMA_DIR = ROOT / ".peers" / "llama"
 LLAMA_SCRIPT = ROOT.parent / "shared" / "peers" / "llama-server.sh"
 LLAMA_BIN = LLAMA_DIR / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "build" / "bin"
-RESULTS = ROOT / "docs" / "bench" / "quant"
+RESULTS = ROOT / "docs" / "bench" / "quant" / cpu_info().kind  # one folder per CPU kind
 TEXT = ROOT / "bench" / "data" / "quant_text.txt"
 PPL_CONTEXT = 512
 CONCURRENCY = (1, 8, 32)
@@ -303,7 +309,7 @@ def speed(server: Server, quick: bool) -> dict[str, dict]:
                     "--save-result", "--result-dir", str(RESULTS), "--result-filename", filename)  # fmt: skip
         if done.returncode:
             raise RuntimeError(f"{server.name} c{c} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        out[f"c{c}"] = json.loads((RESULTS / filename).read_text())
+        out[f"c{c}"] = with_cpu(RESULTS / filename, cpu_info())
         r = out[f"c{c}"]
         tput, ttft, tpot = r["output_throughput"], r["median_ttft_ms"], r["median_tpot_ms"]
         print(
@@ -348,12 +354,13 @@ def setup(repeats: int) -> str:
         if native_cpu_bfloat16() and panel_rows
         else ""
     )
-    return f"""(one server at a time, on this {os.cpu_count()}-core machine ({cpu_model()}, native bfloat16:
-{"yes" if native_cpu_bfloat16() else "no"}) with nothing else running; {runs}; counts are small, so compare
-rows within this table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output
-tokens. Decode tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
+    native = "yes" if native_cpu_bfloat16() else "no"
+    return f"""(one server at a time, on this {os.cpu_count()}-core machine ({cpu_info().model}, native
+bfloat16: {native}) with nothing else running; {runs}; counts are small, so compare rows within this
+table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output tokens. Decode
+tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
-kernel, what `WORKER_QUANTIZATION=auto` runs on a CPU without native bfloat16; int4 is a float32 model
+kernel, what `WORKER_QUANTIZATION=auto` runs on the avx2 kind; int4 is a float32 model
 whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its products read
 the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32).{dequantized}
 The package
@@ -362,23 +369,16 @@ weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_
 (its perplexity cannot be better than Q4_1's)."""
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def render(
     rows: list[Row], skipped: dict[str, str], command: str, png: str | None, len_tokens: int, reference: str
 ) -> str:
     repeats = max((len(r.figures.get("speed_runs", [])) for r in rows), default=1) or 1
+    cpu = cpu_info()
     lines = [
-        "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF)",
+        "## Quantization study (weight-only int8/int4 in this engine, llama.cpp on the same GGUF), CPU kind "
+        + cpu.kind,
+        "",
+        f"CPU: {cpu.describe()}, {os.cpu_count()} cores.",
         "",
         *textwrap.wrap(f"Command: `{command}` " + " ".join(setup(repeats).split()), 105),
         f"Perplexity: bench/data/quant_text.txt (Shakespeare, public domain; the first {len_tokens} tokens),",
@@ -464,8 +464,8 @@ def targets(rows: list[Row]) -> list[str]:
             f"{at32('bfloat16'):.1f} (target not slower: {verdict(slowest >= at32('bfloat16'))}). "
             f"TPOT / TTFT p50 there: {split}. "
             + (
-                "This CPU computes bfloat16 natively (AVX512-BF16): decode steps of 10 or more rows run "
-                "the quantized kernels' bfloat16 panel GEMM, and prefill chunks (256 rows and more) "
+                f"This CPU computes bfloat16 natively ({cpu_info().kind}): decode steps of 10 or more rows "
+                "run the quantized kernels' bfloat16 panel GEMM, and prefill chunks (256 rows and more) "
                 "dequantize each weight for oneDNN's bfloat16 GEMM, which then reorders the fresh weights "
                 "on every call where the bfloat16 row's were packed at load (section \"Quantized linear "
                 "kernels\", `stack` rows: the 30 layers at 32 and 512 rows)."
@@ -496,6 +496,7 @@ def recommendation(rows: list[Row]) -> list[str]:
     ok = {n: f for n, f in engine.items() if f.get("perplexity") and f["perplexity"] <= limit}
     single, busy = max(ok, key=lambda n: decode(ok[n])), max(ok, key=lambda n: loaded(ok[n]))
     f32 = engine["float32"]
+    kind = cpu_info().kind
     auto = resolve_quantization("auto", "cpu")
     auto_name = resolve_dtype("auto", "cpu") if auto == "none" else auto
     level = [n for n in ok if loaded(ok[n]) >= 0.98 * loaded(ok[busy])]  # within 2%: a tie at this noise
@@ -509,9 +510,9 @@ def recommendation(rows: list[Row]) -> list[str]:
     text = f"""**Recommendation (CPU):** among rows within 1% of float32's perplexity ({limit:.2f}),
     `{single}` decodes fastest at one stream ({one:.1f} tok/s, {one_x:.2f}x float32) and `{busy}` makes
     the most tok/s at concurrency 32 ({many:.1f}, {many_x:.2f}x float32). The stack is built for
-    concurrent traffic, so the defaults follow the second: `WORKER_QUANTIZATION=auto` resolves to `int8`
-    (float32 activations) on a CPU without native bfloat16 and to `none` (bfloat16 weights and
-    activations) on one with it; on this CPU `{auto_name}`, {follows}. Set `{single}` for mostly
+    concurrent traffic, so the defaults follow the second, per CPU kind (worker/model/cpu_kind.py: the table
+    there cites the run each kind's choice rests on): on this CPU's kind, {kind}, `auto` runs
+    `{auto_name}` ({auto_choice(kind).basis}), {follows}. Set `{single}` for mostly
     single-stream use (int4's quality here is that of the GGUF file's own Q4 blocks; a model directory
     without a GGUF file is quantized from float at load).
     **GPU:** `none`, bfloat16 weights with decode steps replayed from CUDA graphs (section "Engine on a
@@ -566,13 +567,12 @@ def speed_only(row: Row, log_dir: Path, quick: bool) -> dict[str, dict]:
         server.stop()
 
 
-def median_speed(runs: list[dict[str, dict]]) -> dict[str, dict]:
-    """Per concurrency, the median over runs of every number the client reported."""
-    out = {}
-    for c, first in runs[0].items():
-        numbers = [k for k, v in first.items() if isinstance(v, int | float) and not isinstance(v, bool)]
-        out[c] = {k: median([run[c][k] for run in runs]) for k in numbers}
-    return out
+def save_figures(rows: list[Row]) -> None:
+    """Every row's figures, with the CPU they were measured on (kept row by row: a long run that fails
+    keeps its figures)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    figures = {r.name: r.figures for r in rows} | {"cpu": cpu_info().as_dict()}
+    (RESULTS / "figures.json").write_text(json.dumps(figures, indent=1))
 
 
 def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> None:
@@ -589,8 +589,7 @@ def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> No
             row.figures["perplexity"] = llama_perplexity(row, len(tokens) // PPL_CONTEXT)
         print(f"  perplexity {row.figures['perplexity']}", flush=True)
         serve_and_measure(row, log_dir, quick)
-        RESULTS.mkdir(parents=True, exist_ok=True)  # kept row by row: a long run that fails keeps its figures
-        (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
+        save_figures(rows)
         print(
             f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
         )
@@ -601,8 +600,8 @@ def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> No
             print(f"[{row.name}] serving run {run + 1} of {repeats}", flush=True)
             row.figures["speed_runs"].append(speed_only(row, log_dir, quick))
     for row in rows:
-        row.figures["speed"] = median_speed(row.figures["speed_runs"])
-    (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
+        row.figures["speed"] = median_of_runs(row.figures["speed_runs"])
+    save_figures(rows)
 
 
 def main() -> None:
@@ -614,10 +613,12 @@ def main() -> None:
         "--quick", action="store_true", help="half the prompts per concurrency, 4 perplexity chunks"
     )
     parser.add_argument(
-        "--repeats", type=int, default=1, help="serving runs per row, interleaved; the table shows medians"
+        "--repeats", type=int, default=3, help="serving runs per row, interleaved; the table shows medians"
     )
     parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--from-figures", action="store_true", help="re-render docs/bench/quant/figures.json")
+    parser.add_argument(
+        "--from-figures", action="store_true", help="re-render docs/bench/quant/<this CPU kind>/figures.json"
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -632,7 +633,7 @@ def main() -> None:
         done = llama("build")
         if done.returncode:
             print(f"llama-server.sh build failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}", flush=True)
-    if any(r.kind == "llama" for r in rows) and not (LLAMA_BIN / "llama-server").exists():
+    if wants_llama and not (LLAMA_BIN / "llama-server").exists():
         skipped.update(
             {r.name: "llama-server is not built in .peers/llama" for r in rows if r.kind == "llama"}
         )
@@ -654,14 +655,13 @@ def main() -> None:
             row.figures["agreement"] = agreement(
                 row.figures["greedy"], reference.figures["greedy"], tokenizer
             )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "figures.json").write_text(json.dumps({r.name: r.figures for r in rows}, indent=1))
+    save_figures(rows)
     measured_with = [a for a in os.sys.argv[1:] if a != "--from-figures"]  # the run that measured them
     command = "python -m bench.quant_study " + " ".join(measured_with)
     body = render(rows, skipped, command, plot(rows), len(tokens), reference.name if reference else "float32")
     print(body)
     if args.write_docs:
-        write_section("quant", body)
+        write_section(cpu_section("quant", cpu_info().kind), body)
 
 
 if __name__ == "__main__":

@@ -47,3 +47,21 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def median_of_runs(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per workload, the median over runs of every number the client reported (a workload missing from a run
+    takes the median of the runs that have it)."""
+    out = {}
+    for name in dict.fromkeys(name for run in runs for name in run):
+        present = [run[name] for run in runs if name in run]
+        numbers = [k for k, v in present[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+        out[name] = {k: median([r[k] for r in present if k in r]) for k in numbers}
+        out[name]["num_runs"] = len(present)
+    return out
+
+
+def cpu_section(name: str, kind: str) -> str:
+    """The docs section of a benchmark measured on one kind of CPU: a run on another kind adds its own table
+    beside this one instead of overwriting it (worker/model/cpu_kind.py names the kinds)."""
+    return f"{name}-{kind}"

@@ -94,7 +94,8 @@ class ResponsesServing:
         builder = ResponseBuilder(
             new_id("resp"), echoed_fields(req, req.store is not False and self.store.enabled)
         )
-        started = self.pool.generate(chat_request(chat, builder.id, chat.model, tools), PROMPT_PARAM, req.user)
+        generate = chat_request(chat, builder.id, chat.model, tools)
+        started = self.pool.generate(generate, PROMPT_PARAM, req.user)
         stream = await until_disconnect(raw, started, WorkerStream.cancel)
         conversation = [item.model_dump(by_alias=True, exclude_none=True) for item in items]
         steps = self._steps(builder, stream, tools, tenant, conversation)

@@ -11,6 +11,7 @@ from common.gen import worker_pb2_grpc
 from scripts.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
 from tests.support.grpc_checks import serving_with_reflection
+from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.loader import resolve_dtype, resolve_quantization
 
 GREEDY = pb.SamplingParams(temperature=0.0, max_tokens=8)
@@ -69,6 +70,11 @@ def test_watch_load_reports_at_once_then_follows_a_request(worker_stub: worker_p
     assert report.prefix_cache_queries >= first.prefix_cache_queries + 5
     list(call)
     reports.cancel()
+def test_the_worker_logs_the_cpu_and_why_auto_chose(worker: Service) -> None:
+    log = worker.log_path.read_text(errors="replace")
+    cpu = cpu_info()
+    assert f"CPU {cpu.describe()}" in log
+    assert auto_choice(cpu.kind).basis in log  # WORKER_DTYPE and WORKER_QUANTIZATION are auto here
 
 
 def test_generate_text_streams_deltas_then_usage(worker_stub: worker_pb2_grpc.WorkerStub) -> None:

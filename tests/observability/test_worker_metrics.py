@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.engine.outputs import FinishedRequestStats, ModelInfo, StepStats
+from worker.model.cpu_kind import cpu_info
 from worker.server.metrics import WorkerMetrics, start_metrics_server
 from worker.server.settings import WorkerSettings
 
@@ -246,6 +247,10 @@ def test_start_metrics_server_attaches_listeners_and_serves_http() -> None:
         assert samples[key] == 1
         info_key = ("llmserve:model_quantization_info", (("model_name", MODEL), ("quantization", "int8")))
         assert samples[info_key] == 1
+        cpu = cpu_info()
+        cpu_labels = (("cpu_kind", cpu.kind), ("cpu_model", cpu.model), ("model_name", MODEL))
+        cpu_key = ("llmserve:cpu_info", cpu_labels)
+        assert samples[cpu_key] == 1
     finally:
         metrics.close()
     with pytest.raises(OSError):

@@ -16,8 +16,7 @@ from worker.model.loader import (
     check_model_type,
     load_model,
     load_tokenizer,
-    resolve_dtype,
-    resolve_quantization,
+    resolve_precision,
     torch_dtype,
 )
 from worker.model.runner import ModelRunner, kv_bytes_per_block
@@ -36,8 +35,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.kv_cache
-    quantization = resolve_quantization(config.quantization, device)
-    dtype = resolve_dtype(config.dtype, device, quantization)
+    dtype, quantization = resolve_precision(config.dtype, config.quantization, device)
     check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)

@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import native_cpu_bfloat16
 
@@ -41,37 +42,54 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_dtype(name: str, device: str, quantization: str = "none") -> str:
-    """`auto`: bfloat16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or
-    AMX), else float32. On a CPU without it, bfloat16 matmuls are emulated and measured several times slower
-    than oneDNN's float32 at batch sizes above one (docs/BENCHMARKS.md). With quantized weights on a CPU,
-    float32: the native kernels read float32 rows and the fused decode step (worker/model/decode_layers.py) is
-    the float32 layer; a bfloat16 model around them measured slower at every batch size (9.1 against 6.8 ms
-    per single-stream int8 step on an AVX512-BF16 EPYC)."""
+def resolve_dtype(name: str, device: str, quantization: str = "none", kind: str | None = None) -> str:
+    """`auto`: on CUDA bfloat16 (float16 without bf16 support); on CPU with quantized weights float32 (the
+    native kernels read float32 rows and the fused decode step is the float32 layer: a bfloat16 model around
+    them measured slower at every batch size); else what worker/model/cpu_kind.py's table picks for this CPU's
+    kind (bfloat16 where it is native: AVX512-BF16, AMX; float32 where it is emulated)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if quantization != "none":
         return "float32"
-    return "bfloat16" if native_cpu_bfloat16() else "float32"
+    chosen = auto_choice(kind or cpu_info().kind).dtype
+    return chosen or ("bfloat16" if native_cpu_bfloat16() else "float32")
 
 
-def resolve_quantization(name: str, device: str) -> str:
-    """`auto`: int8 weights on a CPU without native bfloat16 that has the compiled int8 kernel (`make
-    kernels`), else none. The rule is the quantization study's (docs/BENCHMARKS.md): the default is the row
-    that makes the most tokens/s at concurrency 32. Without native bf16 that is int8 (faster than float32
-    at every batch size, perplexity within 1%); with it, bfloat16 weights and activations (oneDNN's native
-    bf16 matmuls: 1.5-1.7x int8 at concurrency 32 on an AVX512-BF16 EPYC, though int8 decodes a single stream
-    2.1-2.6x faster: set WORKER_QUANTIZATION=int8 or int4 for that). GPUs serve the unquantized weights."""
+def resolve_quantization(name: str, device: str, kind: str | None = None) -> str:
+    """`auto`: what cpu_kind.py's table picks for this CPU's kind: the quantization study's row with
+    the most tokens/s at 32 streams where the kind was measured (int8 on AVX2, bfloat16 weights on
+    AVX512-BF16), a safe default where not. int8 needs the compiled kernel (`make kernels`); without it,
+    none. GPUs serve the unquantized weights."""
     if name != "auto":
         return name
-    if device.startswith("cuda") or native_cpu_bfloat16():
+    if device.startswith("cuda") or auto_choice(kind or cpu_info().kind).quantization == "none":
         return "none"
     from worker.kernels import native_ops
 
     ops = native_ops()
     return "int8" if ops is not None and hasattr(ops, "int8_linear") else "none"
+
+
+def resolve_precision(dtype: str, quantization: str, device: str) -> tuple[str, str]:
+    """Both settings resolved, logged with the CPU and the reason `auto` chose them (the choice is also
+    exported: the quantization and cpu_info metrics, and GetModelInfo's dtype)."""
+    resolved_quantization = resolve_quantization(quantization, device)
+    resolved_dtype = resolve_dtype(dtype, device, resolved_quantization)
+    cpu = cpu_info()
+    why = "" if device.startswith("cuda") else f": {auto_choice(cpu.kind).basis}"
+    log.info(
+        "dtype %s (WORKER_DTYPE=%s), quantization %s (WORKER_QUANTIZATION=%s) on %s; CPU %s%s",
+        resolved_dtype,
+        dtype,
+        resolved_quantization,
+        quantization,
+        device,
+        cpu.describe(),
+        why if "auto" in (dtype, quantization) else "",
+    )
+    return resolved_dtype, resolved_quantization
 
 
 def load_tokenizer(path: str):  # a transformers tokenizer

@@ -28,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from common.prometheus import init_labels  # also: no _created series
 from worker.engine.outputs import FinishedRequestStats, ModelInfo, StepStats
+from worker.model.cpu_kind import CpuInfo, cpu_info
 
 PREFIX = "llmserve:"
 FINISH_REASONS = ("stop", "length", "abort")
@@ -68,6 +69,7 @@ class WorkerMetrics:
         throughput_window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         quantization: str = "none",
+        cpu: CpuInfo | None = None,
     ) -> None:
         if price_per_hour_usd < 0:
             raise ValueError("price_per_hour_usd must be non-negative")
@@ -101,6 +103,14 @@ class WorkerMetrics:
             ["model_name", "quantization"],
             registry=reg,
         ).labels(model_name, quantization).set(1)
+        cpu = cpu or cpu_info()
+        Gauge(
+            PREFIX + "cpu_info",
+            "1 for the CPU the worker runs on: its kind (amx | avx512_bf16 | avx512 | avx2 | other | "
+            "unknown; WORKER_DTYPE/WORKER_QUANTIZATION=auto choose by it) and model name.",
+            ["model_name", "cpu_kind", "cpu_model"],
+            registry=reg,
+        ).labels(model_name, cpu.kind, cpu.model).set(1)
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.").labels(
             model_name
         )

@@ -1,0 +1,125 @@
+"""What kind of CPU this is (from /proc/cpuinfo), and what `WORKER_DTYPE=auto` and `WORKER_QUANTIZATION=auto`
+run on each kind.
+
+Speed ranks differ by kind (an AVX2-only CPU emulates bfloat16; AVX512-BF16 and AMX compute it natively), so
+the defaults are a table keyed by kind, each entry citing what was measured there. Figures live in
+docs/BENCHMARKS.md, one table per kind; benchmarks name the kind beside every figure they record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+# The instruction-set flags that decide a kind or a kernel path, in the order reports list them.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+# Most capable first: a CPU is the first kind whose flags it has all of.
+KINDS = (
+    ("amx", ("amx_bf16", "avx512_bf16")),
+    ("avx512_bf16", ("avx512_bf16", "avx512f")),
+    ("avx512", ("avx512f",)),
+    ("avx2", ("avx2",)),
+)
+OTHER = "other"  # flags read, none of the kinds above (an older x86 CPU, or an Arm CPU's "Features")
+UNKNOWN = "unknown"  # no flags line could be read
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str  # "model name", e.g. "AMD EPYC 9R14"
+    flags: tuple[str, ...]  # the ISA_FLAGS this CPU has
+    kind: str  # one of KINDS' names, OTHER or UNKNOWN
+
+    def describe(self) -> str:
+        """One line to put beside a figure: model, kind and flags."""
+        return f"{self.model} (kind {self.kind}; {' '.join(self.flags) or 'none of ' + ', '.join(ISA_FLAGS)})"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"model": self.model, "kind": self.kind, "flags": list(self.flags)}
+
+
+def kind_of(flags: set[str] | frozenset[str]) -> str:
+    for kind, needed in KINDS:
+        if set(needed) <= flags:
+            return kind
+    return OTHER
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """The first processor's model name and flags (every core of one machine reports the same)."""
+    model, flags = "unknown CPU", None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and model == "unknown CPU":
+            model = " ".join(value.split()) or model
+        elif key in ("flags", "features") and flags is None:
+            flags = set(value.split())
+    if flags is None:
+        return CpuInfo(model, (), UNKNOWN)
+    return CpuInfo(model, tuple(f for f in ISA_FLAGS if f in flags), kind_of(flags))
+
+
+@lru_cache(maxsize=1)
+def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return parse_cpuinfo(f.read())
+    except OSError:
+        return CpuInfo("unknown CPU", (), UNKNOWN)
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What `auto` runs on one kind of CPU. `dtype` is for unquantized weights: quantized weights always run
+    float32 activations on CPU (the native kernels read float32 rows; worker/model/loader.py resolve_dtype).
+    `basis` says what the choice rests on, and is logged when the worker starts."""
+
+    quantization: str  # none | int8 (int8 falls back to none where the compiled kernels are missing)
+    dtype: str | None  # float32 | bfloat16; None: ask oneDNN whether bfloat16 is native (unmeasured kinds)
+    measured: bool  # the concurrent-serving comparison behind this choice was run on this kind
+    basis: str
+
+
+AUTO_BY_KIND = {
+    "amx": AutoChoice(
+        "none",
+        "bfloat16",
+        False,
+        "not measured under load on this kind with quantized weights (one stream only: int8 level with "
+        "bfloat16, int4 1.7x); bfloat16, as on AVX512-BF16 where it led at 32 streams, and AMX tiles speed "
+        "up only the bfloat16 GEMMs",
+    ),
+    "avx512_bf16": AutoChoice(
+        "none",
+        "bfloat16",
+        True,
+        "quantization study on an AVX512-BF16 EPYC: bfloat16 made the most tokens/s at 32 streams "
+        "(384.5 against int4 364.6, int8 346.6 tok/s)",
+    ),
+    "avx512": AutoChoice(
+        "none",
+        "float32",
+        False,
+        "not measured on this kind: the safe default, unquantized float32 (bfloat16 is emulated here; on "
+        "AVX2 int8 and float32 were level at 32 streams, 104.2 and 99.5 tok/s)",
+    ),
+    "avx2": AutoChoice(
+        "int8",
+        "float32",
+        True,
+        "quantization study on an AVX2-only EPYC: at 32 streams int8 104.2, float32 99.5, int4 94.1, "
+        "bfloat16 26.7 tok/s (emulated); perplexity within 1%",
+    ),
+}
+SAFE_DEFAULT = AutoChoice(
+    "none",
+    None,
+    False,
+    "not measured on this kind: unquantized weights, bfloat16 where oneDNN computes it natively, else "
+    "float32",
+)
+
+
+def auto_choice(kind: str) -> AutoChoice:
+    return AUTO_BY_KIND.get(kind, SAFE_DEFAULT)
