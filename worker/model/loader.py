@@ -46,8 +46,7 @@ def resolve_dtype(name: str, device: str, quantization: str = "none") -> str:
     AMX), else float32. On a CPU without it, bfloat16 matmuls are emulated and measured several times slower
     than oneDNN's float32 at batch sizes above one (docs/BENCHMARKS.md). With quantized weights on a CPU,
     float32: the native kernels read float32 rows and the fused decode step (worker/model/decode_layers.py) is
-    the float32 layer; a bfloat16 model around them measured slower at every batch size (9.1 against 6.8 ms
-    per single-stream int8 step on an AVX512-BF16 EPYC)."""
+    the float32 layer; a bfloat16 model around them measured slower at every batch size (STUDY_LOG.md)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
