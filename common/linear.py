@@ -2,13 +2,10 @@
 worker's model and the cache service's embedder, hence here; the worker's quantized layers are in
 worker/model/quant.py.
 
-`F.linear` on a CPU tensor goes to MKL's sgemm/sgemv with the weight in its plain [out, in] layout,
-which on this machine reads the weights far below memory bandwidth for one token. oneDNN, given the
-weight once and allowed to re-lay it out into its own blocked format (`_reorder_linear_weight`), runs
-the same products markedly faster in float32 and bfloat16 at every batch size the engine uses
-(`studies/engine_profile.py` measures both side by side; the figures are in docs/BENCHMARKS.md). The
-packed weight is opaque, so the plain copy stays available to callers that need it (the tied embedding
-table).
+`F.linear` on a CPU tensor goes to MKL with the weight in its plain [out, in] layout; oneDNN, given the
+weight once and allowed to re-lay it out into its own blocked format (`_reorder_linear_weight`), runs the
+same products faster in float32 and bfloat16 (docs/BENCHMARKS.md, engine notes). The packed weight is
+opaque, so the plain copy stays available to callers that need it (the tied embedding table).
 
 Backends: "onednn" (packed, CPU only), "torch" (plain `F.linear`, any device), "auto" (onednn where
 it is available for the weight's device and dtype, else torch).

@@ -34,7 +34,7 @@ class GatewaySettings(BaseSettings):
     cors_allow_origins: str = ""  # comma-separated origins ("*" for any); empty: no CORS headers
     cache_addr: str = "127.0.0.1:50052"
     cache_enabled: bool = True
-    cache_timeout_ms: float = Field(default=100.0, gt=0)  # a semantic hit: 10-20 ms, p99 ~100 loaded
+    cache_timeout_ms: float = Field(default=100.0, gt=0)  # above a loaded hit's p99 (docs/BENCHMARKS.md)
     # The one owner of the temperature rule (gateway/semantic.py): only requests at or below it ask the cache.
     cache_max_temperature: float = Field(default=0.0, ge=0.0)
     # Time and shutdown (docs/OPERATIONS.md): the whole request, first byte to last, as a gRPC deadline.

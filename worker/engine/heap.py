@@ -1,10 +1,9 @@
 """Hands freed heap memory back to the OS now and then.
 
 Every step allocates activations, logits and small tensors whose sizes change with the batch. glibc
-keeps what they free in its arenas, fragmented, so a worker under steady load grows by megabytes a
-minute although nothing is leaked: measured in process, 96 requests grew the RSS by 46 MB, and one
-`malloc_trim(0)` brought it back below where it started (docs/BENCHMARKS.md, soak). Trimming costs a
-few milliseconds, so the engine thread does it at most every `interval_s`.
+keeps what they free in its arenas, fragmented, so a worker under steady load grows although nothing is
+leaked, until `malloc_trim(0)` hands it back (docs/STUDY_LOG.md). Trimming costs a few milliseconds, so
+the engine thread does it at most every `interval_s`.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """Weight-only quantized linear layers (activations stay floating point).
 
-- int8: one symmetric scale per output channel. On CPU the project's own kernel (worker/kernels/
-  int8_linear.cpp, float32 products straight from the int8 rows: faster than float32 oneDNN at every batch
-  size measured, see docs/BENCHMARKS.md); elsewhere, or before `make kernels`, `aten._weight_int8pack_mm`.
-- int4: asymmetric groups of 32 input features (`Int4Groups`): 4-bit codes q in 0..15, a scale d and a
-  min m per group, w = d q + m. That is llama.cpp's Q4_1 block exactly (its float16 d and m kept as they
-  are) and Q4_0 (w = d (q - 8)) with m = -8 d, so a GGUF file's 4-bit blocks load without a
-  round trip through float. On CPU the project's own kernel (worker/kernels/int4_linear.cpp: float32
-  activations and sums, the weights d q + m formed in registers; on a CPU with AVX512-BF16 the activations
-  are rounded to bfloat16 and the products run on its dot-product instructions, sums still float32);
-  elsewhere, or before `make kernels`, `aten._weight_int4pack_mm_for_cpu` over the layout
-  `_convert_weight_to_int4pack_for_cpu` packs, which computes (q - 8) s + z, i.e. s = d, z = m + 8 d
-  (in bfloat16).
+- int8: one symmetric scale per output channel.
+- int4: asymmetric groups of 32 input features (`Int4Groups`), w = d q + m with 4-bit codes q: llama.cpp's
+  Q4_1 block exactly, and Q4_0 with m = -8 d, so a GGUF file's 4-bit blocks load without a round trip
+  through float.
 
-Paths by batch size on a CPU with AVX512-BF16: up to 9 rows the native kernels form each weight in
-registers and multiply it into a few rows (a single stream is bound by reading the weights); from 10 rows
-they turn a block of 16 channels into bfloat16 once and run every row against it on the dot-product
-instruction (worker/kernels/bf16_panel_gemm.h: x rounded to bfloat16; int8's codes exact, its scale applied to
-the sums; 4-bit's d q + m rounded to bfloat16); from `DEQUANTIZE_MIN_ROWS` (prefill chunks) the layer
-dequantizes the whole weight and runs oneDNN's bfloat16 GEMM. The 30 layers of a 32-row decode step, int8:
-48 ms row at a time, 27 ms panel, 39 ms dequantized, 24 ms bfloat16 weights (bench/quant_kernels.py).
-
-Why bfloat16 inside torch's kernels: on this AVX2 CPU both are vectorized only for bfloat16 inputs; in float32
-they fall back to a scalar loop, orders of magnitude slower at 8-32 rows (bench/quant_kernels.py). A
-float32 model therefore feeds these layers bfloat16 and takes float32 back; the rest of its forward
-pass (norms, attention, residuals) stays float32. The native kernels take float32 rows (a bfloat16 model's
-rows are widened). Groups of 32 rather than 64: the same speed (quant_kernels), half the rounding error,
-and llama.cpp's block size.
+On CPU the project's kernels (worker/kernels/int8_linear.cpp, int4_linear.cpp) run them; elsewhere, or
+before `make kernels`, torch's int8/int4 pack-mm ops, fed bfloat16 (the only inputs they vectorize on CPU).
+On a CPU with native bfloat16 the method changes with the batch: weights formed in registers for a few
+rows, a bfloat16 panel GEMM (worker/kernels/bf16_panel_gemm.h) for more, and from `DEQUANTIZE_MIN_ROWS`
+the weight dequantized once for oneDNN's GEMM. Why, with the figures: docs/STUDY_LOG.md.
 """
 
 from __future__ import annotations
@@ -41,13 +24,8 @@ from worker.engine.config import QUANTIZATIONS
 from worker.kernels import native_op
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
-# From this many rows a native layer on a CPU with native bfloat16 dequantizes its weights (worker/kernels:
-# int8_dequantize, int4_dequantize) and runs one oneDNN bfloat16 GEMM instead of its own kernel, as vLLM's AWQ
-# layers switch to dequantize + GEMM for large batches. Below it the native kernels run: row at a time up to
-# 9 rows, then their bfloat16 panel GEMM (worker/kernels/bf16_panel_gemm.h). The 30 layers of this model,
-# weights streamed from memory, ms (interleaved, AVX512-BF16 EPYC; bench/quant_kernels.py has the table):
-# int8 panel against dequantized 82 / 91 at 128 rows, 123 / 120 at 192, 164 / 167 at 256, 326 / 303 at 512
-# (a prefill chunk; oneDNN over its own packed bfloat16 weights: 263).
+# From this many rows a native layer on a CPU with native bfloat16 dequantizes its weights and runs one oneDNN
+# bfloat16 GEMM instead of its own kernel, as vLLM's AWQ layers do for large batches (docs/STUDY_LOG.md).
 DEQUANTIZE_MIN_ROWS = 256
 
 
