@@ -28,7 +28,8 @@ class GatewaySettings(BaseSettings):
     gateway_routing_session_affinity: bool = False  # route by `user` when the request names one
     gateway_worker_stale_s: float = Field(default=3.0, gt=0)  # no load report for this long: not routed
     gateway_resolve_interval_s: float = Field(default=5.0, gt=0)  # WORKER_ADDR re-resolved this often
-    gateway_stream_stall_s: float = Field(default=10.0, gt=0)  # a stream with no token this long ends
+    # a stream with no token this long ends, once its worker stopped reporting or its engine stalled
+    gateway_stream_stall_s: float = Field(default=10.0, gt=0)
     api_key: str | None = None  # unset or empty: no authentication
     gateway_max_body_bytes: int = Field(default=1 << 20, ge=1024)
     cors_allow_origins: str = ""  # comma-separated origins ("*" for any); empty: no CORS headers

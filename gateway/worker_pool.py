@@ -5,7 +5,8 @@ leading content, bounded by the load the workers report over WatchLoad). A worke
 dies, or stops reporting before the first chunk arrives is passed over and the request tried on the next
 one; nothing reached the client yet. Every call carries the request's deadline
 (GATEWAY_REQUEST_TIMEOUT_S from its arrival, over all retries), so a request that runs too long is aborted
-by the worker and its KV blocks freed; a stream that goes GATEWAY_STREAM_STALL_S without a chunk ends.
+by the worker and its KV blocks freed; a stream that goes GATEWAY_STREAM_STALL_S without a chunk from a
+worker that stopped reporting (or whose engine stalled) ends.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class WorkerGone(Exception):
 
 
 def stream_stalled(stall_s: float) -> APIError:
-    message = f"The worker produced nothing for {stall_s:g} s; the request was aborted"
+    message = f"The worker stopped answering (no token for {stall_s:g} s); the request was aborted"
     return APIError(503, message, "service_unavailable", None, "worker_stalled", {"Retry-After": "1"})
 
 
@@ -63,19 +64,27 @@ class WorkerStream:
         self._released = False
 
     async def chunks(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """The call's chunks. After stall_s without one, the stream ends with an error unless the worker
+        is still reporting a moving engine (then it is slow, not gone, and the wait goes on)."""
+        read: asyncio.Future | None = None
         try:
             yield self.first
             while True:
-                try:
-                    chunk = await asyncio.wait_for(self.call.read(), self.stall_s)
-                except TimeoutError:
+                read = read or asyncio.ensure_future(self.call.read())
+                done, _ = await asyncio.wait({read}, timeout=self.stall_s)
+                if not done:
+                    if self.replica.alive:
+                        continue
                     log.warning("worker %s: no chunk for %.1f s; ending the stream", self.addr, self.stall_s)
                     self.cancel()
-                    raise stream_stalled(self.stall_s or 0.0) from None
+                    raise stream_stalled(self.stall_s or 0.0)
+                chunk, read = read.result(), None
                 if chunk is grpc.aio.EOF:
                     return
                 yield chunk
         finally:
+            if read is not None and not read.done():
+                read.cancel()
             self._release()
 
     def cancel(self) -> None:

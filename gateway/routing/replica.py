@@ -25,7 +25,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
 ]
 DOWN_FOR_S = 2.0  # a replica that refused a call is tried last for this long
-WATCH_INTERVAL_MS = 20  # how often the worker looks for a change of its load
+WATCH_INTERVAL_MS = 50  # how often the worker looks for a change of its load (20 wake-ups a second)
 WATCH_HEARTBEAT_MS = 500  # a report at least this often: silence means the worker stopped
 WATCH_RETRY_S = (0.2, 2.0)  # reconnect backoff of the watcher: first, most
 
@@ -58,6 +58,11 @@ class WorkerReplica:
     def stale(self) -> bool:
         """Its WatchLoad stream is open but silent: the process stopped (SIGSTOP) or hangs."""
         return self.report is not None and time.monotonic() - self.reported_at > self.stale_after_s
+
+    @property
+    def alive(self) -> bool:
+        """Reporting, and its engine moving: a stream there that is quiet is slow, not lost."""
+        return self.report is not None and not self.stale and not self.report.stalled
 
     @property
     def load(self) -> int:
