@@ -98,6 +98,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def get_response(response_id: str, request: Request) -> dict:
         return await request.app.state.responses.retrieve(request, response_id)
 
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str, request: Request) -> dict:
+        return await request.app.state.responses.input_items(request, response_id)
+
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> dict:
         return await request.app.state.responses.delete(request, response_id)

@@ -19,6 +19,7 @@ from gateway.http_io import check_api_key, read_body, until_disconnect
 from gateway.limits import RequestLimits
 from gateway.protocol import validation_error
 from gateway.responses import UsageTotals, dumps
+from gateway.responses_api import input_items
 from gateway.responses_api.events import ResponseBuilder, new_id, usage
 from gateway.responses_api.protocol import FunctionChoice, InputItem, ResponsesRequest, normalize_item
 from gateway.responses_api.store import ResponseStore
@@ -181,6 +182,11 @@ class ResponsesServing:
         check_api_key(raw, self.settings.api_key)
         record = await self.store.get(tenant_of(raw), response_id)
         return record["response"]
+
+    async def input_items(self, raw: Request, response_id: str) -> Json:
+        check_api_key(raw, self.settings.api_key)
+        record = await self.store.get(tenant_of(raw), response_id)
+        return input_items.page(response_id, record["conversation"], raw.query_params)
 
     async def delete(self, raw: Request, response_id: str) -> Json:
         check_api_key(raw, self.settings.api_key)

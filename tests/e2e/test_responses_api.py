@@ -92,6 +92,8 @@ def test_another_tenant_sees_nothing(client: openai.OpenAI, responses_gateway: S
         with pytest.raises(openai.NotFoundError):
             other.responses.delete(reply.id)
         with pytest.raises(openai.NotFoundError):
+            other.responses.input_items.list(reply.id)
+        with pytest.raises(openai.NotFoundError):
             other.responses.create(model=MODEL_NAME, input="And Italy?", previous_response_id=reply.id)
     assert client.responses.retrieve(reply.id).id == reply.id, "the owner still has it"
 
@@ -116,6 +118,13 @@ def test_previous_response_id_continues_the_conversation(client: openai.OpenAI) 
     # The whole first exchange was read again: more prompt than the first prompt and its answer together.
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     assert "Rome" in second.output_text
+    items = client.responses.input_items.list(second.id)  # newest first: what the second response read
+    assert [i.type for i in items.data] == ["message"] * 3
+    assert [i.role for i in items.data] == ["user", "assistant", "user"]
+    assert items.data[0].content[0].text == "And of Italy?" and items.data[2].content[0].text == QUESTION
+    assert items.data[1].content[0].text == first.output_text
+    oldest = client.responses.input_items.list(second.id, order="asc", limit=1)
+    assert oldest.data[0].id == items.data[2].id and oldest.has_more
     alone = client.responses.create(
         model=MODEL_NAME, input="And of Italy?", max_output_tokens=20, temperature=0
     )

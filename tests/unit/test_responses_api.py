@@ -274,3 +274,31 @@ def test_json_text_is_parsed_by_the_sdk_with_a_pydantic_model() -> None:
     events += builder.finish("stop", usage(1, 2, 0))
     _, final = replay(events, text_format=Capital)
     assert final.output_parsed == Capital(city="Paris")
+
+
+def test_input_items_pages_in_the_sdk_shape() -> None:
+    from openai.types.responses import ResponseItemList
+
+    from gateway.responses_api.input_items import page
+
+    req = parse(
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "20C"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "It is 20C."}]},
+        ]
+    )
+    conversation = [item.model_dump(by_alias=True, exclude_none=True) for item in req.input]
+    newest = ResponseItemList.model_validate(page("resp_abc", conversation, {"limit": "3"}))
+    assert [item.type for item in newest.data] == ["message", "function_call_output", "function_call"]
+    assert (
+        newest.has_more and newest.first_id == "msg_abc_3" and newest.data[0].content[0].text == "It is 20C."
+    )
+    rest = ResponseItemList.model_validate(page("resp_abc", conversation, {"after": newest.last_id}))
+    assert [item.id for item in rest.data] == ["msg_abc_0"] and not rest.has_more
+    assert rest.data[0].content[0].type == "input_text"
+    oldest = page("resp_abc", conversation, {"order": "asc", "limit": "1"})
+    assert oldest["data"][0]["id"] == "msg_abc_0"
+    with pytest.raises(APIError):
+        page("resp_abc", conversation, {"limit": "0"})
