@@ -87,8 +87,8 @@ AUTO_BY_KIND = {
         "bfloat16",
         False,
         "not measured under load on this kind with quantized weights (one stream only: int8 level with "
-        "bfloat16, int4 1.7x); bfloat16, as on AVX512-BF16 where it led at 32 streams, and AMX tiles speed "
-        "up only the bfloat16 GEMMs",
+        "bfloat16, int4 1.5-1.7x); bfloat16, as on AVX512-BF16 where it led at 32 streams (oneDNN runs the "
+        "bfloat16 GEMMs on AMX tiles; the quantized kernels do not use them)",
     ),
     "avx512_bf16": AutoChoice(
         "none",
