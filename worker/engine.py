@@ -10,6 +10,7 @@ from worker.chat_template import render_chat
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer, TokenTexts
 from worker.errors import ContextLengthError, InvalidRequestError
+from worker.lora.registry import LoraRef
 from worker.outputs import (
     EngineStats,
     FinishedRequestStats,
@@ -65,6 +66,7 @@ class LLMEngine:
         self._aborted_stats: list[FinishedRequestStats] = []
         eos_ids = [eos_token_id, *extra_stop_token_ids] if eos_token_id is not None else []
         self.grammars = GrammarCache(tokenizer, eos_ids, model_info.vocab_size)
+        self.lora = getattr(runner, "lora", None)  # the LoraManager when adapters are served (thread-safe)
 
     # ---- admission -----------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> list[int]:
@@ -105,8 +107,11 @@ class LLMEngine:
             raise InvalidRequestError(f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})")
         return self.tokenizer.decode(token_ids)
 
-    def make_requests(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> list[Request]:
-        """Validate and tokenize; one Request per choice. Raises InvalidRequestError."""
+    def make_requests(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams, lora: LoraRef | None = None
+    ) -> list[Request]:
+        """Validate and tokenize; one Request per choice (with `lora`: on that adapter). Raises
+        InvalidRequestError."""
         try:
             params.validate()
         except ValueError as exc:
@@ -136,6 +141,7 @@ class LLMEngine:
                 group_id=request_id,
                 index=i,
                 grammar=self._grammar(params),
+                lora=lora,
             )
             for i in range(params.n)
         ]
@@ -401,6 +407,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         max_num_seqs=sched.max_num_seqs,
         max_model_len=sched.max_model_len,
     )
+    if config.lora.enabled:
+        from worker.lora.startup import start_lora
+
+        start_lora(config, model, runner, device)
+        sched.max_loras = config.lora.max_loras
     block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
     scheduler = Scheduler(sched, block_manager)
     eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)
