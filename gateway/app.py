@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -18,6 +18,7 @@ from gateway import tokenization
 from gateway.drain import DrainGate, DrainMiddleware
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
 from gateway.http_io import ClientDisconnected, check_api_key, read_body
+from gateway.lora import check_admin, lora_field, read_json_object
 from gateway.observability import MetricsMiddleware
 from gateway.openapi import build_openapi
 from gateway.request_id import RequestIdMiddleware
@@ -88,15 +89,32 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
         check_api_key(request, settings.api_key)
-        return {"object": "list", "data": [await _model_card(request, started)]}
+        return {"object": "list", "data": await _model_cards(request, started)}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> dict:
         check_api_key(request, settings.api_key)
-        card = await _model_card(request, started)
-        if card["id"] != model:
-            raise model_not_found(model, card["id"])
-        return card
+        cards = await _model_cards(request, started)
+        for card in cards:
+            if card["id"] == model:
+                return card
+        raise model_not_found(model, cards[0]["id"])
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        check_admin(request, settings)
+        body = await read_json_object(request, settings.gateway_max_body_bytes)
+        name, path = lora_field(body, "lora_name"), lora_field(body, "lora_path")
+        await request.app.state.pool.lora.load(name, path)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        check_admin(request, settings)
+        body = await read_json_object(request, settings.gateway_max_body_bytes)
+        name = lora_field(body, "lora_name")
+        await request.app.state.pool.lora.unload(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     @app.get("/health")
     async def health() -> dict:
@@ -118,17 +136,24 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     return app
 
 
-async def _model_card(request: Request, created: int) -> dict:
+async def _model_cards(request: Request, created: int) -> list[dict]:
+    """The base model, then each LoRA adapter with its `parent` (the base) and `root` (its path), as vLLM."""
     pool: WorkerPool = request.app.state.pool
     info = await pool.model_info(timeout_s=1.0)
-    return {
+    base = {
         "id": info.model_name,
         "object": "model",
         "created": created,
         "owned_by": "llmserve",
+        "root": info.model_name,
+        "parent": None,
         "max_model_len": info.max_model_len,
         "quantization": info.quantization or "none",
     }
+    adapters = await pool.lora.listing(timeout_s=1.0)
+    return [base] + [
+        {**base, "id": name, "root": path, "parent": info.model_name} for name, path in adapters.items()
+    ]
 
 
 def _add_error_handlers(app: FastAPI) -> None:

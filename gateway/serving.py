@@ -72,7 +72,7 @@ class Serving:
         limits = RequestLimits.from_settings(self.settings)
         req = parse_request(model_type, body, limits, self.pool.max_model_len)
         served = await self.pool.served_model_name()
-        if req.model != served:
+        if req.model != served and not await self.pool.lora.is_adapter(req.model):
             raise model_not_found(req.model, served)
         return req
 

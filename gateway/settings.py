@@ -32,6 +32,10 @@ class GatewaySettings(BaseSettings):
     gateway_max_prompts: int = Field(default=128, ge=1)  # prompts in one /v1/completions list
     gateway_max_prompt_chars: int = Field(default=1_000_000, ge=1)  # all messages' text, or all prompts
     gateway_max_total_tokens: int = Field(default=65536, ge=1)  # n x max_tokens, over all prompts
+    # vLLM's run-time LoRA routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter): off by default, since
+    # a load reads a path from the request body on the workers' disks.
+    gateway_allow_runtime_lora_updating: bool = False
+    gateway_admin_key: str | None = None  # those routes' bearer key; unset: API_KEY
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:

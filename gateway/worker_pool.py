@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway import observability
 from gateway.errors import APIError, from_grpc, unavailable
+from gateway.lora import LoraAdapters
 from gateway.request_id import grpc_metadata
 from services.gen import worker_pb2, worker_pb2_grpc
 
@@ -85,6 +86,7 @@ class WorkerPool:
         self._turn = itertools.count()
         self.model_name: str | None = None
         self.max_model_len: int | None = None
+        self.lora = LoraAdapters(self)
 
     def _order(self) -> list[WorkerReplica]:
         """Round-robin start, replicas that recently refused a call moved to the back."""
@@ -92,7 +94,9 @@ class WorkerPool:
         rotated = self.replicas[start:] + self.replicas[:start]
         return [r for r in rotated if r.looks_up] + [r for r in rotated if not r.looks_up]
 
-    async def generate(self, request: worker_pb2.GenerateRequest, prompt_param: str) -> WorkerStream:
+    async def generate(
+        self, request: worker_pb2.GenerateRequest, prompt_param: str, lora_reloaded: bool = False
+    ) -> WorkerStream:
         """Start a call on the first replica that answers; raise APIError when none can take it."""
         last_error: grpc.aio.AioRpcError | None = None
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
@@ -103,6 +107,9 @@ class WorkerPool:
                 first = await call.read()
             except grpc.aio.AioRpcError as exc:
                 observability.WORKER_ERRORS.labels(exc.code().name).inc()
+                if exc.code() == grpc.StatusCode.NOT_FOUND and not lora_reloaded and request.model:
+                    if await self.lora.reload_on(replica, request.model):  # a worker restarted without it
+                        return await self.generate(request, prompt_param, lora_reloaded=True)
                 if exc.code() not in RETRYABLE:
                     raise from_grpc(exc, prompt_param) from None
                 log.warning("worker %s refused a request: %s", replica.addr, exc.code().name)

@@ -19,6 +19,7 @@ from services.logs import REQUEST_ID
 from worker.async_engine import AsyncEngine
 from worker.errors import EngineError, InvalidRequestError
 from worker.grpc_errors import abort_for, abort_with, status_of
+from worker.lora import rpc as lora_rpc
 from worker.output_stream import TokenBatcher
 from worker.outputs import PromptInput, RequestOutput, TokenLogprob
 from worker.proto_inputs import chat_prompt, grammar_spec
@@ -137,10 +138,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        served = self.engine.model_info.model_name
-        if request.model and request.model != served:
-            message = f"model {request.model!r} is not served here ({served!r} is)"
-            await abort_with(context, "MODEL_NOT_FOUND", message, "model")
+        try:
+            lora = lora_rpc.resolve_model(self.engine.lora, self.engine.model_info.model_name, request.model)
+        except EngineError as exc:
+            await abort_for(context, exc)
         request_id = request.request_id or uuid.uuid4().hex
         REQUEST_ID.set(dict(context.invocation_metadata() or ()).get("x-request-id", request_id))
         log.info("request %s received", request_id)
@@ -150,7 +151,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             check_params_for_model(params, self.engine.model_info.vocab_size)
         except (InvalidRequestError, ValueError) as exc:
             await abort_for(context, exc)
-        stream = self.engine.generate(request_id, prompt, params)
+        stream = self.engine.generate(request_id, prompt, params, lora)
         batcher = TokenBatcher(self.stream_interval)
         deadline = _deadline(context)
         try:
@@ -233,3 +234,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_preemptions=stats.num_preemptions,
             num_finished=stats.num_finished,
         )
+
+    async def LoadLoraAdapter(self, request, context: grpc.aio.ServicerContext) -> worker_pb2.LoraAdapterList:
+        try:
+            return await lora_rpc.load(self.engine.lora, self.engine.model_info.model_name, request)
+        except EngineError as exc:
+            await abort_for(context, exc)
+
+    async def UnloadLoraAdapter(
+        self, request, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoraAdapterList:
+        try:
+            return lora_rpc.unload(self.engine.lora, request)
+        except EngineError as exc:
+            await abort_for(context, exc)
+
+    async def ListLoraAdapters(
+        self, request, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoraAdapterList:
+        return lora_rpc.adapter_list(self.engine.lora)
