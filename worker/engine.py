@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from worker.chat_template import render_chat
 from worker.config import EngineConfig
 from worker.detokenizer import IncrementalDetokenizer, TokenTexts
 from worker.errors import ContextLengthError, InvalidRequestError
-from worker.lora.registry import LoraRef
+from worker.lora.registry import LoraRef, LoraUnavailableError
 from worker.outputs import (
     EngineStats,
     FinishedRequestStats,
@@ -26,6 +27,8 @@ from worker.request import Request, RequestStatus
 from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
 from worker.structured_output import GrammarCache, GrammarError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -192,7 +195,12 @@ class LLMEngine:
         for item in plan.scheduled:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = scheduled_at
-        requests, sampled = self.runner.execute(plan)
+        try:
+            requests, sampled = self.runner.execute(plan)
+        except LoraUnavailableError as exc:  # nothing of the step ran: abort that adapter's requests, go on
+            log.error("%s; aborting its requests", exc)
+            groups = {r.group_id for r in self.scheduler.requests.values() if r.lora_id == exc.ref.lora_id}
+            return StepResult([out for group in groups for out in self.abort(group)], None, [])
         for request, start, entries in sampled.prompt_logprobs:  # a rerun after preemption overwrites
             del request.prompt_logprobs[start:]
             request.prompt_logprobs.extend(entries)

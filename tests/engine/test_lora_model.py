@@ -248,3 +248,28 @@ def test_bfloat16_engine_adds_the_same_adapter_update_as_peft(adapters, prompts)
     cosine = torch.nn.functional.cosine_similarity(got_delta, want_delta, dim=0)
     assert want_delta.abs().max() > 0.5  # the adapter moves the logits
     assert cosine > 0.97
+
+
+def test_an_adapter_that_cannot_be_reloaded_aborts_its_requests_and_the_rest_go_on(
+    tmp_path, adapters, prompts
+):
+    import shutil
+
+    from worker.request import RequestStatus
+
+    path = shutil.copytree(adapters["mlp"], tmp_path / "mlp")
+    engine = _engine({"gone": str(path)})
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [base] = engine.make_requests("base", PromptInput(token_ids=prompts[1]), params)
+    ref = engine.lora.registry.resolve("gone")
+    [lora] = engine.make_requests("lora", PromptInput(token_ids=prompts[1]), params, ref)
+    engine.add([base])
+    engine.add([lora])
+    engine.step()
+    engine.lora.registry.remove("gone")  # unloaded while it runs: reloaded from its path...
+    shutil.rmtree(path)  # ...which is gone
+    while engine.has_unfinished():
+        engine.step()
+    assert lora.status == RequestStatus.FINISHED_ABORTED
+    assert base.status == RequestStatus.FINISHED_LENGTH and base.num_output_tokens == 6
+    assert engine.scheduler.block_manager.num_used_blocks == 0

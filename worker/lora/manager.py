@@ -11,7 +11,7 @@ import torch
 from worker.lora.adapter import BaseModelSpec, LoraAdapter, load_adapter
 from worker.lora.config import LoraConfig
 from worker.lora.layers import LoraStepContext, wrap_model_layers
-from worker.lora.registry import LoraRef, LoraRegistry
+from worker.lora.registry import LoraRef, LoraRegistry, LoraUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,10 @@ class LoraManager:
                 slot = slots.get(ref.lora_id, -1)
                 if slot < 0:
                     slot = slots[ref.lora_id] = len(adapters)
-                    adapters.append(self.registry.get(ref))
+                    try:
+                        adapters.append(self.registry.get(ref))
+                    except (ValueError, OSError) as exc:  # LoraAdapterError is a ValueError
+                        raise LoraUnavailableError(ref, str(exc)) from exc
             index.extend([slot] * count)
         groups: list[tuple[LoraAdapter, torch.Tensor | None]] = []
         if adapters:

@@ -28,6 +28,15 @@ class LoraNotFoundError(KeyError):
     pass
 
 
+class LoraUnavailableError(RuntimeError):
+    """An adapter of the step could not be loaded again (its directory changed or went away after it was
+    evicted or unloaded): the engine aborts that adapter's requests and goes on."""
+
+    def __init__(self, ref: LoraRef, reason: str) -> None:
+        super().__init__(f"LoRA adapter {ref.name!r} could not be loaded from {ref.path}: {reason}")
+        self.ref = ref
+
+
 class LoraRegistry(Generic[T]):
     def __init__(self, max_cpu_loras: int, load: Callable[[str, str], T]) -> None:
         if max_cpu_loras < 1:
