@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from bench.report import publish
+from bench.report import median, publish
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
 STREAMS = (8, 32)
@@ -26,17 +26,27 @@ ADAPTER_COUNTS = (0, 1, 4)
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
 RANK = 16
+REPEATS = 3  # rows interleaved, median kept: other work on a shared CPU moves single runs a lot
 
 
 def cpu_name() -> str:
+    """The CPU's model name and the matmul features that matter here (AVX2/AVX-512/BF16/VNNI/AMX)."""
+    name, flags = platform.processor() or "unknown CPU", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    have = [f for f in wanted if f in flags]
+    return f"{name} with {', '.join(have) or 'none of ' + ', '.join(wanted)}" + (
+        "" if "amx_bf16" in flags else ", no AMX"
+    )
 
 
 def make_adapters(root: str, count: int) -> dict[str, str]:
@@ -93,7 +103,6 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
-    results: dict[tuple[int, int], float] = {}
     with tempfile.TemporaryDirectory() as root:
         adapters = make_adapters(root, max(ADAPTER_COUNTS))
         base_engine = build({}, args.dtype)
@@ -101,10 +110,15 @@ def main() -> None:
         dtype = str(lora_engine.runner.dtype).removeprefix("torch.")
         for engine in (base_engine, lora_engine):
             run_row(engine, 8, list(adapters)[:1] if engine is lora_engine else [])  # warm-up
-        for streams in STREAMS:
-            for count in ADAPTER_COUNTS:
-                engine = lora_engine if count else base_engine
-                results[(streams, count)] = run_row(engine, streams, list(adapters)[:count])
+        runs: dict[tuple[int, int], list[float]] = {}
+        for _ in range(REPEATS):
+            for streams in STREAMS:
+                for count in ADAPTER_COUNTS:
+                    engine = lora_engine if count else base_engine
+                    runs.setdefault((streams, count), []).append(
+                        run_row(engine, streams, list(adapters)[:count])
+                    )
+        results = {key: median(values) for key, values in runs.items()}
     flag = f" --dtype {args.dtype}" if args.dtype != "auto" else ""
     flag += f" --threads {args.threads}" if args.threads else ""
     setup = (
@@ -116,8 +130,8 @@ def main() -> None:
         "",
         f"Command: `.venv/bin/python -m bench.lora_bench{flag}` on {setup}. Rank-16 adapters on all seven "
         "projections; 64 prompt + 32 output tokens per stream, all streams at once; output tokens/s over the "
-        "wall time, prefills included. 0 adapters: LoRA off. A load average above the CPU count means other "
-        "work shared the CPU: compare the columns of one run, not runs.",
+        f"wall time, prefills included; median of {REPEATS} interleaved runs. 0 adapters: LoRA off. A "
+        "load average above the CPU count means other work shared the CPU: compare columns of one run only.",
         "",
         "| streams | 0 adapters | 1 adapter | 4 adapters | cost of 1 / of 4 |",
         "|---|---|---|---|---|",

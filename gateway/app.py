@@ -150,7 +150,10 @@ async def _model_cards(request: Request, created: int) -> list[dict]:
         "max_model_len": info.max_model_len,
         "quantization": info.quantization or "none",
     }
-    adapters = await pool.lora.listing(timeout_s=1.0)
+    try:
+        adapters = await pool.lora.listing(timeout_s=1.0)
+    except APIError:  # the base model answered but the listing did not: the base card alone
+        adapters = {}
     return [base] + [
         {**base, "id": name, "root": path, "parent": info.model_name} for name, path in adapters.items()
     ]

@@ -35,6 +35,8 @@ class LoraAdapters:
                     worker_pb2.ListLoraAdaptersRequest(), timeout=timeout_s
                 )
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a worker older than LoRA serving: none
+                    return {}
                 observability.WORKER_ERRORS.labels(exc.code().name).inc()
                 last_error = exc
                 continue
