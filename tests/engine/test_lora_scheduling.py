@@ -127,3 +127,19 @@ def test_lora_settings_parse_the_module_list_and_refuse_a_bad_one():
         LoraConfig(lora_modules="a=/x,a=/y")
     with pytest.raises(ValueError, match="max_cpu_loras"):
         LoraConfig(enabled=True, max_loras=4, max_cpu_loras=2)
+
+
+def test_worker_settings_carry_the_lora_settings_to_the_engine_and_scheduler(monkeypatch):
+    from worker.settings import WorkerSettings
+
+    monkeypatch.setenv("WORKER_LORA_MODULES", "sql=/a/sql")
+    monkeypatch.setenv("WORKER_MAX_LORAS", "3")
+    monkeypatch.setenv("WORKER_MAX_CPU_LORAS", "5")
+    monkeypatch.setenv("WORKER_MAX_LORA_RANK", "64")
+    config = WorkerSettings().engine_config()
+    assert config.lora == LoraConfig(
+        enabled=True, lora_modules="sql=/a/sql", max_loras=3, max_cpu_loras=5, max_lora_rank=64
+    )
+    assert config.scheduler.max_loras == 3
+    monkeypatch.delenv("WORKER_LORA_MODULES")
+    assert not WorkerSettings().engine_config().lora.enabled  # off by default
