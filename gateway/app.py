@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -20,6 +20,7 @@ from gateway.drain import DrainGate, DrainMiddleware
 from gateway.embeddings import EmbeddingsClient, disabled, parse_embedding_request
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
 from gateway.http_io import ClientDisconnected, check_api_key, read_body
+from gateway.lora import check_admin, lora_field, read_json_object
 from gateway.observability import MetricsMiddleware
 from gateway.openapi import build_openapi
 from gateway.request_id import RequestIdMiddleware
@@ -142,6 +143,22 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                 return card
         raise model_not_found(model, ", ".join(card["id"] for card in cards))
 
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        check_admin(request, settings)
+        body = await read_json_object(request, settings.gateway_max_body_bytes)
+        name, path = lora_field(body, "lora_name"), lora_field(body, "lora_path")
+        await request.app.state.pool.lora.load(name, path)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        check_admin(request, settings)
+        body = await read_json_object(request, settings.gateway_max_body_bytes)
+        name = lora_field(body, "lora_name")
+        await request.app.state.pool.lora.unload(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
     @app.get("/health")
     async def health() -> dict:
         """Liveness of the gateway process itself."""
@@ -164,9 +181,20 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
 
 async def _model_cards(request: Request, created: int) -> list[dict]:
-    """Every model the fleet serves, then the cache service's embedding model while that service answers."""
-    infos = await request.app.state.pool.models(timeout_s=1.0)
-    cards = [_model_card(info, created) for info in infos]
+    """Every model the fleet serves; each LoRA adapter with its `parent` (the base) and `root` (its path), as
+    vLLM lists them; then the cache service's embedding model while that service answers."""
+    pool: WorkerPool = request.app.state.pool
+    cards = [_model_card(info, created) for info in await pool.models(timeout_s=1.0)]
+    try:
+        adapters = await pool.lora.listing(timeout_s=1.0)
+    except APIError:  # the base models answered but no adapter listing did: their cards alone
+        adapters = {}
+    bases = {card["id"]: card for card in cards}
+    cards += [
+        {**bases[adapter.parent], "id": name, "root": adapter.path, "parent": adapter.parent}
+        for name, adapter in adapters.items()
+        if adapter.parent in bases
+    ]
     embeddings: EmbeddingsClient | None = request.app.state.embeddings
     if embeddings is not None and (card := await embeddings.model_card(created)) is not None:
         cards.append(card)
@@ -179,6 +207,8 @@ def _model_card(info: worker_pb2.ModelInfo, created: int) -> dict:
         "object": "model",
         "created": created,
         "owned_by": "llmserve",
+        "root": info.model_name,
+        "parent": None,
         "max_model_len": info.max_model_len,
         "quantization": info.quantization or "none",
     }

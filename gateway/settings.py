@@ -51,6 +51,10 @@ class GatewaySettings(BaseSettings):
     # Stored responses of /v1/responses (gateway/responses_api/store.py); "": none stored
     gateway_redis_url: str = "redis://127.0.0.1:6379/0"
     gateway_responses_ttl_s: int = Field(default=30 * 86400, ge=1)  # OpenAI keeps them 30 days
+    # vLLM's run-time LoRA routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter): off by default, since
+    # a load reads a path from the request body on the workers' disks.
+    gateway_allow_runtime_lora_updating: bool = False
+    gateway_admin_key: str | None = None  # those routes' bearer key; unset: API_KEY
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2
 from common.gen import worker_pb2
 from gateway import observability
 from gateway.errors import APIError, from_grpc, model_not_found, unavailable
+from gateway.lora import LoraAdapters
 from gateway.request_id import grpc_metadata
 from gateway.routing import metrics
 from gateway.routing.addresses import parse_worker_addr
@@ -112,6 +113,7 @@ class WorkerPool:
         )
         self.router = Router(self.routing.policy, self.routing.balance)
         self._started: asyncio.Task[None] | None = None
+        self.lora = LoraAdapters(self)
 
     async def start(self) -> None:
         """Resolve WORKER_ADDR and start the load watchers (once; every call below does it if needed)."""
@@ -124,9 +126,11 @@ class WorkerPool:
         return list(self.membership.replicas.values())
 
     def replicas_for(self, model: str | None) -> list[WorkerReplica]:
-        """Replicas serving `model` (any when empty), plus those whose model is not known yet."""
+        """Replicas serving `model` (any when empty; an adapter's base model for a LoRA adapter), plus those
+        whose model is not known yet."""
         if not model:
             return self.replicas
+        model = self.lora.parent_of(model) or model
         return [r for r in self.replicas if r.model in (model, None)]
 
     def served_models(self) -> list[str]:
@@ -164,6 +168,7 @@ class WorkerPool:
         request: worker_pb2.GenerateRequest,
         prompt_param: str,
         timeout: float | None,
+        lora_reloaded: bool = False,
     ) -> WorkerStream:
         call = replica.stub.Generate(request, timeout=timeout, metadata=grpc_metadata())
         replica.in_flight += 1
@@ -172,6 +177,9 @@ class WorkerPool:
         except grpc.aio.AioRpcError as exc:
             replica.in_flight -= 1
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
+            if exc.code() == grpc.StatusCode.NOT_FOUND and not lora_reloaded and request.model:
+                if await self.lora.reload_on(replica, request.model):  # a worker restarted without it
+                    return await self._start_on(replica, request, prompt_param, timeout, lora_reloaded=True)
             if exc.code() not in RETRYABLE:
                 raise from_grpc(exc, prompt_param) from None
             log.warning("worker %s refused a request: %s", replica.addr, exc.code().name)
@@ -235,9 +243,12 @@ class WorkerPool:
             await self.model_info(timeout_s=1.0)  # 503 when no worker answers at all
             if model in self.served_models():
                 return
+        if await self.lora.base_of(model) is not None:
+            return
         raise model_not_found(model, ", ".join(self.served_models()))
 
     def max_model_len(self, model: str | None = None) -> int | None:
+        model = model and (self.lora.parent_of(model) or model)
         for replica in self.replicas_for(model):
             if replica.info is not None and (not model or replica.info.model_name == model):
                 return replica.info.max_model_len

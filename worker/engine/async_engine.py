@@ -36,6 +36,7 @@ from worker.engine.errors import (
     InvalidRequestError,
 )
 from worker.engine.heap import HeapTrimmer
+from worker.engine.lora_registry import LoraRef
 from worker.engine.output_stream import OutputStream
 from worker.engine.outputs import (
     EngineStats,
@@ -154,9 +155,10 @@ class AsyncEngine:
 
     # ---- API -----------------------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt: PromptInput, params: SamplingParams
+        self, request_id: str, prompt: PromptInput, params: SamplingParams, lora: LoraRef | None = None
     ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; errors are raised before the first output."""
+        """Stream one request's outputs (on the LoRA adapter `lora`, if given); errors are raised before the
+        first output."""
         self._check_admitting()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
@@ -165,7 +167,7 @@ class AsyncEngine:
             params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids)
         )
         # Tokenizing reads only what never changes after start-up (tokenizer, limits).
-        requests = await asyncio.to_thread(self.engine.make_requests, request_id, prompt, params)
+        requests = await asyncio.to_thread(self.engine.make_requests, request_id, prompt, params, lora)
         self._check_admitting()
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -221,6 +223,10 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """The counters as of the engine loop's last round (never read from engine state directly)."""
         return self.snapshot().stats
+
+    @property
+    def lora(self):  # the LoraManager (thread-safe registry), or None when adapters are not served
+        return self.engine.lora if self.engine is not None else None
 
     @property
     def model_info(self) -> ModelInfo:

@@ -30,8 +30,14 @@ class Block:
     token_ids: tuple[int, ...] = ()  # kept for the token re-check on a hash hit
 
 
-def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+def hash_block(parent_hash: int | tuple | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def chain_seed(request: Request) -> tuple | None:
+    """The first block's parent: None for the base model, the adapter's id for a LoRA request, so the K/V of
+    one adapter (or of the base model) is never hit by another."""
+    return ("lora", request.lora_id) if request.lora_id else None
 
 
 class BlockManager:
@@ -74,7 +80,7 @@ class BlockManager:
         tokens = request.all_token_ids
         max_full = (len(tokens) - 1) // self.block_size
         hits: list[int] = []
-        parent: int | None = None
+        parent = chain_seed(request)
         for i in range(max_full):
             chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             block_hash = hash_block(parent, chunk)
@@ -127,7 +133,7 @@ class BlockManager:
         num_full = request.num_computed_tokens // self.block_size
         tokens = request.all_token_ids
         for i in range(len(hashes), num_full):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else chain_seed(request)
             chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             block_hash = hash_block(parent, chunk)
             hashes.append(block_hash)

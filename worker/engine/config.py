@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.linear import LINEAR_BACKENDS  # the layer's own names (common/linear.py)
+from worker.engine.lora_config import LoraConfig
 
 # auto: bfloat16 where the device computes it natively, else float32 on CPU and float16 on a CUDA GPU
 # without bf16 (worker/model/loader.py resolve_dtype). float16 is meant for such GPUs: on CPU it runs, but
@@ -28,6 +29,7 @@ class SchedulerConfig:
     max_waiting: int = 1024  # queue full beyond this: the request is refused as overloaded
     num_speculative_tokens: int = 0  # n-gram draft tokens per greedy decode; 0: off
     speculative_max_batch: int = 4  # speculate only while at most this many sequences run
+    max_loras: int = 1  # distinct LoRA adapters among the running requests (worker/model/lora/)
 
 
 @dataclass
@@ -53,10 +55,12 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (model/decode_graphs.py)
     scheduler: SchedulerConfig | None = None
     kv_cache: KVCacheConfig | None = None
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         self.scheduler = self.scheduler or SchedulerConfig()
         self.kv_cache = self.kv_cache or KVCacheConfig()
+        self.lora = self.lora or LoraConfig()
         for what, value, allowed in (
             ("dtype", self.dtype, DTYPES),
             ("linear backend", self.linear_backend, LINEAR_BACKENDS),

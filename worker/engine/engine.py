@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from worker.engine.chat_template import render_chat
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from worker.engine.errors import ContextLengthError, InvalidRequestError
+from worker.engine.lora_registry import LoraRef, LoraUnavailableError
 from worker.engine.outputs import (
     EngineStats,
     FinishedRequestStats,
@@ -25,6 +27,8 @@ from worker.engine.request import Request, RequestStatus
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.structured_output import GrammarCache, GrammarError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +69,7 @@ class LLMEngine:
         self._aborted_stats: list[FinishedRequestStats] = []
         eos_ids = [eos_token_id, *extra_stop_token_ids] if eos_token_id is not None else []
         self.grammars = GrammarCache(tokenizer, eos_ids, model_info.vocab_size)
+        self.lora = getattr(runner, "lora", None)  # the LoraManager when adapters are served (thread-safe)
 
     # ---- admission -----------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> list[int]:
@@ -105,8 +110,11 @@ class LLMEngine:
             raise InvalidRequestError(f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})")
         return self.tokenizer.decode(token_ids)
 
-    def make_requests(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> list[Request]:
-        """Validate and tokenize; one Request per choice. Raises InvalidRequestError."""
+    def make_requests(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams, lora: LoraRef | None = None
+    ) -> list[Request]:
+        """Validate and tokenize; one Request per choice (with `lora`: on that adapter). Raises
+        InvalidRequestError."""
         try:
             params.validate()
         except ValueError as exc:
@@ -136,6 +144,7 @@ class LLMEngine:
                 group_id=request_id,
                 index=i,
                 grammar=self._grammar(params),
+                lora=lora,
             )
             for i in range(params.n)
         ]
@@ -186,7 +195,12 @@ class LLMEngine:
         for item in plan.scheduled:
             if item.request.first_scheduled_time is None:
                 item.request.first_scheduled_time = scheduled_at
-        requests, sampled = self.runner.execute(plan)
+        try:
+            requests, sampled = self.runner.execute(plan)
+        except LoraUnavailableError as exc:  # nothing of the step ran: abort that adapter's requests, go on
+            log.error("%s; aborting its requests", exc)
+            groups = {r.group_id for r in self.scheduler.requests.values() if r.lora_id == exc.ref.lora_id}
+            return StepResult([out for group in groups for out in self.abort(group)], None, [])
         for request, start, entries in sampled.prompt_logprobs:  # a rerun after preemption overwrites
             del request.prompt_logprobs[start:]
             request.prompt_logprobs.extend(entries)

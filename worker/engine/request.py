@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.engine.lora_registry import LoraRef
 from worker.engine.sampling_params import SamplingParams
 
 
@@ -53,6 +54,7 @@ class Request:
     index: int = 0  # choice index within the group
     grammar: Any = field(default=None, repr=False)  # structured_output.Grammar when the output is constrained
     arrival_time: float = field(default_factory=time.monotonic)
+    lora: LoraRef | None = None  # the LoRA adapter it runs with; None: the base model
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -75,6 +77,10 @@ class Request:
     def wants_prompt_logprobs(self) -> bool:
         """Still to compute (and send) its prompt logprobs: its prompt must run, not come from the cache."""
         return self.params.prompt_logprobs is not None and not self.prompt_logprobs_sent
+
+    @property
+    def lora_id(self) -> int:
+        return self.lora.lora_id if self.lora is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -132,8 +132,13 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        loras = {r.lora_id for r in self.running if r.lora_id}
+        held_back: list[Request] = []  # their adapter would exceed max_loras: they wait, others go on
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.lora_id and request.lora_id not in loras and len(loras) >= self.config.max_loras:
+                held_back.append(self.waiting.popleft())
+                continue
             if self._sibling_prefilling(request):
                 break  # let the first choice fill the shared prompt blocks, then hit them
             # Prompt logprobs need every prompt row's logits: such a prompt runs whole (as vLLM does).
@@ -150,8 +155,11 @@ class Scheduler:
                 request.num_cached_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if request.lora_id:
+                loras.add(request.lora_id)
             out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
             budget -= num_new
+        self.waiting.extendleft(reversed(held_back))
 
     def _drafts(self, request: Request, budget: int) -> list[int]:
         """Draft tokens for a decode, when the batch is small enough for them to be nearly free."""

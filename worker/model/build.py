@@ -54,6 +54,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         max_num_seqs=sched.max_num_seqs,
         max_model_len=sched.max_model_len,
     )
+    if config.lora.enabled:
+        from worker.model.lora.startup import start_lora
+
+        start_lora(config, model, runner, device)
+        sched.max_loras = config.lora.max_loras
     block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
     scheduler = Scheduler(sched, block_manager)
     eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)

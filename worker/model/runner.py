@@ -35,6 +35,7 @@ class StepInputs:
     # logits_indices, and the prompt token each of those rows predicts.
     prompt_spans: list[tuple[Request, int, int]] = field(default_factory=list)
     prompt_targets: list[int] = field(default_factory=list)
+    lora_indices: list[int] | None = None  # per token: its adapter among the step's, -1 base; None: no LoRA
 
 
 DECODE_GRAPH_MODES = ("off", "eager", "capture")  # eager: the graphs' padded path without capture (tests)
@@ -78,6 +79,7 @@ class ModelRunner:
             for _ in range(s.num_layers)
         ]
         self.generators: dict[str, torch.Generator] = {}
+        self.lora = None  # a worker.model.lora.manager.LoraManager once `use_lora` is called
         self.decode_graphs = None
         if decode_graphs != "off":
             self.decode_graphs = DecodeGraphs(
@@ -90,13 +92,28 @@ class ModelRunner:
                 capture=decode_graphs == "capture",
             )
 
+    def use_lora(self, manager) -> None:
+        """Serve LoRA adapters: the projections add each step's low-rank products (worker/model/lora/)."""
+        if self.decode_graphs is not None:
+            raise ValueError(
+                "LoRA adapters do not run inside the CUDA decode graphs yet: set WORKER_ENFORCE_EAGER=true"
+            )
+        manager.attach(self.model)
+        self.lora = manager
+
     # ---- inputs --------------------------------------------------------------------------
     def prepare(self, plan: SchedulerOutput) -> StepInputs:
         # Decodes (one token) first, so their queries are one contiguous slice of the batch.
         items = sorted(plan.scheduled, key=lambda s: s.num_new_tokens != 1)
         if self.attention_backend == "native" and items and all(_plain_decode(s) for s in items):
-            return self._prepare_decodes(items)
-        return self._prepare_batch(items)
+            inputs = self._prepare_decodes(items)
+        else:
+            inputs = self._prepare_batch(items)
+        if self.lora is not None:
+            inputs.lora_indices = self.lora.prepare_step(
+                [s.num_new_tokens for s in items], [s.request.lora for s in items]
+            )
+        return inputs
 
     def _prepare_decodes(self, items: list[ScheduledRequest]) -> StepInputs:
         """A step of one token per sequence, straight from Python lists: the same inputs as `_prepare_batch`

@@ -21,6 +21,7 @@ from worker.engine.errors import EngineError, InvalidRequestError
 from worker.engine.output_stream import TokenBatcher
 from worker.engine.outputs import PromptInput, RequestOutput, TokenLogprob
 from worker.engine.sampling_params import SamplingParams
+from worker.server import lora_rpc
 from worker.server.grpc_errors import abort_for, abort_with, status_of
 from worker.server.proto_inputs import chat_prompt, grammar_spec
 
@@ -119,10 +120,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        served = self.engine.model_info.model_name
-        if request.model and request.model != served:
-            message = f"model {request.model!r} is not served here ({served!r} is)"
-            await abort_with(context, "MODEL_NOT_FOUND", message, "model")
+        try:
+            lora = lora_rpc.resolve_model(self.engine.lora, self.engine.model_info.model_name, request.model)
+        except EngineError as exc:
+            await abort_for(context, exc)
         request_id = request.request_id or uuid.uuid4().hex
         REQUEST_ID.set(dict(context.invocation_metadata() or ()).get("x-request-id", request_id))
         log.info("request %s received", request_id)
@@ -132,7 +133,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             check_params_for_model(params, self.engine.model_info.vocab_size)
         except (InvalidRequestError, ValueError) as exc:
             await abort_for(context, exc)
-        stream = self.engine.generate(request_id, prompt, params)
+        stream = self.engine.generate(request_id, prompt, params, lora)
         batcher = TokenBatcher(self.stream_interval)
         deadline = _deadline(context)
         try:
@@ -251,3 +252,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield report
                 last, sent_at = figures, loop.time()
             await asyncio.sleep(interval)
+    async def LoadLoraAdapter(self, request, context: grpc.aio.ServicerContext) -> worker_pb2.LoraAdapterList:
+        try:
+            return await lora_rpc.load(self.engine.lora, self.engine.model_info.model_name, request)
+        except EngineError as exc:
+            await abort_for(context, exc)
+
+    async def UnloadLoraAdapter(
+        self, request, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoraAdapterList:
+        try:
+            return lora_rpc.unload(self.engine.lora, request)
+        except EngineError as exc:
+            await abort_for(context, exc)
+
+    async def ListLoraAdapters(
+        self, request, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoraAdapterList:
+        return lora_rpc.adapter_list(self.engine.lora)

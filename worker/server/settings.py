@@ -21,6 +21,7 @@ from worker.engine.config import (
     KVCacheConfig,
     SchedulerConfig,
 )
+from worker.engine.lora_config import LoraConfig
 
 
 class WorkerSettings(BaseSettings):
@@ -48,6 +49,12 @@ class WorkerSettings(BaseSettings):
     max_waiting: int = SchedulerConfig.max_waiting
     stream_interval: int = Field(4, ge=1)  # tokens per gRPC message after the first (vLLM's stream interval)
     num_speculative_tokens: int = SchedulerConfig.num_speculative_tokens
+    # LoRA adapters (worker/model/lora/), vLLM's meaning: --enable-lora, --lora-modules, --max-loras...
+    enable_lora: bool = LoraConfig.enabled
+    lora_modules: str = LoraConfig.lora_modules  # name=path,name2=path2 (PEFT directories), loaded at start
+    max_loras: int = Field(LoraConfig.max_loras, ge=1)  # distinct adapters in one batch
+    max_cpu_loras: int | None = Field(LoraConfig.max_cpu_loras, ge=1)  # held in memory (LRU); None: max_loras
+    max_lora_rank: int = Field(LoraConfig.max_lora_rank, ge=1)
     price_per_hour_usd: float = 0.0  # machine cost, for the cost-per-1k-tokens gauge
     drain_timeout_s: float = Field(30.0, ge=0)  # on SIGTERM: how long requests in flight may finish
     stall_timeout_s: float = Field(30.0, gt=0)  # no engine progress this long with work waiting: not ready
@@ -75,11 +82,19 @@ class WorkerSettings(BaseSettings):
                 max_model_len=self.max_model_len,
                 max_waiting=self.max_waiting,
                 num_speculative_tokens=self.num_speculative_tokens,
+                max_loras=self.max_loras,
             ),
             kv_cache=KVCacheConfig(
                 block_size=self.block_size,
                 num_blocks=self.num_kv_blocks,
                 kv_cache_memory_gb=self.kv_cache_gb,
                 enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            lora=LoraConfig(
+                enabled=self.enable_lora,
+                lora_modules=self.lora_modules,
+                max_loras=self.max_loras,
+                max_cpu_loras=self.max_cpu_loras,
+                max_lora_rank=self.max_lora_rank,
             ),
         )

@@ -1,0 +1,161 @@
+"""LoRA over real processes: a worker started with WORKER_LORA_MODULES, a gateway with run-time loading on
+(and an admin key); adapters named as `model` through the OpenAI SDK, /v1/models' cards, load and unload
+over HTTP, a worker restart that loses a run-time adapter, and the refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import Service, start_gateway, start_worker, worker_service
+from tests.support.lora_adapters import load_base, make_adapter
+
+ADMIN_KEY = "lora-admin-key"
+BASE = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("e2e-adapters")
+    base = load_base()
+    return {
+        "sql": make_adapter(str(root / "sql"), 11, base=base, lora_alpha=32),
+        "poet": make_adapter(
+            str(root / "poet"), 12, ["q_proj", "v_proj", "down_proj"], base=base, lora_alpha=64
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def lora_worker(log_dir: Path, adapters: dict[str, str]) -> Iterator[Service]:
+    service = start_worker(
+        "lora-worker",
+        log_dir,
+        WORKER_LORA_MODULES=f"sql={adapters['sql']}",
+        WORKER_MAX_LORAS="2",
+        WORKER_MAX_CPU_LORAS="2",
+        WORKER_DTYPE="float32",
+        WORKER_QUANTIZATION="none",
+        WORKER_NUM_THREADS="1",
+    )
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def lora_gateway(lora_worker: Service, log_dir: Path) -> Iterator[Service]:
+    service = start_gateway(
+        "lora-gateway",
+        log_dir,
+        lora_worker.addr,
+        ready=True,
+        GATEWAY_ALLOW_RUNTIME_LORA_UPDATING="true",
+        GATEWAY_ADMIN_KEY=ADMIN_KEY,
+        CACHE_ENABLED="false",
+    )
+    yield service
+    service.stop()
+
+
+def _chat(client: openai.OpenAI, model: str) -> str:
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, temperature=0)
+    return reply.choices[0].message.content
+
+
+def _admin(gateway: Service, route: str, body: dict, key: str | None = ADMIN_KEY) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{gateway.addr}/v1/{route}", json=body, headers=headers, timeout=120)
+
+
+def test_adapters_are_models_listed_with_their_parent_and_answer_differently(lora_gateway, adapters):
+    client = openai.OpenAI(base_url=f"{lora_gateway.addr}/v1", api_key="none")
+    cards = {m.id: m for m in client.models.list().data}
+    assert set(cards) == {BASE, "sql"}
+    assert cards["sql"].parent == BASE and cards["sql"].root == adapters["sql"]
+    assert cards[BASE].parent is None
+    base_text, sql_text = _chat(client, BASE), _chat(client, "sql")
+    assert base_text != sql_text
+    assert _chat(client, "sql") == sql_text  # greedy: the same again (and from the prefix cache)
+    with pytest.raises(openai.NotFoundError):
+        _chat(client, "poet")
+
+
+def test_runtime_load_and_unload_over_http(lora_gateway, adapters):
+    client = openai.OpenAI(base_url=f"{lora_gateway.addr}/v1", api_key="none")
+    body = {"lora_name": "poet", "lora_path": adapters["poet"]}
+    assert _admin(lora_gateway, "load_lora_adapter", body, key=None).status_code == 401
+    assert _admin(lora_gateway, "load_lora_adapter", body, key="wrong").status_code == 401
+    reply = _admin(lora_gateway, "load_lora_adapter", body)
+    assert reply.status_code == 200, reply.text
+    assert {m.id for m in client.models.list().data} == {BASE, "sql", "poet"}
+    poet = _chat(client, "poet")
+    assert poet not in (_chat(client, BASE), _chat(client, "sql"))
+    again = _admin(lora_gateway, "load_lora_adapter", body)
+    assert again.status_code == 400 and "already loaded" in again.json()["error"]["message"]
+    bad = _admin(lora_gateway, "load_lora_adapter", {"lora_name": "x", "lora_path": "/nonexistent"})
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+    assert _admin(lora_gateway, "load_lora_adapter", {"lora_name": "x"}).status_code == 400
+    assert _admin(lora_gateway, "unload_lora_adapter", {"lora_name": "poet"}).status_code == 200
+    assert {m.id for m in client.models.list().data} == {BASE, "sql"}
+    with pytest.raises(openai.NotFoundError):
+        _chat(client, "poet")
+    assert _admin(lora_gateway, "unload_lora_adapter", {"lora_name": "poet"}).status_code == 404
+
+
+def test_a_restarted_worker_gets_the_runtime_adapters_again(log_dir, adapters):
+    worker = worker_service("lora-restart-worker", log_dir, WORKER_ENABLE_LORA="true", WORKER_NUM_THREADS="1")
+    worker.start()
+    gateway = start_gateway(
+        "lora-restart-gateway",
+        log_dir,
+        worker.addr,
+        ready=True,
+        GATEWAY_ALLOW_RUNTIME_LORA_UPDATING="true",
+        CACHE_ENABLED="false",
+    )
+    try:
+        client = openai.OpenAI(base_url=f"{gateway.addr}/v1", api_key="none")
+        body = {"lora_name": "poet", "lora_path": adapters["poet"]}
+        assert _admin(gateway, "load_lora_adapter", body, key=None).status_code == 200
+        before = _chat(client, "poet")
+        worker.stop()
+        worker.start()  # same port, no adapters
+        assert _chat(client, "poet") == before  # the gateway loaded it again on the restarted worker
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def test_runtime_routes_are_off_by_default(gateway):
+    reply = httpx.post(f"{gateway.addr}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
+    assert reply.status_code == 404
+    assert "GATEWAY_ALLOW_RUNTIME_LORA_UPDATING" in reply.json()["error"]["message"]
+
+
+def test_worker_without_lora_refuses_loads_and_unknown_models(worker_stub):
+    with pytest.raises(grpc.RpcError) as refused:
+        worker_stub.LoadLoraAdapter(worker_pb2.LoadLoraAdapterRequest(lora_name="a", lora_path="/x"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "WORKER_ENABLE_LORA" in refused.value.details()
+    assert not worker_stub.ListLoraAdapters(worker_pb2.ListLoraAdaptersRequest()).enabled
+    request = worker_pb2.GenerateRequest(
+        text="hi", model="nope", params=worker_pb2.SamplingParams(max_tokens=1)
+    )
+    with pytest.raises(grpc.RpcError) as missing:
+        list(worker_stub.Generate(request))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_lora_worker_lists_its_adapters_over_grpc(lora_worker, adapters):
+    with grpc.insecure_channel(lora_worker.addr) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        listing = stub.ListLoraAdapters(worker_pb2.ListLoraAdaptersRequest())
+    assert listing.enabled and listing.max_loras == 2 and listing.max_lora_rank == 16
+    assert [(a.name, a.path) for a in listing.adapters if a.name == "sql"] == [("sql", adapters["sql"])]
