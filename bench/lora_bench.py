@@ -61,7 +61,7 @@ def make_adapters(root: str, count: int) -> dict[str, str]:
 
 def build(adapters: dict[str, str], dtype: str):
     from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
-    from worker.engine.engine import build_engine
+    from worker.model.build import build_engine
     from worker.engine.lora_config import LoraConfig
 
     config = EngineConfig(
