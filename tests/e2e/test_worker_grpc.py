@@ -33,6 +33,9 @@ def test_health_and_reflection(worker: Service) -> None:
         "GetStats",
         "Tokenize",
         "Detokenize",
+        "LoadLoraAdapter",
+        "UnloadLoraAdapter",
+        "ListLoraAdapters",
     }
 
 
