@@ -35,6 +35,9 @@ def test_health_and_reflection(worker: Service) -> None:
         "Tokenize",
         "Detokenize",
         "WatchLoad",
+        "LoadLoraAdapter",
+        "UnloadLoraAdapter",
+        "ListLoraAdapters",
     }
 
 
