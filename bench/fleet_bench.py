@@ -28,6 +28,7 @@ import httpx
 
 from bench.report import median, publish
 from common.gen import worker_pb2, worker_pb2_grpc
+from gateway.routing.router import ranking
 from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
 
 POLICIES = ("round_robin", "cache_aware")
@@ -141,6 +142,25 @@ def measure(policy: str, url: str, addrs: list[str], salt: str, args: argparse.N
     return RunResult(policy, sum(hits) / total, median(ttfts), tokens / wall, [q / total for q in queries])
 
 
+def key_movement(num_keys: int = 20_000) -> str:
+    """How many keys change owner when a fifth worker joins four, or one of four leaves (pure routing)."""
+    keys = [f"{MODEL_NAME}\x1etenant-{i}" for i in range(num_keys)]
+    four = [f"10.0.0.{i}:50051" for i in range(1, 5)]
+
+    def owners(addrs: list[str]) -> list[str]:
+        return [ranking(key, addrs)[0] for key in keys]
+
+    before, joined, left = owners(four), owners([*four, "10.0.0.9:50051"]), owners(four[1:])
+    join = sum(a != b for a, b in zip(before, joined, strict=True)) / num_keys
+    leave = sum(a != b for a, b in zip(before, left, strict=True)) / num_keys
+    leavers = sum(a == four[0] for a in before) / num_keys
+    return (
+        f"Key movement ({num_keys:,} keys over 4 workers, gateway/routing/router.py): a fifth worker joining "
+        f"takes {join:.1%} of the keys (1/5 is ideal), a worker leaving moves {leave:.1%}, which is exactly "
+        f"its own share ({leavers:.1%}): no other key moves."
+    )
+
+
 def report(results: list[RunResult], args: argparse.Namespace, prompt_tokens: int) -> list[str]:
     command = f"--rounds {args.rounds} --requests {args.requests} --write-docs"
     lines = [
@@ -165,7 +185,7 @@ def report(results: list[RunResult], args: argparse.Namespace, prompt_tokens: in
         speed = median([r.tokens_per_s for r in runs])
         shares = " / ".join(f"{median([r.shares[i] for r in runs]):.0%}" for i in range(args.workers))
         lines.append(f"| {policy} | {hit_rate:.0%} | {ttft:.2f} s | {speed:.1f} | {shares} |")
-    return lines
+    return [*lines, "", key_movement()]
 
 
 def main() -> None:

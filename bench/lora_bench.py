@@ -61,8 +61,8 @@ def make_adapters(root: str, count: int) -> dict[str, str]:
 
 def build(adapters: dict[str, str], dtype: str):
     from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
-    from worker.model.build import build_engine
     from worker.engine.lora_config import LoraConfig
+    from worker.model.build import build_engine
 
     config = EngineConfig(
         model=MODEL_DIR,

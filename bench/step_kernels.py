@@ -32,9 +32,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
-from worker.model.build import build_engine
 from worker.engine.outputs import PromptInput
 from worker.engine.sampling_params import SamplingParams
+from worker.model.build import build_engine
 from worker.model.cpu_kind import cpu_info
 
 PROMPT_TOKENS = 128

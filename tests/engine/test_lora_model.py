@@ -11,10 +11,10 @@ import torch
 from tests.engine.factories import paged_runner, tiny_llama
 from tests.support.lora_adapters import MODEL_DIR, edit_config, load_base, make_adapter
 from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
-from worker.model.build import build_engine
 from worker.engine.lora_config import LoraConfig
 from worker.engine.outputs import PromptInput
 from worker.engine.sampling_params import SamplingParams
+from worker.model.build import build_engine
 from worker.model.lora.adapter import LoraAdapterError
 from worker.model.lora.layers import LoraLinear, LoraStepContext
 from worker.model.lora.manager import LoraManager

@@ -1,0 +1,237 @@
+"""Faults of the fleet under load: 2 gateways over 3 workers, a steady streamed chat load through both,
+while one worker is killed (SIGKILL, then restarted), one is stopped for 15 s (SIGSTOP, then SIGCONT), and
+one gateway restarts (SIGTERM, drained, started again). Clients retry a request that a gateway refused
+(5xx) or that never reached it on the other gateway, as the openai SDK's retries would.
+
+Per fault: requests that failed (split: their stream had started before the fault, or not), how long the
+streams on the faulted worker took to end with an error event, how long until both gateways took a
+stopped worker out of routing (their `worker_routable` gauge), and output tok/s in the 10 s before each
+fault and 10 s after it ended. At the end: KV blocks still held on each worker. Writes the `fleet-faults`
+section of docs/BENCHMARKS.md.
+
+    .venv/bin/python -m bench.fleet_faults [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import grpc
+import httpx
+
+from bench.fleet_bench import cpu_name
+from bench.report import publish
+from common.gen import worker_pb2, worker_pb2_grpc
+from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
+
+WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_NUM_KV_BLOCKS": "400", "WORKER_MAX_NUM_SEQS": "16"}
+CONCURRENCY = 6
+MAX_TOKENS = 24
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    ok: bool
+    tokens: int
+    first_token: float | None
+    error: str = ""
+
+
+@dataclass
+class Timeline:
+    outcomes: list[Outcome] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    marks: dict[str, float] = field(default_factory=dict)
+
+
+async def one_stream(client: httpx.AsyncClient, urls: list[str], turn: int, t: Timeline) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [
+            {"role": "system", "content": f"You are the assistant of tenant {turn % 12}. " * 30},
+            {"role": "user", "content": f"Question {turn}: tell me a story."},
+        ],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    started = time.monotonic()
+    first, tokens, error = None, 0, ""
+    for attempt in range(2):  # the other gateway when this one refused or could not be reached
+        url = urls[(turn + attempt) % len(urls)]
+        error = ""
+        try:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                if response.status_code != 200:
+                    error = f"HTTP {response.status_code}"
+                    if response.status_code >= 500:  # a draining gateway: the SDK retries these too
+                        continue
+                    break
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line.removeprefix("data: "))
+                    if "error" in event:
+                        error = event["error"].get("code") or "error"
+                        break
+                    if event["choices"] and event["choices"][0]["delta"].get("content"):
+                        first = first or time.monotonic()
+                        tokens += 1
+                        t.token_times.append(time.monotonic())
+                break
+        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+            error = type(exc).__name__
+            if first is not None:
+                break
+    t.outcomes.append(Outcome(started, time.monotonic(), not error, tokens, first, error))
+
+
+async def load(urls: list[str], t: Timeline, stop: asyncio.Event) -> None:
+    turns = iter(range(10**9))
+
+    async def client_loop() -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            while not stop.is_set():
+                await one_stream(client, urls, next(turns), t)
+
+    await asyncio.gather(*(client_loop() for _ in range(CONCURRENCY)))
+
+
+def routable(gateway: Service, worker: Service) -> float:
+    with urllib.request.urlopen(f"{gateway.addr}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    prefix = "llmserve_gateway_worker_routable{"
+    for line in text.splitlines():
+        if line.startswith(prefix) and f'worker="{worker.addr}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def wait_out_of_routing(gateways: list[Service], worker: Service, since: float) -> float:
+    while any(routable(g, worker) == 1 for g in gateways):
+        await asyncio.sleep(0.1)
+    return time.monotonic() - since
+
+
+async def scenario(workers: list[Service], gateways: list[Service], t: Timeline) -> dict[str, float]:
+    found: dict[str, float] = {}
+    await asyncio.sleep(15)
+    t.marks["kill"] = time.monotonic()
+    workers[2].proc.kill()  # type: ignore[union-attr]
+    await asyncio.sleep(10)
+    await asyncio.to_thread(workers[2].start)
+    t.marks["kill_end"] = time.monotonic()
+    await asyncio.sleep(15)
+    pid = workers[1].proc.pid  # type: ignore[union-attr]
+    t.marks["stop"] = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    found["out_of_routing_s"] = await wait_out_of_routing(gateways, workers[1], t.marks["stop"])
+    await asyncio.sleep(max(0.0, 15 - (time.monotonic() - t.marks["stop"])))
+    os.kill(pid, signal.SIGCONT)
+    t.marks["stop_end"] = time.monotonic()
+    await asyncio.sleep(15)
+    t.marks["gateway"] = time.monotonic()
+    await asyncio.to_thread(gateways[1].stop)
+    await asyncio.to_thread(gateways[1].start)
+    t.marks["gateway_end"] = time.monotonic()
+    await asyncio.sleep(15)
+    return found
+
+
+def tok_s(t: Timeline, start: float, end: float) -> float:
+    return sum(1 for x in t.token_times if start <= x < end) / (end - start)
+
+
+def fault_row(name: str, t: Timeline, begin: str, end: str) -> str:
+    at, done = t.marks[begin], t.marks[end]
+    during = [o for o in t.outcomes if o.ended >= at and o.started <= done + 12]
+    failed_running = [o for o in during if not o.ok and o.started < at]
+    failed_new = [o for o in during if not o.ok and o.started >= at]
+    ends = [o.ended - at for o in failed_running if o.ended >= at]
+    worst = f"{max(ends):.1f} s" if ends else "-"
+    before, after = tok_s(t, at - 10, at), tok_s(t, done, done + 10)
+    codes = sorted({o.error for o in failed_running + failed_new})
+    return (
+        f"| {name} | {len(failed_running)} | {len(failed_new)} | {worst} | {before:.1f} | {after:.1f} | "
+        f"{', '.join(codes) or '-'} |"
+    )
+
+
+def kv_blocks_held(workers: list[Service]) -> list[int]:
+    held = []
+    for worker in workers:
+        with grpc.insecure_channel(worker.addr) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            held.append(stub.GetStats(worker_pb2.StatsRequest(), timeout=30).num_kv_blocks_used)
+    return held
+
+
+async def run(workers: list[Service], gateways: list[Service]) -> tuple[Timeline, dict[str, float]]:
+    t = Timeline()
+    stop = asyncio.Event()
+    traffic = asyncio.create_task(load([g.addr for g in gateways], t, stop))
+    try:
+        found = await scenario(workers, gateways, t)
+    finally:
+        stop.set()
+        await traffic
+    return t, found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    log_dir = ROOT / ".run" / "fleet_faults"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workers: list[Service] = []
+    gateways: list[Service] = []
+    try:
+        workers = [start_worker(f"faults-worker-{i}", log_dir, **WORKER_ENV) for i in range(3)]
+        addr = ",".join(w.addr for w in workers)
+        gateways = [start_gateway(f"faults-gateway-{i}", log_dir, addr, ready=True) for i in range(2)]
+        t, found = asyncio.run(run(workers, gateways))
+        time.sleep(3)
+        held = kv_blocks_held(workers)
+    finally:
+        for service in [*gateways, *workers]:
+            if service.proc is not None and service.proc.poll() is None:
+                os.kill(service.proc.pid, signal.SIGCONT)
+            service.stop()
+    lines = [
+        "## Fleet faults under load",
+        "",
+        f"`.venv/bin/python -m bench.fleet_faults --write-docs` on {cpu_name()} (2 cores shared with other "
+        f"work). 2 gateways (GATEWAY_ROUTING=cache_aware, GATEWAY_STREAM_STALL_S=10) over 3 workers "
+        f"(WORKER_NUM_THREADS=1); {CONCURRENCY} clients stream chat completions of {MAX_TOKENS} tokens "
+        "through both gateways in turn, retrying on the other gateway when one cannot be reached. "
+        f"{len(t.outcomes)} requests in all. Failed: requests whose stream had begun before the fault / "
+        "requests started during the fault or the 12 s after it. Stream end: the slowest of the failed "
+        "streams, from the fault to its error event. tok/s: the 10 s before the fault and the 10 s after "
+        "it ended.",
+        "",
+        "| fault | failed, started before | failed, started after | stream end | tok/s before | tok/s after "
+        "| error codes |",
+        "|---|---|---|---|---|---|---|",
+        fault_row("SIGKILL a worker (restarted after 10 s)", t, "kill", "kill_end"),
+        fault_row("SIGSTOP a worker for 15 s", t, "stop", "stop_end"),
+        fault_row("restart a gateway (SIGTERM, drain, start)", t, "gateway", "gateway_end"),
+        "",
+        f"The stopped worker was out of routing on both gateways {found['out_of_routing_s']:.1f} s after "
+        f"SIGSTOP. KV blocks held at the end, per worker: {held}.",
+    ]
+    publish("fleet-faults", lines, args.write_docs)
+
+
+if __name__ == "__main__":
+    main()
