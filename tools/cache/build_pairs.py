@@ -1,4 +1,4 @@
-"""Builds bench/data/cache_pairs.jsonl, the labelled set of bench/cache_quality.py, from the seed files here.
+"""Builds tools/cache/data/cache_pairs.jsonl, the labelled set of tools/cache/evaluate.py, from the seed files there.
 
 Each seed is one question with its paraphrases, a near repeat and trap variants that need another answer
 (negation, entity swap, changed number or date, changed scope); each conversation seed is a multi-turn chat
@@ -15,9 +15,13 @@ entries stored at once. Three splits, by topic (never by pair):
   the data above (cache_seeds_external*.jsonl): the nearest thing here to questions nobody here wrote;
 - `fresh`, frozen, only evaluated: seeds by three more writers (2026-12-03) who saw neither the code nor
   any data (cache_seeds_fresh*.jsonl), added after the verifier's last change was decided, so no version of
-  the verifier was ever chosen with their questions in view.
+  the verifier was ever chosen with their questions in view;
+- `writers`, frozen, only evaluated: four out-of-style writers (a hurried customer on a phone, a non-native
+  speaker, a support agent pasting tickets, a student; data/writers/NAME/, copied unchanged, each with its
+  README.md), frozen before the redesigned cache (canonical tier, vetoes) was measured on them. Their rows
+  carry the writer's name in `writer`.
 
-    .venv/bin/python -m bench.data.build_cache_pairs
+    .venv/bin/python -m tools.cache.build_pairs
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from pathlib import Path
 
 from cache_service.keys import normalize_text
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "data"
+WRITERS = HERE / "writers"
+WRITER_NAMES = ("phone", "nonnative", "agent", "student")
 
 # (seed files, topic prefix, split: None = by topic hash)
 SINGLE_SOURCES = (
@@ -77,6 +83,24 @@ def split_of(topic: str) -> str:
 
 def read_seeds(files: tuple[str, ...]) -> list[dict]:
     return [json.loads(line) for f in files for line in (HERE / f).read_text().splitlines() if line.strip()]
+
+
+def writer_rows() -> list[dict]:
+    """The out-of-style writers' seeds and conversations, split `writers`, each row marked with its writer."""
+    rows: list[dict] = []
+    for name in WRITER_NAMES:
+        folder = WRITERS / name
+        for file, make, prefix in (
+            ("seeds.jsonl", single_pairs, "ws"),
+            ("conversations.jsonl", conversation_pairs, "wv"),
+        ):
+            lines = [line for line in (folder / file).read_text().splitlines() if line.strip()]
+            for n, line in enumerate(lines):
+                rows += [
+                    {**r, "writer": name}
+                    for r in make(json.loads(line), f"{prefix}-{name}-{n:03d}", "writers")
+                ]
+    return rows
 
 
 def user_turns(turns: list[str]) -> list[dict[str, str]]:
@@ -201,6 +225,7 @@ def build() -> list[dict]:
         for files, prefix, split in sources:
             for n, seed in enumerate(read_seeds(files)):
                 rows += make(seed, f"{prefix}{n:03d}", split)
+    rows += writer_rows()
     rows += legacy_pairs()
     rows = without_frozen_texts(rows)
     for i, r in enumerate(rows):
