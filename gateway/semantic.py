@@ -21,6 +21,9 @@ from gateway.single_flight import SHAREABLE_FINISH_REASONS, SingleFlight
 from worker.sampling_params import SamplingParams
 
 BYPASS_HEADER = "x-semantic-cache"
+# X-Semantic-Cache on a request: bypass, or the widest tier it accepts (never wider than the operator's
+# CACHE_MAX_FALSE_HIT_RATE allows). Other values are ignored (every tier the service allows).
+LEVELS = ("exact", "canonical", "semantic")
 
 
 @dataclass
@@ -36,6 +39,7 @@ class CacheDecision:
         headers = {"X-Semantic-Cache": self.status}
         if self.hit is not None:
             headers["X-Semantic-Cache-Similarity"] = f"{self.hit.similarity:.4f}"
+            headers["X-Semantic-Cache-Tier"] = self.hit.tier
         return headers
 
 
@@ -100,7 +104,8 @@ class SemanticCacheGate:
         prompt: str | None = None,
     ) -> CacheDecision:
         """Ask the cache unless the client opted out or the answer can't be reused."""
-        if self.client is None or headers.get(BYPASS_HEADER, "").lower() == "bypass":
+        asked = headers.get(BYPASS_HEADER, "").strip().lower()
+        if self.client is None or asked == "bypass":
             return self._bypass()
         if not self.may_reuse(req):
             return self._bypass()
@@ -109,7 +114,7 @@ class SemanticCacheGate:
         if key is None:
             return self._bypass()
         errors_before = self.client.errors
-        hit = await self.client.lookup(key)
+        hit = await self.client.lookup(key, level=asked if asked in LEVELS else "")
         if hit is not None:
             observability.SEMANTIC_CACHE.labels("hit").inc()
             return CacheDecision("hit", key, hit)

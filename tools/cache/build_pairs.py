@@ -1,4 +1,5 @@
-"""Builds tools/cache/data/cache_pairs.jsonl, the labelled set of tools/cache/evaluate.py, from the seed files there.
+"""Builds tools/cache/data/cache_pairs.jsonl, the labelled set of tools/cache/evaluate.py, from the seed files
+there.
 
 Each seed is one question with its paraphrases, a near repeat and trap variants that need another answer
 (negation, entity swap, changed number or date, changed scope); each conversation seed is a multi-turn chat

@@ -1,4 +1,5 @@
-"""Builds cache_service/word_frequency.tsv.gz, the verifier's English word frequencies (word_frequency.py),
+"""Builds cache_service/word_frequency.tsv.gz, the English word frequencies of the spelling correction
+(cache_service/spelling.py),
 from the English list inside the PyPI wheel `wordfreq==3.1.1` (data CC BY-SA 4.0:
 cache_service/WORD_FREQUENCY_LICENSE).
 
@@ -9,7 +10,7 @@ single words (letters, one inner apostrophe: the words pair_checks.words yields)
 chosen by reading an evaluation set: it is the whole list.
 
     .venv/bin/pip install msgpack  # the list's format; the service never needs it
-    .venv/bin/python -m cache_service.word_frequency_build [path/to/wordfreq-3.1.1-py3-none-any.whl]
+    .venv/bin/python -m tools.cache.word_frequency_build [path/to/wordfreq-3.1.1-py3-none-any.whl]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from cache_service.word_frequency import FREQUENCY_FILE
+from cache_service.spelling import FREQUENCY_FILE
 
 WHEEL = "wordfreq==3.1.1"
 LIST = "wordfreq/data/large_en.msgpack.gz"
