@@ -25,7 +25,7 @@ the float16 scan and about half its time. Its score differs from the exact one b
 errors, sum_i (w8_i - w_i) q_i + w_i (q8_i - q_i), sums of 384 roundings that mostly cancel: standard
 deviation sqrt((sw^2 + sq^2) / 12) for unit vectors (sw, sq: the row's and the query's quantization steps,
 max |component| / 127 and range / 255), measured 5.1e-4, at most 2.8e-3 over 650k pairs of the service's
-own embeddings (bench/data/cache_eval.jsonl) and 2.6e-3 over 1M random pairs. (The worst case, every
+own embeddings (tools/cache/data/cache_eval.jsonl) and 2.6e-3 over 1M random pairs. (The worst case, every
 rounding the same way, is ~0.03; no real vector comes near it.) A search takes the SKETCH_CANDIDATES (64)
 best snapshot positions (removed or re-stored entries' positions are masked out of the scan), maps them
 by entry id to the current rows, adds the RESCORE_ROWS best of the rows the snapshot lacks or holds an

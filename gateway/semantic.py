@@ -26,6 +26,15 @@ BYPASS_HEADER = "x-semantic-cache"
 LEVELS = ("exact", "canonical", "semantic")
 
 
+def requested_level(headers: Any) -> str | None:
+    """The request's X-Semantic-Cache: None for bypass, else the level passed to the cache ("" = all the
+    operator allows)."""
+    asked = headers.get(BYPASS_HEADER, "").strip().lower()
+    if asked == "bypass":
+        return None
+    return asked if asked in LEVELS else ""
+
+
 @dataclass
 class CacheDecision:
     """`status` goes to the X-Semantic-Cache header; `key` is set when the answer may be stored."""
@@ -104,8 +113,8 @@ class SemanticCacheGate:
         prompt: str | None = None,
     ) -> CacheDecision:
         """Ask the cache unless the client opted out or the answer can't be reused."""
-        asked = headers.get(BYPASS_HEADER, "").strip().lower()
-        if self.client is None or asked == "bypass":
+        level = requested_level(headers)
+        if self.client is None or level is None:
             return self._bypass()
         if not self.may_reuse(req):
             return self._bypass()
@@ -114,7 +123,7 @@ class SemanticCacheGate:
         if key is None:
             return self._bypass()
         errors_before = self.client.errors
-        hit = await self.client.lookup(key, level=asked if asked in LEVELS else "")
+        hit = await self.client.lookup(key, level=level)
         if hit is not None:
             observability.SEMANTIC_CACHE.labels("hit").inc()
             return CacheDecision("hit", key, hit)
