@@ -1,20 +1,35 @@
-"""The cache's decisions, free of gRPC: exact match first, then similarity within a partition, then the
-verifier (cheap checks and a learned classifier, conversation turn by turn), then a check that the entry
-still exists in Redis."""
+"""The cache's decisions, free of gRPC, in three tiers, each checked only when the ones before it missed:
+
+1. exact: the same partition and the same normalized turns (a Redis key);
+2. canonical: a stored question with a canonical key in common (cache_service/canonical.py) in the same
+   searched partition (for a conversation: canonical-equal earlier turns), no embedding needed;
+3. semantic: the nearest stored questions by cosine in that partition, at or above the threshold that
+   CACHE_MAX_FALSE_HIT_RATE maps to (cache_service/calibration.py), or from TYPO_FLOOR up when the two
+   differ only by a few mistyped letters.
+Canonical and semantic candidates must pass the vetoes (cache_service/vetoes.py), and every hit is checked
+to still exist in Redis. A request may narrow the tiers (`level`), never widen them."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+from cache_service.canonical import canonical_keys, near_typo
 from cache_service.embedder import MicroBatcher
-from cache_service.index import Candidate, VectorIndex
-from cache_service.keys import Conversation, ParsedKey
+from cache_service.index import VectorIndex
+from cache_service.keys import Conversation, NotCacheableError, ParsedKey
 from cache_service.metrics import CacheMetrics
 from cache_service.store import IndexRecord, RedisStore, StoredAnswer
-from cache_service.verifier import MAX_COMPARABLE_CHARS, PairVerifier, Thresholds, verifier_texts
+from cache_service.vetoes import veto
 
-TOP_K = 4  # candidates checked per lookup: the best one may be refused by the verifier or have expired
+TOP_K = 4  # candidates checked per lookup: the best one may be vetoed or have expired
+# The model reads ~256 word pieces: a longer question's tail would be invisible to it, so a longer question
+# is reused only when it is the same text (exact tier).
+MAX_COMPARABLE_CHARS = 1000
+LEVELS = ("exact", "canonical", "semantic")  # each allows the tiers up to itself
+# A candidate that differs from the query only by a few mistyped letters (canonical.near_typo) is accepted
+# from this cosine up (a typo moves the vector more than its meaning); calibrated with the rest.
+TYPO_FLOOR = 0.5
 # The one owner of what is worth storing: a complete answer or one cut at max_tokens (which is part of the
 # key). Tool calls, aborts and errors are not; the gateway sends every answer and lets this decide.
 STORABLE_FINISH_REASONS = ("stop", "length")
@@ -25,18 +40,20 @@ class Hit:
     entry_id: str
     answer: StoredAnswer
     similarity: float
-    exact: bool
+    tier: str  # exact | canonical | semantic
+
+    @property
+    def exact(self) -> bool:
+        return self.tier == "exact"
 
 
-def acceptable(
-    verifier: PairVerifier | None, query: Conversation, candidates: list[Candidate], thresholds: Thresholds
-) -> list[Candidate]:
-    """Candidates (already above the similarity floor, best first) that may answer `query`; all of them when
-    there is no verifier (measurement only)."""
-    if verifier is None or not candidates:
-        return candidates
-    verdicts = verifier.judge(query, [Conversation.decode(c.query) for c in candidates], thresholds)
-    return [c for c, v in zip(candidates, verdicts, strict=True) if v.ok]
+def level_of(level: str) -> str:
+    """A request's level ("" = every tier), validated."""
+    if level == "":
+        return "semantic"
+    if level not in LEVELS:
+        raise NotCacheableError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+    return level
 
 
 @dataclass
@@ -58,60 +75,78 @@ class SemanticCache:
         replica_id: str,
         threshold: float,
         ttl_seconds: int,
-        verifier: PairVerifier | None,
-        verifier_thresholds: Thresholds,
     ) -> None:
         self.store = store
         self.batcher = batcher
         self.index = index
         self.metrics = metrics
         self.replica_id = replica_id
-        self.threshold = threshold
+        self.threshold = threshold  # the semantic tier's cosine (above 1: the tier is off)
         self.ttl_seconds = ttl_seconds
-        self.verifier = verifier  # None: similarity alone (measurement only)
-        self.verifier_thresholds = verifier_thresholds
         self.counts = Counts()
 
-    async def lookup(self, key: ParsedKey, threshold: float | None) -> Hit | None:
+    async def lookup(self, key: ParsedKey, threshold: float | None, level: str = "semantic") -> Hit | None:
+        """`threshold` (a request's) and `level` may only narrow what the operator configured."""
         started = time.perf_counter()
         self.counts.lookups += 1
         self.metrics.lookups.inc()
-        hit = await self._lookup(key, self.threshold if threshold is None else threshold)
+        hit = await self._lookup(key, max(self.threshold, threshold or 0.0), level_of(level))
         if hit is None:
             self.counts.misses += 1
             self.metrics.misses.inc()
         else:
             self.counts.hits += 1
-            self.metrics.hits.labels(kind="exact" if hit.exact else "semantic").inc()
+            self.metrics.hits.labels(kind=hit.tier).inc()
         self.metrics.lookup_seconds.observe(time.perf_counter() - started)
         return hit
 
-    async def _lookup(self, key: ParsedKey, threshold: float) -> Hit | None:
+    async def _lookup(self, key: ParsedKey, threshold: float, level: str) -> Hit | None:
         answer = await self.store.fetch_hit(key.entry_id)
         if answer is not None:
-            return Hit(key.entry_id, answer, 1.0, True)
-        if len(key.query) > MAX_COMPARABLE_CHARS or not self.index.has_partition(key.partition):
+            return Hit(key.entry_id, answer, 1.0, "exact")
+        partition = key.search_partition
+        if (
+            level == "exact"
+            or len(key.query) > MAX_COMPARABLE_CHARS
+            or not self.index.has_partition(partition)
+        ):
             return None  # nothing comparable stored (or too long to compare): no need to embed
-        vector = await self.batcher.embed(key.query, also=verifier_texts(key.conversation))
-        candidates = self.index.search(key.partition, vector, TOP_K, threshold)
-        accepted = await self.batcher.run(
-            acceptable, self.verifier, key.conversation, candidates, self.verifier_thresholds
-        )
-        self.metrics.verifier_rejections.inc(len(candidates) - len(accepted))
-        for cand in accepted:
-            answer = await self.store.fetch_hit(cand.entry_id)
-            if answer is not None:
-                return Hit(cand.entry_id, answer, cand.similarity, False)
-            self.metrics.stale_candidates.inc()
-            self.index.remove(cand.entry_id)  # expired or removed elsewhere
+        question = key.query
+        for entry_id, stored in self.index.canonical_matches(partition, canonical_keys(question)):
+            hit = await self._accept(question, entry_id, stored, 1.0, "canonical")
+            if hit is not None:
+                return hit
+        if level == "canonical" or threshold > 1.0:
+            return None
+        vector = await self.batcher.embed(question)
+        for cand in self.index.search(partition, vector, TOP_K, min(threshold, TYPO_FLOOR)):
+            stored = Conversation.decode(cand.query).question
+            if cand.similarity < threshold and not near_typo(question, stored):
+                continue
+            hit = await self._accept(question, cand.entry_id, stored, cand.similarity, "semantic")
+            if hit is not None:
+                return hit
         return None
+
+    async def _accept(
+        self, question: str, entry_id: str, stored: str, similarity: float, tier: str
+    ) -> Hit | None:
+        """The hit on `entry_id` if no veto objects and it still exists."""
+        if veto(question, stored):
+            self.metrics.veto_rejections.inc()
+            return None
+        answer = await self.store.fetch_hit(entry_id)
+        if answer is None:
+            self.metrics.stale_candidates.inc()
+            self.index.remove(entry_id)  # expired or removed elsewhere
+            return None
+        return Hit(entry_id, answer, similarity, tier)
 
     async def put(self, key: ParsedKey, answer: StoredAnswer, ttl: int | None) -> str | None:
         if answer.finish_reason not in STORABLE_FINISH_REASONS:
             return None
-        # The states the verifier will read when this entry is a candidate, computed now rather than then.
-        vector = await self.batcher.embed(key.query, also=verifier_texts(key.conversation))
-        record = IndexRecord(key.entry_id, key.partition, key.scope, key.stored_text, vector)
+        vector = await self.batcher.embed(key.query)
+        record = IndexRecord(key.entry_id, key.search_partition, key.scope, key.stored_text, vector)
         await self.store.put(record, key.model, answer, ttl or self.ttl_seconds)
         self.index.add(record.entry_id, record.partition, record.scope, vector, record.query)
         await self.store.publish({"op": "store", "id": record.entry_id, "origin": self.replica_id})

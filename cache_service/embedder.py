@@ -19,7 +19,7 @@ import numpy as np
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, MODELS_DIR, embedding_model
 from cache_service.onnx_encoder import OnnxEncoder, load_or_export
-from cache_service.pair_features import TokenStates
+from cache_service.token_states import TokenStates
 from common.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
 T = TypeVar("T")
@@ -49,12 +49,9 @@ def resolve_dtype(dtype: str, model: str = DEFAULT_EMBEDDING_MODEL) -> str:
     if dtype not in EMBEDDING_DTYPES:
         raise ValueError(f"embedding dtype must be one of {EMBEDDING_DTYPES}, not {dtype!r}")
     if dtype == "auto":
-        # The type the model's verifier was fitted on (float32), even where bf16 is native and faster: its
-        # thresholds were chosen on those vectors and do not carry over (docs/SEMANTIC_CACHE.md, "The
-        # embedder").
-        from cache_service.verifier import fitted_embedding_dtype
-
-        return fitted_embedding_dtype(embedding_model(model).verifier_file)
+        # The type the thresholds were calibrated on (float32, cache_service/calibration.json), even where
+        # bf16 is native and faster: calibrated thresholds do not carry over to other vectors.
+        return "float32"
     if dtype == "bfloat16-weights" and bf16_weight_ops() is None:
         raise ValueError("bfloat16-weights needs the compiled kernels (make kernels)")
     return dtype

@@ -25,7 +25,7 @@ the float16 scan and about half its time. Its score differs from the exact one b
 errors, sum_i (w8_i - w_i) q_i + w_i (q8_i - q_i), sums of 384 roundings that mostly cancel: standard
 deviation sqrt((sw^2 + sq^2) / 12) for unit vectors (sw, sq: the row's and the query's quantization steps,
 max |component| / 127 and range / 255), measured 5.1e-4, at most 2.8e-3 over 650k pairs of the service's
-own embeddings (bench/data/cache_eval.jsonl) and 2.6e-3 over 1M random pairs. (The worst case, every
+own embeddings (tools/cache/data/cache_eval.jsonl) and 2.6e-3 over 1M random pairs. (The worst case, every
 rounding the same way, is ~0.03; no real vector comes near it.) A search takes the SKETCH_CANDIDATES (64)
 best snapshot positions (removed or re-stored entries' positions are masked out of the scan), maps them
 by entry id to the current rows, adds the RESCORE_ROWS best of the rows the snapshot lacks or holds an
@@ -56,6 +56,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from cache_service.canonical import canonical_keys
+from cache_service.keys import Conversation
 from cache_service.sketch import (
     DELTA_MAX_FRACTION,
     DELTA_MAX_MIN,
@@ -425,6 +427,9 @@ class VectorIndex:
         self._builder = SketchBuilder(groups=self._scanner.threads) if sketch else None
         self._partitions: dict[str, Partition] = {}
         self._owner: dict[str, str] = {}  # entry id -> partition
+        # The canonical tier: (partition, canonical key) -> entry ids; entry id -> (its keys, its question)
+        self._canonical: dict[tuple[str, str], set[str]] = {}
+        self._canonical_of: dict[str, tuple[frozenset[str], str]] = {}
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -464,17 +469,34 @@ class VectorIndex:
             part = self._partitions[partition] = Partition(self.dim, scope, self._scanner, self._builder)
         part.add(entry_id, vector, query)
         self._owner[entry_id] = partition
+        question = Conversation.decode(query).question
+        keys = canonical_keys(question)
+        self._canonical_of[entry_id] = (keys, question)
+        for key in keys:
+            self._canonical.setdefault((partition, key), set()).add(entry_id)
 
     def remove(self, entry_id: str) -> bool:
         partition = self._owner.pop(entry_id, None)
         if partition is None:
             return False
+        keys, _ = self._canonical_of.pop(entry_id)
+        for key in keys:
+            ids = self._canonical.get((partition, key))
+            if ids is not None:
+                ids.discard(entry_id)
+                if not ids:
+                    del self._canonical[(partition, key)]
         part = self._partitions[partition]
         part.remove(entry_id)
         if len(part) == 0:
             part.close()
             del self._partitions[partition]
         return True
+
+    def canonical_matches(self, partition: str, keys: frozenset[str]) -> list[tuple[str, str]]:
+        """(entry id, stored question) of the entries in `partition` sharing a canonical key with `keys`."""
+        ids = sorted({i for key in keys for i in self._canonical.get((partition, key), ())})
+        return [(i, self._canonical_of[i][1]) for i in ids]
 
     def has_partition(self, partition: str) -> bool:
         return partition in self._partitions

@@ -3,11 +3,13 @@ conversation (what is compared by meaning).
 
 A cached answer may only be reused for the same model, tenant, output-shaping parameters, system prompt and
 shape of conversation (the same roles in the same order). So the index is partitioned by a hash of all of
-that, and similarity is only computed inside one partition. Within it, every user and assistant turn up to
-the last user message may be worded differently: the user's turns are embedded together for the search,
-and the verifier then compares the conversations turn by turn (cache_service/verifier.py), so "capital of
-France? ... what is its population?" can answer "which city is the capital of France? ... how many people
-live there?" but not "capital of Germany? ... what is its population?".
+that, and similarity is only computed inside one partition.
+
+In a conversation, the earlier turns (user and assistant) must be the same text or canonical-equal
+(cache_service/canonical.py: case, punctuation, wrappers, contractions, safe spelling fixes, clause order):
+their canonical text is part of the searched partition (`search_partition`). Only the last question is
+compared by meaning (`query`, what is embedded), by the same tiers as a lone question. So "I use a Mac. ...
+how do I install Python?" answers "i use a mac ... How can I install Python?" but never "I use a PC. ...".
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from cache_service.canonical import canonical_text
 from common.gen import cache_pb2
 
 _SPACES = re.compile(r"\s+")
@@ -62,10 +65,19 @@ class ParsedKey:
 
     @property
     def query(self) -> str:
-        """The text embedded for the search: the user's turns in order, so a follow-up ("what is its
-        population?") is found by what it follows, not by its own few words (assistant turns can be long
-        and are compared by the verifier only)."""
-        return "\n".join(text for role, text in self.conversation.turns if role == "user")
+        """The text compared by meaning (embedded for the search): the last question. Earlier turns are
+        matched by their canonical text, in `search_partition`."""
+        return self.conversation.question
+
+    @property
+    def search_partition(self) -> str:
+        """The partition searched by the canonical and semantic tiers: `partition` and the canonical text of
+        every earlier turn (a lone question: `partition` itself)."""
+        if len(self.conversation.turns) == 1:
+            return self.partition
+        context = [[role, canonical_text(text)] for role, text in self.conversation.turns[:-1]]
+        material = json.dumps([self.partition, context], ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(material.encode()).hexdigest()[:32]
 
     @property
     def stored_text(self) -> str:

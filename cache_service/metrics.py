@@ -22,8 +22,8 @@ class CacheMetrics:
         self.hits = Counter("llmserve_cache_hits", "Lookups answered from the cache.", ["kind"], registry=r)
         self.misses = Counter("llmserve_cache_misses", "Lookups not answered.", registry=r)
         self.stores = Counter("llmserve_cache_stores", "Entries stored.", registry=r)
-        self.verifier_rejections = Counter(
-            "llmserve_cache_verifier_rejections", "Candidate hits refused by the verifier.", registry=r
+        self.veto_rejections = Counter(
+            "llmserve_cache_veto_rejections", "Candidate hits refused by a veto.", registry=r
         )
         self.stale_candidates = Counter(
             "llmserve_cache_stale_candidates",
@@ -31,7 +31,7 @@ class CacheMetrics:
             registry=r,
         )
         self.errors = Counter("llmserve_cache_errors", "Requests that failed.", ["method"], registry=r)
-        init_labels(self.hits, ("exact", "semantic"))  # exported at 0 before the first hit
+        init_labels(self.hits, ("exact", "canonical", "semantic"))  # exported at 0 before the first hit
         init_labels(self.errors, ("Lookup", "Store", "Invalidate"))
         self.entries = Gauge("llmserve_cache_entries", "Entries in this replica's vector index.", registry=r)
         self.embedding_seconds = Histogram(

@@ -1,27 +1,17 @@
-"""Cheap, general checks on two questions: numbers (and what they count), negation (words, prefixes and
-implicit negatives), opposite words, dates, what the question asks for.
+"""Cheap, general checks on two questions: numbers (and what they count), negation (words and prefixes),
+dates, contractions.
 
-A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "buy" and
-"sell", "5 km to miles" and "5 miles to km", "in June" and "in December" as almost the same question. These
-closed classes of English (number words, negators, negating prefixes, calendar words) and WordNet's
-antonyms are checked exactly instead. They are general vocabulary and morphology, not words picked from
-any evaluation set.
-
-Different numbers (when both sides name some) and a negation on one side only veto a candidate outright
-(`veto`). The other checks are evidence, not verdicts (`check_flags`): they go to the learned verifier as
-features beside the embedding's, because rewordings trip them too ("keeps crashing when I open it" / "closing
-itself the moment I launch it", "every day" / "each night", "summer solstice" / "June solstice", "error code
-E24" / "it's showing E24"). On the tuning split (out of fold, the thresholds' rule) that served 38% of
-should-hit pairs instead of 34% at about the same false hits; with negation as a feature too, the rule's pick
-swung on one negation trap (docs/SEMANTIC_CACHE.md, "The verifier").
+A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" and "illegal", "in June" and
+"in December" as almost the same question. These closed classes of English (number words, negators,
+negating prefixes, calendar words) are checked exactly instead. They are general vocabulary and morphology,
+not words picked from any evaluation set. Different numbers (when both sides name some), a negation on one
+side only, and different arithmetic relations veto a candidate (`veto`, called by cache_service/vetoes.py).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 import unicodedata
-from pathlib import Path
 
 # A clock time ("3:30") and a number with a thousands "k" ("$10k") are one word each.
 _WORD = re.compile(r"\d{1,2}:\d\d\b|\d+(?:[.,]\d+)*k\b|\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?")
@@ -231,132 +221,22 @@ def counted_swapped(wa: list[str], wb: list[str]) -> bool:
     return False
 
 
-ANTONYMS_FILE = Path(__file__).with_name("antonyms.tsv")  # built by cache_service/wordnet_build.py
-# Inflection rules (WordNet's "morphy"): suffix -> replacement, tried on every word besides its exceptions.
-_SUFFIXES = (
-    ("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ses", "s"), ("xes", "x"), ("ches", "ch"),
-    ("shes", "sh"), ("men", "man"), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", ""), ("er", ""),
-    ("est", ""), ("er", "e"), ("est", "e"), ("ier", "y"), ("iest", "y"),
-)  # fmt: skip
-
-
-@functools.cache
-def _antonym_table() -> tuple[frozenset[tuple[str, str]], dict[str, str]]:
-    pairs, inflections = set(), {}
-    for line in ANTONYMS_FILE.read_text().splitlines():
-        if line.startswith("#") or not line:
-            continue
-        left, right = line.split("\t")
-        if right.startswith("="):
-            inflections[left] = right[1:]
-        else:
-            pairs.add((left, right))
-            pairs.add((right, left))
-    return frozenset(pairs), inflections
-
-
-def base_forms(w: str) -> set[str]:
-    """The word and every base form it may be an inflection of ("farthest" -> "far", "sold" -> "sell")."""
-    _, inflections = _antonym_table()
-    out = {w}
-    if w in inflections:
-        out.add(inflections[w])
-    for suffix, replacement in _SUFFIXES:
-        if w.endswith(suffix) and len(w) - len(suffix) >= 2:
-            stem = w[: -len(suffix)]
-            out.add(stem + replacement)
-            if suffix in ("ed", "ing", "er", "est") and len(stem) > 2 and stem[-1] == stem[-2]:
-                out.add(stem[:-1])  # "stopped" -> "stop", "bigger" -> "big"
-    return out
-
-
-def opposite_words(wa: list[str], wb: list[str]) -> bool:
-    """A word only one side has is, in some base form, WordNet's antonym of a word only the other side has
-    ("buy" / "sell", "ascending" / "descending", "closest" / "farthest"). Words both sides have are left
-    out, so "the pros and cons" against "the cons and pros" is no opposition."""
-    pairs, _ = _antonym_table()
-    fa = {w: base_forms(w) for w in set(wa)}
-    fb = {w: base_forms(w) for w in set(wb)}
-    all_a = set().union(*fa.values()) if fa else set()
-    all_b = set().union(*fb.values()) if fb else set()
-    only_a = [forms for forms in fa.values() if not forms & all_b]
-    only_b = [forms for forms in fb.values() if not forms & all_a]
-    return any((x, y) in pairs for forms_a in only_a for forms_b in only_b for x in forms_a for y in forms_b)
-
-
 def veto(a: str, b: str) -> str:
-    """Why `a` and `b` can't share an answer, whatever the classifier says ("" when nothing objects).
+    """Why `a` and `b` can't share an answer ("" when nothing objects); more vetoes: cache_service/vetoes.py.
 
     Numbers veto only when both sides name some and they differ ("5 km" / "10 km"), and so do the relations
     of arithmetic (= < > ≤ ≥ ≠, as a multiset: "3x + 7 = 22" / "3x + 7 > 22"); a number on one side alone
     is as often a rewording ("merge two branches" / "merge one branch into another", "a second ago" /
-    "just now") as an added detail, so it is a flag for the classifier (`check_flags`)."""
+    "just now") as an added detail."""
     wa, wb = words(a), words(b)
     na, nb = numbers(wa), numbers(wb)
     if na and nb and na != nb:
         return "numbers differ"
     if negated(wa) != negated(wb) or prefix_negated(wa, wb):
         return "negation differs"
+    if counted_swapped(wa, wb):
+        return "units swapped"
     ra, rb = sorted(_RELATIONS.findall(a)), sorted(_RELATIONS.findall(b))
     if ra and rb and ra != rb:
         return "relations differ"
     return ""
-
-
-# Verbs that negate what follows them without a negator ("avoid", "prevent", "stop"): English's implicit
-# negatives, a small closed set from the grammar of negation, not picked from any data.
-IMPLICIT_NEGATIVES = frozenset(
-    "avoid prevent stop quit cease refuse fail lack miss skip forget forbid prohibit ban deny reject neglect "
-    "omit ignore".split()
-)
-# What a question asks for: its first question word ("how" with the word after it when that makes it a
-# quantity: "how long", "how much"). A closed class.
-QUESTION_WORDS = frozenset("why how what when where who which whom whose".split())
-_HOW_QUANTITIES = frozenset("much many long often far old big late soon".split())
-
-
-def implicit_negation(wa: list[str], wb: list[str]) -> bool:
-    """One side says "avoid" / "prevent" / "stop"... (in some inflection) and the other side does not."""
-    na = {f for w in wa for f in base_forms(w)} & IMPLICIT_NEGATIVES
-    nb = {f for w in wb for f in base_forms(w)} & IMPLICIT_NEGATIVES
-    return na != nb
-
-
-def question_focus(ws: list[str]) -> str:
-    """The first question word ("why", "how long"), or "" for a yes/no question or a request."""
-    for i, w in enumerate(ws):
-        if w in QUESTION_WORDS:
-            if w == "how" and i + 1 < len(ws) and ws[i + 1] in _HOW_QUANTITIES:
-                return f"how {ws[i + 1]}"
-            return w
-    return ""
-
-
-# The checks the classifier weighs (cache_service/pair_features.py), in the order of `check_flags`.
-CHECK_NAMES = (
-    "numbers_count_swapped",
-    "numbers_one_side",
-    "opposite_words",
-    "dates_differ",
-    "implicit_negation",
-    "question_focus_differs",
-)
-
-
-def check_flags(a: str, b: str) -> tuple[bool, ...]:
-    """The CHECK_NAMES that object to `a` and `b` sharing an answer."""
-    wa, wb = words(a), words(b)
-    da, db = dates(wa), dates(wb)
-    return (
-        counted_swapped(wa, wb),
-        bool(numbers(wa)) != bool(numbers(wb)),
-        opposite_words(wa, wb),
-        bool(da and db and da != db),  # one side naming no date ("each night") is not a different date
-        implicit_negation(wa, wb),
-        question_focus(wa) != question_focus(wb),
-    )
-
-
-def objections(a: str, b: str) -> list[str]:
-    """The names of the checks that object (for a refusal's reason)."""
-    return [name for name, flag in zip(CHECK_NAMES, check_flags(a, b), strict=True) if flag]

@@ -37,7 +37,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
             threshold = request.threshold if request.HasField("threshold") else None
             if threshold is not None and not 0.0 <= threshold <= 1.0:
                 raise NotCacheableError("threshold must be in [0, 1]")
-            hit = await self._cache.lookup(key, threshold)
+            hit = await self._cache.lookup(key, threshold, request.level)
         except Exception as exc:  # mapped to a status code
             await self._fail(context, "Lookup", exc)
             raise
@@ -50,6 +50,7 @@ class SemanticCacheServicer(cache_pb2_grpc.SemanticCacheServicer):
             response=a.response,
             similarity=hit.similarity,
             exact=hit.exact,
+            tier=hit.tier,
             finish_reason=a.finish_reason,
             prompt_tokens=a.prompt_tokens,
             completion_tokens=a.completion_tokens,

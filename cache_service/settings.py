@@ -7,9 +7,9 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cache_service.calibration import thresholds_for
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS, EmbeddingModel
 from cache_service.token_states import DEFAULT_CAPACITY_MB
-from cache_service.verifier import Thresholds
 
 
 class CacheSettings(BaseSettings):
@@ -27,19 +27,17 @@ class CacheSettings(BaseSettings):
     # all-minilm-l6-v2 or all-mpnet-base-v2 (opt-in: `make cache-models`): cache_service/embedding_models.py
     embedding_model: Literal["all-minilm-l6-v2", "all-mpnet-base-v2"] = DEFAULT_EMBEDDING_MODEL
     embedding_model_dir: str = ""  # its sentence-transformers directory; "": where the model ships
-    # The three thresholds default to the embedding model's, chosen by bench/cache_quality.py on the tuning
-    # split of bench/data/cache_pairs.jsonl only (docs/BENCHMARKS.md): the cosine floor a candidate must
-    # reach before the verifier reads it, and the verifier's probability that one answer serves both
-    # questions (the question itself; every earlier turn of a conversation that differs).
+    # The risk knob: the share of lookups that should not hit which may be answered anyway, mapped to the
+    # semantic tier's cosine threshold calibrated on the tune split (cache_service/calibration.py); below
+    # the smallest calibrated budget (0.005) only exact and canonical hits are served.
+    max_false_hit_rate: float = Field(default=0.02, ge=0.0, le=1.0)
+    # An explicit cosine threshold instead (stricter or looser than the knob; measured nowhere): unset.
     similarity_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     ttl_seconds: int = Field(default=86400, ge=1)
-    verifier_enabled: bool = True  # the second check on a candidate hit (cache_service/verifier.py)
-    verifier_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    context_verifier_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
-    # auto: the type the verifier was fitted on (float32); bfloat16-weights: float32 arithmetic on weights
-    # stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
+    # auto: the type the thresholds were calibrated on (float32); bfloat16-weights: float32 arithmetic on
+    # weights stored in bf16, faster on CPUs without native bf16 (cache_service/embedder.py)
     embedding_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-weights"] = "auto"
     # auto: ONNX Runtime for float32 (about twice torch's speed on a short question, the same numbers), torch
     # for the bf16 types; the export is kept in onnx_dir ("": models/onnx) (cache_service/onnx_encoder.py)
@@ -54,19 +52,11 @@ class CacheSettings(BaseSettings):
     drain_timeout_s: float = Field(default=30.0, ge=0.0)  # on SIGTERM: lookups in flight may finish
 
     @model_validator(mode="after")
-    def _model_thresholds(self) -> CacheSettings:
-        model = self.model()
+    def _model_threshold(self) -> CacheSettings:
+        """The knob's threshold for the model; a model without a calibration needs an explicit one."""
         if self.similarity_threshold is None:
-            self.similarity_threshold = model.similarity_threshold
-        if self.verifier_threshold is None:
-            self.verifier_threshold = model.verifier_threshold
-        if self.context_verifier_threshold is None:
-            self.context_verifier_threshold = model.context_verifier_threshold
+            self.similarity_threshold = thresholds_for(self.embedding_model, self.max_false_hit_rate)
         return self
 
     def model(self) -> EmbeddingModel:
         return EMBEDDING_MODELS[self.embedding_model]
-
-    def verifier_thresholds(self) -> Thresholds:
-        assert self.verifier_threshold is not None and self.context_verifier_threshold is not None
-        return Thresholds(question=self.verifier_threshold, context=self.context_verifier_threshold)

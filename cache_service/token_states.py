@@ -5,7 +5,7 @@ the query and of the candidate it found. Both come out of the same forward pass 
 this cache sits in front of the Embedder: embedding a question keeps its states, and the verifier then
 finds the query (embedded a moment ago) and the candidate (embedded when it was stored, or when it was
 last looked up) without running the model again. On this 2-core machine that halves a semantic hit: one
-forward pass of ~20 ms instead of two (docs/SEMANTIC_CACHE.md).
+forward pass of ~20 ms instead of two (docs/SEMANTIC_CACHE_STUDIES.md).
 
 Bounded by the bytes the states take (CACHE_TOKEN_STATE_MB; a 10-word question ~45 KB, a 1,000-character
 one ~0.8 MB), least recently used first out. A text that has fallen out is simply encoded again. Used from
@@ -17,11 +17,22 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from cache_service.pair_features import TokenStates
+
+@dataclass(frozen=True)
+class TokenStates:
+    """One text's forward pass: its sentence vector and, per word piece (specials and punctuation dropped),
+    the piece id, its L2-normalized contextual vector and its L2-normalized static vector."""
+
+    sentence: np.ndarray  # (dim,)
+    ids: tuple[int, ...]
+    context: np.ndarray  # (pieces, dim)
+    static: np.ndarray  # (pieces, dim)
+
 
 DEFAULT_CAPACITY_MB = 256  # ~6,000 short questions (MiniLM with two layers in its contextual vectors: ~45 KB)
 

@@ -77,8 +77,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     if settings.cors_allow_origins:
         origins = [o.strip() for o in settings.cors_allow_origins.split(",") if o.strip()]
         app.add_middleware(
-            CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
-            expose_headers=["X-Request-Id", "X-Semantic-Cache"],
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-Id", "X-Semantic-Cache", "X-Semantic-Cache-Tier"],
         )
     app.add_middleware(RequestIdMiddleware)  # outermost: every response carries the id
     _add_error_handlers(app)

@@ -39,6 +39,7 @@ class CacheHit:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    tier: str = "exact"  # exact | canonical | semantic (a shared generation: exact)
 
 
 def _canonical(value: Any) -> Any:
@@ -114,10 +115,13 @@ class SemanticCacheClient:
             except Exception:  # a metrics callback must not break serving
                 log.exception("semantic cache on_error callback failed")
 
-    async def lookup(self, key: cache_pb2.CacheKey, threshold: float | None = None) -> CacheHit | None:
-        """The cached answer, or None on a miss and on any error or timeout."""
+    async def lookup(
+        self, key: cache_pb2.CacheKey, threshold: float | None = None, level: str = ""
+    ) -> CacheHit | None:
+        """The cached answer, or None on a miss and on any error or timeout. `level` narrows the tiers
+        (exact, canonical, semantic; "" = all the service allows)."""
         try:
-            request = cache_pb2.LookupRequest(key=key)
+            request = cache_pb2.LookupRequest(key=key, level=level)
             if threshold is not None:
                 request.threshold = threshold
             resp = await self._get_stub().Lookup(request, timeout=self._timeout_s)
@@ -139,6 +143,7 @@ class SemanticCacheClient:
             finish_reason=resp.finish_reason,
             prompt_tokens=resp.prompt_tokens,
             completion_tokens=resp.completion_tokens,
+            tier=resp.tier or ("exact" if resp.exact else "semantic"),
         )
 
     def store_later(

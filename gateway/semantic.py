@@ -22,6 +22,18 @@ from gateway.single_flight import SHAREABLE_FINISH_REASONS, SingleFlight
 from gateway.worker_request import contract_values
 
 BYPASS_HEADER = "x-semantic-cache"
+# X-Semantic-Cache on a request: bypass, or the widest tier it accepts (never wider than the operator's
+# CACHE_MAX_FALSE_HIT_RATE allows). Other values are ignored (every tier the service allows).
+LEVELS = ("exact", "canonical", "semantic")
+
+
+def requested_level(headers: Any) -> str | None:
+    """The request's X-Semantic-Cache: None for bypass, else the level passed to the cache ("" = all the
+    operator allows)."""
+    asked = headers.get(BYPASS_HEADER, "").strip().lower()
+    if asked == "bypass":
+        return None
+    return asked if asked in LEVELS else ""
 
 
 @dataclass
@@ -37,6 +49,7 @@ class CacheDecision:
         headers = {"X-Semantic-Cache": self.status}
         if self.hit is not None:
             headers["X-Semantic-Cache-Similarity"] = f"{self.hit.similarity:.4f}"
+            headers["X-Semantic-Cache-Tier"] = self.hit.tier
         return headers
 
 
@@ -88,7 +101,8 @@ class SemanticCacheGate:
         prompt: str | None = None,
     ) -> CacheDecision:
         """Ask the cache unless the client opted out or the answer can't be reused."""
-        if self.client is None or headers.get(BYPASS_HEADER, "").lower() == "bypass":
+        level = requested_level(headers)
+        if self.client is None or level is None:
             return self._bypass()
         if not self.may_reuse(req):
             return self._bypass()
@@ -97,7 +111,7 @@ class SemanticCacheGate:
         if key is None:
             return self._bypass()
         errors_before = self.client.errors
-        hit = await self.client.lookup(key)
+        hit = await self.client.lookup(key, level=level)
         if hit is not None:
             observability.SEMANTIC_CACHE.labels("hit").inc()
             return CacheDecision("hit", key, hit)

@@ -2,7 +2,7 @@
 hand-written index only if it wins).
 
 Data. ~1,000 real all-MiniLM-L6-v2 embeddings (the service's embedder, float32) of the labelled questions in
-bench/data/cache_pairs.jsonl, plus synthetic vectors to reach the size: drawn from a Gaussian with the real
+tools/cache/data/cache_pairs.jsonl, plus synthetic vectors to reach the size: drawn from a Gaussian with the real
 embeddings' mean and covariance (so the synthetic rows keep MiniLM's anisotropy: mean direction, spread
 spectrum), normalized, in groups of 1-20 rewordings around a centre (cosine ~0.87-0.97 to it). Queries, per
 size: real paraphrases whose original is stored (the other side of a should-hit pair, never stored itself),
@@ -61,7 +61,7 @@ TIE = 1e-3
 
 def real_texts() -> tuple[list[str], list[tuple[str, str]]]:
     """(texts to store, (query, its stored original) pairs): single-turn texts of the labelled pairs."""
-    rows = [json.loads(line) for line in (ROOT / "bench/data/cache_pairs.jsonl").open()]
+    rows = [json.loads(line) for line in (ROOT / "tools/cache/data/cache_pairs.jsonl").open()]
     rows = [r for r in rows if isinstance(r["a"], str) and isinstance(r["b"], str)]
     originals = {r["a"] for r in rows}
     queries = {r["b"]: r["a"] for r in rows if r["should_hit"] and r["b"] not in originals}
@@ -628,7 +628,7 @@ def notes(sized: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
         " search everywhere (`handwritten-2t`: the service's two scan threads, no gain on this loaded"
         " machine).",
         "",
-        "Data: 1,003 real all-MiniLM-L6-v2 embeddings of the questions in `bench/data/cache_pairs.jsonl`, the"
+        "Data: 1,003 real all-MiniLM-L6-v2 embeddings of the questions in `tools/cache/data/cache_pairs.jsonl`, the"
         " rest synthetic: a Gaussian with the real embeddings' mean and covariance, in groups of 1-20"
         " rewordings (cosine ~0.87-0.97 to their centre). Queries per size (200 of each kind, 100 at 1M):"
         " real paraphrases of stored questions, synthetic near-duplicates of stored rows (cosine"

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from cache_service.embedder import Embedder, resolve_dtype
-from cache_service.verifier import fitted_embedding_dtype
 from common.linear import bf16_weight_ops
 
 QUESTIONS = [
@@ -17,8 +16,7 @@ QUESTIONS = [
 ]
 
 
-def test_auto_is_the_type_the_verifier_was_fitted_on_whatever_the_cpu() -> None:
-    assert fitted_embedding_dtype() == "float32"
+def test_auto_is_the_type_the_thresholds_were_calibrated_on_whatever_the_cpu() -> None:
     assert resolve_dtype("auto") == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         resolve_dtype("int8")

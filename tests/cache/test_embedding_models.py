@@ -1,20 +1,18 @@
-"""CACHE_EMBEDDING_MODEL: each model brings the verifier fitted on its own vectors and its own thresholds, and
-the opt-in all-mpnet-base-v2 (fetched into models/ by `make cache-models`, a step of `make test`) serves
+"""CACHE_EMBEDDING_MODEL: each model brings its own calibrated thresholds (cache_service/calibration.json),
+and the opt-in all-mpnet-base-v2 (fetched into models/ by `make cache-models`, a step of `make test`) serves
 through a real cache service process."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import typing
 from pathlib import Path
 
 import grpc
 import pytest
 
-from cache_service.embedding_models import EMBEDDING_MODELS, MINILM, MPNET
+from cache_service.calibration import BUDGETS, SEMANTIC_OFF, calibrated_models, thresholds_for
+from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS, MPNET
 from cache_service.settings import CacheSettings
-from cache_service.verifier import load_classifier
 from common.gen import cache_pb2_grpc
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import start_cache_service
@@ -25,47 +23,37 @@ def test_the_setting_offers_every_model() -> None:
     assert set(choices) == set(EMBEDDING_MODELS)
 
 
-@pytest.mark.parametrize("name", sorted(EMBEDDING_MODELS))
-def test_thresholds_default_to_the_models_own(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = EMBEDDING_MODELS[name]
+def test_the_default_model_is_calibrated_at_every_budget() -> None:
+    assert DEFAULT_EMBEDDING_MODEL in calibrated_models()
+    for name in calibrated_models():
+        thresholds = [thresholds_for(name, b) for b in BUDGETS]
+        assert all(0.5 <= t <= 1.0 for t in thresholds), thresholds
+        assert thresholds == sorted(thresholds, reverse=True)  # a larger budget never a stricter threshold
+
+
+def test_an_uncalibrated_model_needs_an_explicit_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """all-mpnet-base-v2 has no calibration yet (docs/SEMANTIC_CACHE.md, "Not done"): it starts only with
+    CACHE_SIMILARITY_THRESHOLD set, never with a threshold calibrated for another model."""
+    assert MPNET not in calibrated_models()
+    monkeypatch.setenv("CACHE_EMBEDDING_MODEL", MPNET)
+    with pytest.raises(ValueError, match="no calibration for embedding model all-mpnet-base-v2"):
+        CacheSettings()
+    monkeypatch.setenv("CACHE_SIMILARITY_THRESHOLD", "0.9")
+    assert CacheSettings().similarity_threshold == 0.9
+
+
+@pytest.mark.parametrize("name", calibrated_models())
+def test_the_knob_maps_to_the_models_own_threshold(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHE_EMBEDDING_MODEL", name)
-    settings = CacheSettings()
-    assert settings.similarity_threshold == model.similarity_threshold
-    thresholds = settings.verifier_thresholds()
-    assert (thresholds.question, thresholds.context) == (
-        model.verifier_threshold,
-        model.context_verifier_threshold,
-    )
-    monkeypatch.setenv("CACHE_VERIFIER_THRESHOLD", "0.5")
-    assert CacheSettings().verifier_thresholds().question == 0.5  # an explicit value wins
-
-
-def test_the_two_models_have_their_own_thresholds() -> None:
-    minilm, mpnet = EMBEDDING_MODELS[MINILM], EMBEDDING_MODELS[MPNET]
-    assert (minilm.similarity_threshold, minilm.verifier_threshold) != (
-        mpnet.similarity_threshold,
-        mpnet.verifier_threshold,
-    )
-
-
-def test_a_classifier_fitted_on_another_models_vectors_is_refused() -> None:
-    with pytest.raises(RuntimeError, match="fitted on all-minilm-l6-v2 vectors"):
-        load_classifier(EMBEDDING_MODELS[MINILM].verifier_file, MPNET)
-    with pytest.raises(RuntimeError, match="fitted on all-mpnet-base-v2 vectors"):
-        load_classifier(EMBEDDING_MODELS[MPNET].verifier_file, MINILM)
-
-
-def test_a_classifier_fitted_on_other_context_layers_is_refused(tmp_path: Path) -> None:
-    shipped = EMBEDDING_MODELS[MINILM].verifier_file
-    copy = tmp_path / shipped.name
-    shutil.copy(shipped, copy)
-    meta = json.loads(shipped.with_suffix(".json").read_text())
-    assert tuple(meta["context_layers"]) == EMBEDDING_MODELS[MINILM].context_layers
-    load_classifier(shipped, MINILM)  # the shipped one matches
-    meta["context_layers"] = [*meta["context_layers"], 1]
-    copy.with_suffix(".json").write_text(json.dumps(meta))
-    with pytest.raises(RuntimeError, match="contextual vectors of layers"):
-        load_classifier(copy, MINILM)
+    assert CacheSettings().similarity_threshold == thresholds_for(name, 0.02)  # the default ceiling
+    monkeypatch.setenv("CACHE_MAX_FALSE_HIT_RATE", "0.05")
+    assert CacheSettings().similarity_threshold == thresholds_for(name, 0.05)
+    monkeypatch.setenv("CACHE_MAX_FALSE_HIT_RATE", "0.025")  # between budgets: the stricter one
+    assert CacheSettings().similarity_threshold == thresholds_for(name, 0.02)
+    monkeypatch.setenv("CACHE_MAX_FALSE_HIT_RATE", "0.001")  # below every budget: no semantic tier
+    assert CacheSettings().similarity_threshold == SEMANTIC_OFF
+    monkeypatch.setenv("CACHE_SIMILARITY_THRESHOLD", "0.9")  # an explicit threshold wins
+    assert CacheSettings().similarity_threshold == 0.9
 
 
 def test_a_missing_model_directory_says_how_to_fetch_it(tmp_path: Path) -> None:
@@ -77,7 +65,9 @@ def test_a_missing_model_directory_says_how_to_fetch_it(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def mpnet_service(log_dir: Path, redis_url: str):
-    service = start_cache_service(log_dir, redis_url, name="cache-mpnet", CACHE_EMBEDDING_MODEL=MPNET)
+    service = start_cache_service(
+        log_dir, redis_url, name="cache-mpnet", CACHE_EMBEDDING_MODEL=MPNET, CACHE_SIMILARITY_THRESHOLD="0.8"
+    )
     try:
         yield service
     finally:
@@ -88,7 +78,7 @@ def test_the_mpnet_service_serves_rewordings_and_refuses_traps(mpnet_service) ->
     with grpc.insecure_channel(mpnet_service.addr) as channel:
         stub = cache_pb2_grpc.SemanticCacheStub(channel)
         store(stub, chat_key("What is the capital of France?", "t-mpnet"), "Paris.")
-        hit = lookup(stub, chat_key("Which city is France's capital?", "t-mpnet"))
+        hit = lookup(stub, chat_key("Tell me the capital of France.", "t-mpnet"))
         assert hit.hit and not hit.exact and hit.response == "Paris."
         assert not lookup(stub, chat_key("What is the capital of Germany?", "t-mpnet")).hit
         store(stub, chat_key("How do I turn on two-factor authentication?", "t-mpnet"), "Settings > 2FA.")

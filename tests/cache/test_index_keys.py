@@ -77,10 +77,15 @@ def test_partition_depends_on_everything_but_the_last_user_message() -> None:
     )
 
 
-def test_query_is_last_user_message_and_entry_id_normalizes() -> None:
+def test_query_is_the_last_question_and_entry_id_normalizes() -> None:
     parsed = parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "  What is   2FA? ")]))
     assert parsed.conversation.question == "  What is   2FA? "
-    assert parsed.query == "first\n  What is   2FA? "  # the user's turns are searched together
+    assert parsed.query == "  What is   2FA? "  # only the last question is compared by meaning
+    # earlier turns are matched by their canonical text, in the searched partition
+    retyped = parse_key(key([("user", "First!"), ("assistant", "OK"), ("user", "What is 2FA?")]))
+    other = parse_key(key([("user", "second"), ("assistant", "ok"), ("user", "What is 2FA?")]))
+    assert parsed.search_partition == retyped.search_partition != parsed.partition
+    assert other.search_partition != parsed.search_partition and other.partition == parsed.partition
     assert (
         parsed.entry_id
         == parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "what is 2fa")])).entry_id

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cache_service.pair_features import TokenStates
-from cache_service.token_states import TokenStateCache
+from cache_service.token_states import TokenStateCache, TokenStates
 
 
 class CountingEncoder:

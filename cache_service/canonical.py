@@ -1,0 +1,221 @@
+"""The canonical tier: one key for the ways people retype the same question, without an embedding model.
+
+`canonical_keys(text)` maps a question to a small set of keys; two questions with a key in common are the
+same question retyped. What it undoes, in this order:
+
+1. Greetings, sign-offs and politeness wrappers at either end ("Hi there,", "Thanks in advance!", "Quick
+   question:", "Could you tell me", "please"), from the general lists below, written for English chat and
+   email at large (not from any evaluation data); a wrapper is only removed when at least two words remain.
+2. Contractions, also typed without the apostrophe ("dont", "whats": cache_service/pair_checks.py).
+3. Spelling errors in plain lower-case words, only where the correction is unambiguous
+   (cache_service/spelling.py); capitalized words, names, numbers and codes are never touched.
+4. Case, punctuation (kept inside numbers and codes: "3.5", "node.js", "C++", "$20", "50%") and spacing.
+5. Clauses moved around a comma: "To open a joint account, what documents do I need?" also gets the key of
+   "What documents do I need to open a joint account?". Clauses move whole (two or three of them); word
+   order inside a clause is kept, so "Paris to London" never equals "London to Paris".
+
+Nothing here removes a negation, a number or a name, so two questions with a common key also pass the
+semantic tier's vetoes (cache_service/vetoes.py); the cache checks them anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import unicodedata
+
+from cache_service import spelling
+from cache_service.pair_checks import expand_contractions
+
+_GREETINGS = (
+    "hi", "hello", "hey", "hiya", "heya", "howdy", "yo", "greetings", "good morning", "good afternoon",
+    "good evening", "good day", "morning", "evening", "hi there", "hello there", "hey there", "hi all",
+    "hello all", "hi everyone", "hello everyone", "hey everyone", "hi guys", "hey guys", "hello guys",
+    "hi folks", "hey folks", "hi team", "hello team", "dear sir", "dear madam", "dear sir or madam",
+    "dear sir/madam", "dear team", "dear support", "dear support team", "dear all", "to whom it may concern",
+    "hope you are well", "hope you're well", "hope you are doing well", "i hope you are well",
+    "i hope this finds you well", "hope this finds you well", "hey so", "ok so", "okay so", "so", "um", "uh",
+    "hmm", "ok", "okay", "oh",
+)  # fmt: skip
+_LEAD_INS = (
+    "please", "pls", "plz", "kindly", "quick question", "a quick question", "just a quick question",
+    "question", "one question", "simple question", "i have a question", "i have a quick question",
+    "sorry to bother you", "sorry to bother", "sorry", "excuse me", "help", "help me", "help please",
+    "need help", "i need help", "i need some help", "can you help me", "could you help me",
+    "can you help", "could you help", "can you please help me", "could you please help me",
+    "can anyone help", "can someone help", "can somebody help", "i was wondering", "just wondering",
+    "i am wondering", "i wonder", "i would like to know", "i'd like to know", "i want to know",
+    "i wanted to know", "i need to know", "i would like to ask", "i want to ask", "i wanted to ask",
+    "i would like to ask you", "can i ask", "may i ask", "can you tell me", "could you tell me",
+    "can you please tell me", "could you please tell me", "would you tell me", "please tell me",
+    "tell me", "do you know", "does anyone know", "does anybody know", "anyone know", "anybody know",
+    "do you happen to know", "any idea", "any ideas", "btw", "by the way", "fyi", "just curious",
+    "out of curiosity", "real quick", "quickly",
+)  # fmt: skip
+_SIGN_OFFS = (
+    "thanks", "thank you", "thanks a lot", "thanks so much", "thank you so much", "thank you very much",
+    "thanks very much", "many thanks", "thanks in advance", "thank you in advance", "thanks again",
+    "thx", "thnx", "thanx", "ty", "tia", "cheers", "regards", "best regards", "kind regards",
+    "warm regards", "all the best", "best wishes", "sincerely", "yours sincerely",
+    "yours faithfully", "yours truly", "much appreciated", "appreciate it", "i appreciate it",
+    "i would appreciate it", "i'd appreciate it", "appreciate any help", "any help appreciated",
+    "any help is appreciated", "any help would be appreciated", "any help would be great",
+    "thanks for your help", "thank you for your help", "thanks for the help", "thanks for any help",
+    "have a nice day", "have a good day", "have a great day", "take care", "please", "pls", "plz",
+    "asap", "as soon as possible", "please advise", "please help", "help please",
+    "if you know", "if you can", "if possible", "if you could", "if anyone knows",
+    "any ideas", "any idea", "any thoughts", "any advice", "any tips", "any suggestions", "lol",
+    "thank u", "thanks u", "tnx", "urgent", "quick question", "just wondering",
+)  # fmt: skip
+
+
+def _alternation(phrases: tuple[str, ...]) -> str:
+    words = sorted({p.replace("'", "'?") for p in phrases}, key=len, reverse=True)
+    return "|".join(w.replace(" ", r"\s+").replace("/", r"\s*/\s*") for w in words)
+
+
+_SEP = r"[\s,.!:;\-–—)(]*"
+_EMOJI = r"(?:[:;]-?[)(dp]|[\U0001F300-\U0001FAFF☀-➿])"
+_OPENING = re.compile(rf"^(?:{_EMOJI}|(?:{_alternation(_GREETINGS + _LEAD_INS)})\b){_SEP}", re.I)
+_CLOSING = re.compile(
+    rf"{_SEP}(?:{_EMOJI}|\b(?:{_alternation(_SIGN_OFFS)})(?:[\s,]+[A-Z][a-z]+)?)[\s.!?,)(:;]*$",
+    re.I,
+)
+# A word, number or code ("3.5", "node.js", "C++", "-7": a minus before a digit is kept), or a symbol.
+_TOKEN = re.compile(r"(?:(?<!\w)-(?=\d))?\w+(?:[.'+#&@/\-]\w+)*[+#%]*|[$€£%+#&=<>]")
+_SENTENCE_END = re.compile(r"[.!?]$")
+_CLAUSE_SPLIT = re.compile(r"(?<!\d),|,(?!\d)|;|\s[–—]\s")  # not "3,000"
+MAX_CLAUSES = 3
+
+
+def strip_wrappers(text: str) -> str:
+    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept)."""
+    text = " ".join(text.split())
+    for _ in range(6):
+        before = text
+        for pattern in (_OPENING, _CLOSING):
+            shorter = pattern.sub("", text, count=1).strip()
+            if len(shorter.split()) >= 2 and shorter != text:
+                text = shorter
+        if text == before:
+            break
+    return text
+
+
+def case_says_nothing(text: str) -> bool:
+    """Typed in capitals or with every word capitalized: case tells no name from a word."""
+    alpha = [w for w in _TOKEN.findall(text) if w[:1].isalpha()]
+    return len(alpha) >= 3 and sum(w[:1].isupper() for w in alpha) > 0.6 * len(alpha)
+
+
+def _words(clause: str, first_of_text: bool, correct: bool, caseless: bool) -> list[str]:
+    """Lower-case words of a clause, spelling corrected where safe: lower-case words (and a capital at the
+    clause's start), none at all in a text whose case says nothing (its names look like words)."""
+    out = []
+    for i, token in enumerate(_TOKEN.findall(clause)):
+        lower = token.lower()
+        sentence_start = i == 0 and first_of_text
+        plain = not caseless and (
+            token.islower() or (sentence_start and token[:1].isupper() and token[1:].islower())
+        )
+        out.append(spelling.correct(lower) if correct and plain and len(token) > 1 else lower)
+    return out
+
+
+def canonical_words(text: str, correct: bool = True) -> list[list[str]]:
+    """The question's clauses (split at commas and semicolons outside numbers), each as its canonical
+    words (without spelling correction when `correct` is false); empty clauses dropped."""
+    text = unicodedata.normalize("NFKC", text)
+    text = expand_contractions(strip_wrappers(text))
+    caseless = case_says_nothing(text)
+    clauses = []
+    for n, part in enumerate(_CLAUSE_SPLIT.split(text)):
+        ws = _words(part.strip(), first_of_text=n == 0 or not clauses, correct=correct, caseless=caseless)
+        if ws:
+            clauses.append(ws)
+    return clauses
+
+
+@functools.lru_cache(maxsize=16384)
+def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
+    """Every key of `text`: its clauses in each order (two or three clauses), else in the order written."""
+    clauses = canonical_words(text, correct)
+    if 2 <= len(clauses) <= MAX_CLAUSES:
+        orders = itertools.permutations(clauses)
+    else:
+        orders = iter([clauses])
+    return frozenset(" ".join(w for clause in order for w in clause) for order in orders)
+
+
+def canonical_text(text: str) -> str:
+    """The key of `text` with its clauses in the order written (logs, tests)."""
+    return " ".join(w for clause in canonical_words(text) for w in clause)
+
+
+MAX_TYPO_EDITS = 2  # letter edits over the whole question
+
+
+def _osa(a: str, b: str, limit: int) -> int:
+    """Optimal-string-alignment distance (a transposition is one edit), or limit + 1 beyond `limit`."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        current = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        if min(current) > limit:
+            return limit + 1
+        previous2, previous = previous, current
+    return previous[-1]
+
+
+TYPO_WORD_BELOW = 3.5  # a mistyped word: unlisted or rarer than this (Zipf) ...
+TYPO_OF_AT_LEAST = 3.5  # ... beside a word at least this common (both chosen on the tune split)
+
+
+def _typo_of(x: str, y: str, budget: int) -> int:
+    """Edits between two differing words when one can be a mistyping of the other (letters only; one an
+    English word, the other no word at all: "conection" / "connection", never "on" / "of" nor "tsp" /
+    "tbsp"), else budget + 1."""
+    letters = x.replace("-", "").isalpha() and y.replace("-", "").isalpha()
+    zx, zy = spelling.zipf(x), spelling.zipf(y)
+    if not letters or min(zx, zy) >= TYPO_WORD_BELOW or max(zx, zy) < TYPO_OF_AT_LEAST:
+        return budget + 1
+    limit = min(budget, 1 if min(len(x), len(y)) <= 3 else 2)
+    distance = _osa(x, y, limit)
+    return distance if distance <= limit else budget + 1
+
+
+def typo_pair(x: str, y: str) -> bool:
+    """Whether one of two words can be a mistyping of the other (see _typo_of)."""
+    return _typo_of(x, y, MAX_TYPO_EDITS) <= MAX_TYPO_EDITS
+
+
+def near_typo(a: str, b: str) -> bool:
+    """Whether `a` and `b` differ only by a few mistyped letters in plain words (at most MAX_TYPO_EDITS over
+    the question, same words otherwise, in any of their clause orders). The semantic tier accepts such a
+    candidate below its cosine threshold; the vetoes still apply. Never in a text typed in capitals or
+    title case, where a name ("USPS") looks like a word ("ups")."""
+    if case_says_nothing(a) or case_says_nothing(b):
+        return False
+    for ka in canonical_keys(a, correct=False):
+        wa = ka.split(" ")
+        for kb in canonical_keys(b, correct=False):
+            wb = kb.split(" ")
+            if len(wa) != len(wb) or ka == kb:
+                continue
+            budget = MAX_TYPO_EDITS
+            for x, y in zip(wa, wb, strict=True):
+                if x != y:
+                    budget -= _typo_of(x, y, budget)
+                    if budget < 0:
+                        break
+            if budget >= 0:
+                return True
+    return False

@@ -1,0 +1,177 @@
+"""General vetoes on a candidate hit: differences that change the answer in any text, whatever the
+embedding says.
+
+A sentence model puts "turn on 2FA" beside "turn off 2FA" and "capital of Austria" beside "capital of
+Australia". These checks read closed classes of English and the shape of names, not words picked from any
+evaluation set:
+
+- numbers, units' values, arithmetic relations and negation on one side only (cache_service/pair_checks.py);
+- calendar words (months, weekdays, seasons, "today"/"tomorrow") that differ;
+- names, brands, places and codes: a capitalized word inside a sentence, a word with a capital inside it
+  ("iPhone", "macOS") or a word with letters and digits ("PS5", "E24") on one side that the other side does
+  not have (a greeting's or sign-off's name is removed first);
+- comparison and direction words: one side says "more" where the other says "less", "upload" where the
+  other says "download", "before" where the other says "after" (OPPOSITES);
+- the same names or numbers in another order around a direction word ("Paris to London" / "London to
+  Paris", "5 km to miles" / "5 miles to km");
+- a detail changed in an otherwise identical question: sharing most content words, one side adds, drops
+  or swaps one ("change a flat tire" / "... on a bicycle"): traps are minimal edits, rewordings are not.
+
+They run on both tiers (canonical and semantic) and cost a few regular expressions per candidate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from cache_service.canonical import MAX_CLAUSES, case_says_nothing, strip_wrappers
+from cache_service.pair_checks import dates, expand_contractions, words
+from cache_service.pair_checks import veto as number_negation_veto
+
+_OPPOSITE_PAIRS = (
+    "more less", "more fewer", "most least", "higher lower", "highest lowest", "bigger smaller",
+    "larger smaller", "biggest smallest", "largest smallest", "longer shorter", "longest shortest",
+    "faster slower", "fastest slowest", "cheaper pricier", "better worse", "best worst", "before after",
+    "earlier later", "early late", "above below", "over under", "up down", "upload download",
+    "uploading downloading", "increase decrease", "increase reduce", "raise lower", "import export",
+    "buy sell", "buying selling", "enable disable", "enabled disabled", "on off", "open close",
+    "min max", "minimum maximum", "first last", "add remove", "install uninstall", "encrypt decrypt",
+    "compress decompress", "send receive", "sending receiving", "lend borrow", "push pull", "win lose",
+    "gain lose", "hot cold", "warm cool", "heat cool", "north south", "east west", "left right",
+    "inside outside", "indoor outdoor", "indoors outdoors", "top bottom", "front back", "forward backward",
+    "plus minus", "add subtract", "multiply divide", "start stop", "begin end", "arrive leave",
+    "arrival departure", "inbound outbound", "incoming outgoing", "input output", "import export",
+    "deposit withdraw", "credit debit", "income expense", "profit loss", "rise fall", "wet dry",
+    "light heavy", "light dark", "old new", "older newer", "oldest newest", "young old", "younger older",
+    "easy hard", "easier harder", "easiest hardest", "safe dangerous", "legal illegal", "male female",
+    "men women", "boy girl", "day night", "morning evening", "summer winter", "spring autumn",
+    "weekday weekend", "public private", "positive negative", "odd even", "true false",
+    "allow block", "accept decline", "accept reject", "join leave", "hire fire", "pros cons",
+    "advantages disadvantages", "benefits risks", "lock unlock", "mute unmute", "follow unfollow",
+    "subscribe unsubscribe", "connect disconnect", "mount unmount", "zip unzip", "pack unpack",
+    "freeze thaw", "maximize minimize", "expand collapse", "show hide", "visible hidden",
+    "online offline", "inhale exhale", "import export", "ascending descending", "asc desc",
+    "upper lower", "uppercase lowercase", "horizontal vertical", "vertically horizontally",
+    "horizontally vertically", "rows columns", "row column",
+)  # fmt: skip
+OPPOSITES: dict[str, set[str]] = {}
+for _pair in _OPPOSITE_PAIRS:
+    _x, _y = _pair.split()
+    OPPOSITES.setdefault(_x, set()).add(_y)
+    OPPOSITES.setdefault(_y, set()).add(_x)
+DIRECTION_WORDS = frozenset("to from into than vs versus per over against".split())
+_TOKEN = re.compile(r"[\w]+(?:[.'+#&@/\-][\w]+)*")
+_SENTENCE_BREAK = re.compile(r"[.!?:;\n\"(]")
+
+
+def _tokens(text: str) -> list[tuple[str, bool]]:
+    """(word, starts a sentence) for each word of `text`."""
+    out = []
+    end = 0
+    for m in _TOKEN.finditer(text):
+        out.append((m.group(), end == 0 or bool(_SENTENCE_BREAK.search(text[end : m.start()]))))
+        end = m.end()
+    return out
+
+
+def _is_name(word: str, sentence_start: bool) -> bool:
+    if any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
+        return True  # a code or model: "PS5", "E24", "iOS17"
+    if word[1:] != word[1:].lower() and any(c.isupper() for c in word[1:]):
+        return True  # "iPhone", "macOS", "USB", "NASA"
+    return word[:1].isupper() and not sentence_start and word != "I"
+
+
+def _plain(word: str) -> str:
+    word = word.lower()
+    return word[:-2] if word.endswith("'s") else word
+
+
+def names(text: str) -> set[str]:
+    """The names, brands, places and codes of a question (lower case, possessive 's removed). In a text
+    typed in capitals or with every word capitalized, case says nothing: only codes ("PS5") count."""
+    tokens = _tokens(text)
+    if case_says_nothing(text):
+        return {_plain(w) for w, _ in tokens if any(c.isdigit() for c in w) and any(c.isalpha() for c in w)}
+    return {_plain(w) for w, start in tokens if _is_name(w, start)}
+
+
+_CLAUSE = re.compile(r"(?<!\d),|,(?!\d)|;")
+
+
+def _anchor_orders(text: str, anchors: set[str]) -> set[tuple[str, ...]]:
+    """The order the anchors come in, for every order of the text's clauses (a clause moved around a comma
+    keeps its meaning; a word moved inside a clause may not)."""
+    clauses = [[w for w in (_plain(t) for t, _ in _tokens(c)) if w in anchors] for c in _CLAUSE.split(text)]
+    orders = itertools.permutations(clauses) if len(clauses) <= MAX_CLAUSES else iter([clauses])
+    return {tuple(dict.fromkeys(w for clause in order for w in clause)) for order in orders}
+
+
+def direction_veto(a: str, b: str) -> str:
+    """Opposite comparison or direction words, or the same names/numbers in another order around a
+    direction word."""
+    wa, wb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
+    for w in wa - wb:
+        if OPPOSITES.get(w, set()) & wb:
+            return f"opposite words ({w})"
+    if (wa | wb) & DIRECTION_WORDS:
+        anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
+        if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):
+            return "direction differs"
+    return ""
+
+
+def veto(a: str, b: str) -> str:
+    """Why `a` and `b` (two user turns) can't share an answer, "" when nothing objects."""
+    a, b = strip_wrappers(expand_contractions(a)), strip_wrappers(expand_contractions(b))
+    reason = number_negation_veto(a, b)
+    if reason:
+        return reason
+    da, db = dates(words(a)), dates(words(b))
+    if da != db:
+        return "dates differ"
+    na, nb = names(a), names(b)
+    la, lb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
+    if (na - lb) or (nb - la):
+        return "names differ"
+    return direction_veto(a, b) or detail_veto(a, b)
+
+
+# English function words (articles, pronouns, auxiliaries, prepositions, question words, conjunctions,
+# politeness, the verbs of asking: "tell me", "I want to know"); every other word is a content word.
+FUNCTION_WORDS = frozenset(
+    """a an the this that these those some any each every all both either neither i me my mine myself
+    you your yours yourself we us our ours he him his she her hers it its they them their theirs one
+    is am are was were be been being do does did done have has had having can could will would shall
+    should may might must need to of in on at by for from with about into onto over under as than
+    and or but so if then because while when where what which who whom whose why how there here just
+    also too very really please thanks thank hi hello hey get got go going make way there's it's
+    not tell show explain know want like wonder wondering""".split()
+)
+# The share of content words (Jaccard) two questions must have in common for a one-sided word to be a
+# changed detail rather than a rewording; chosen on the tune split (0.2, 0.35, 0.5 tried).
+MIN_SHARED = 0.35
+
+
+def _content(words: list[str]) -> set[str]:
+    words = [w.removesuffix("'s") for w in words]
+    return {w for w in words if w not in FUNCTION_WORDS and not w.replace(".", "").isdigit()}
+
+
+def detail_veto(a: str, b: str) -> str:
+    """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
+    "... on a bicycle", "a marathon in miles" / "... in kilometers"): the difference is the point. A
+    rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
+    (canonical.near_typo)."""
+    from cache_service.canonical import canonical_words, typo_pair
+
+    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    ca, cb = _content(wa), _content(wb)
+    only_a, only_b = ca - cb, cb - ca
+    if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
+        return ""
+    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) for y in wb)}
+    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) for x in wa)}
+    return "a detail differs" if unexplained_a or unexplained_b else ""
