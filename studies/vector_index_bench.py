@@ -3,7 +3,8 @@ hand-written index only if it wins).
 
 Data. ~1,000 real all-MiniLM-L6-v2 embeddings (the service's embedder, float32) of the labelled
 questions in tools/cache/data/cache_pairs.jsonl, plus synthetic vectors to reach the size: drawn from a
-Gaussian with the real embeddings' mean and covariance (so the synthetic rows keep MiniLM's anisotropy: mean direction, spread
+Gaussian with the real embeddings' mean and covariance (so the synthetic
+rows keep MiniLM's anisotropy: mean direction, spread
 spectrum), normalized, in groups of 1-20 rewordings around a centre (cosine ~0.87-0.97 to it). Queries, per
 size: real paraphrases whose original is stored (the other side of a should-hit pair, never stored itself),
 synthetic near-duplicates of stored rows (cosine ~0.85-0.96) and novel vectors from the same distribution
