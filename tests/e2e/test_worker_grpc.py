@@ -55,12 +55,12 @@ def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
 def test_watch_load_reports_at_once_then_follows_a_request(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     """The first report comes at once; a running request shows up in a later one and leaves again."""
     wait_for_idle(worker_stub)
-    reports = worker_stub.WatchLoad(pb.WatchLoadRequest(interval_ms=10, heartbeat_ms=200), timeout=60)
+    reports = worker_stub.WatchLoad(pb.WatchLoadRequest(interval_ms=10, heartbeat_ms=200), timeout=300)
     first = next(reports)
     assert first.model_name == MODEL_NAME and not first.draining and not first.stalled
     assert (first.num_running, first.num_waiting) == (0, 0)
-    params = pb.SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    call = worker_stub.Generate(pb.GenerateRequest(text="Count to a hundred:", params=params), timeout=60)
+    params = pb.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    call = worker_stub.Generate(pb.GenerateRequest(text="Count to a hundred:", params=params), timeout=300)
     next(call)  # the request runs now
     seen_running = False
     for report in reports:
