@@ -73,7 +73,7 @@ test: venv protos kernels model cache-models $(VENV)/bin/prometheus
 bench: venv protos kernels model
 	$(PY) -m bench.engine_bench --write-docs
 	$(PY) -m bench.serving_bench
-	$(PY) -m tools.cache.evaluate --write-docs
+	$(PY) -m bench.cache_quality --write-docs
 	$(PY) -m bench.cache_latency --write-docs
 	$(PY) -m bench.peer_bench --write-docs
 	$(PY) -m bench.quant_kernels --rows 1,8,16,32,128,512 --write-docs

@@ -330,16 +330,20 @@ def summary_row(label: str, t: Tally) -> str:
     return f"| {label} | {rate(s, p)} | {rate(w, n)} |"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """Run the evaluation and print its tables; returns the arguments and the table lines
+    (bench/cache_quality.py writes them into docs/BENCHMARKS.md)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--write-docs", action="store_true", help="write the section of docs/BENCHMARKS.md")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="with bench.cache_quality: write docs/BENCHMARKS.md"
+    )
     parser.add_argument("--write-calibration", action="store_true", help=f"write {CALIBRATION_FILE.name}")
     parser.add_argument(
         "--embedding-model", default=DEFAULT_EMBEDDING_MODEL, choices=sorted(EMBEDDING_MODELS)
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     started = time.perf_counter()
     rows = load_evaluation_rows()
     tune = [r for r in rows if r["split"] == "tune"]
@@ -484,11 +488,7 @@ def main() -> None:
         )
     text = "\n".join(lines)
     print(text)
-    if args.write_docs:
-        from bench.report import model_section, publish
-
-        section, title = model_section("cache-quality", "Semantic cache quality", args.embedding_model)
-        publish(section, [title, "", *lines], True)
+    return args, lines
 
 
 if __name__ == "__main__":
