@@ -62,8 +62,9 @@ async def serve(settings: WorkerSettings) -> None:
 
     # so_reuseport off: a second worker on the same port must fail, not silently share it.
     # max_connection_age: every client connection is closed (GOAWAY; calls in flight finish) after about
-    # 30 s, so a gateway whose dns:/// target resolves to several replicas re-resolves and finds replicas
-    # added since (`--scale worker=N`, a Deployment scaled up); without it, it asks DNS only after a failure.
+    # 30 s, so a direct gRPC client whose dns:/// target resolves to several replicas re-resolves and finds
+    # replicas added since (`--scale worker=N`); the gateway resolves WORKER_ADDR itself and reconnects its
+    # load watchers (gateway/routing/membership.py).
     server = GrpcServer(
         SERVICE_NAME, [("grpc.so_reuseport", 0), ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS)]
     )
