@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from common.prometheus import init_labels  # also: no _created series
-
-if TYPE_CHECKING:
-    from cache_service.token_states import TokenStateCache
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -46,13 +41,10 @@ class CacheMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
-        self.token_states_found = Counter(
-            "llmserve_cache_token_states_found",
-            "Texts whose word-piece states were already in memory (no forward pass).",
+        self.embedding_memo_hits = Counter(
+            "llmserve_cache_embedding_memo_hits",
+            "Texts whose vector was remembered from a recent pass (no forward pass).",
             registry=r,
-        )
-        self.token_states_encoded = Counter(
-            "llmserve_cache_token_states_encoded", "Texts run through the embedding model.", registry=r
         )
         self.lookup_seconds = Histogram(
             "llmserve_cache_lookup_seconds",
@@ -60,18 +52,6 @@ class CacheMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-
-    def watch_token_states(self, states: TokenStateCache) -> None:
-        """Export the memory held by remembered word-piece states (read at scrape time)."""
-        Gauge(
-            "llmserve_cache_token_state_bytes",
-            "Memory held by remembered word-piece states.",
-            registry=self.registry,
-        ).set_function(lambda: states.bytes)
-
-    def on_token_states(self, found: int, encoded: int) -> None:
-        self.token_states_found.inc(found)
-        self.token_states_encoded.inc(encoded)
 
     def on_embedding_batch(self, size: int, seconds: float) -> None:
         self.embedding_seconds.observe(seconds)

@@ -19,7 +19,6 @@ from cache_service.servicer import SemanticCacheServicer
 from cache_service.settings import CacheSettings
 from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
-from cache_service.token_states import TokenStateCache
 from common.gen import cache_pb2, cache_pb2_grpc
 from common.grpc_server import GrpcServer, wait_for_stop_signal
 
@@ -55,9 +54,12 @@ async def serve(settings: CacheSettings) -> None:
         settings.embedding_backend,
         settings.onnx_dir or None,
     )
-    token_states = TokenStateCache(embedder, settings.token_state_mb, on_encode=metrics.on_token_states)
-    metrics.watch_token_states(token_states)
-    batcher = MicroBatcher(token_states, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
+    batcher = MicroBatcher(
+        embedder,
+        settings.embed_max_batch,
+        on_batch=metrics.on_embedding_batch,
+        on_memo_hit=metrics.embedding_memo_hits.inc,
+    )
     batcher.start()
     model_dir = settings.embedding_model_dir or model.default_directory()
     embeddings = start_embeddings(model_dir, model.name, batcher, settings.embed_max_batch)

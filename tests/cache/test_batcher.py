@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from cache_service.embedder import MicroBatcher
+from cache_service.embedder import MicroBatcher, VectorMemo
 
 
 class RecordingEncoder:
@@ -59,13 +59,33 @@ async def test_a_failed_batch_fails_its_callers_and_the_batcher_goes_on() -> Non
         await batcher.close()
 
 
-async def test_companion_texts_ride_in_the_same_forward_pass() -> None:
+async def test_a_remembered_text_skips_the_model() -> None:
+    """A store right after the lookup that missed embeds the same question: no second pass."""
     enc = RecordingEncoder(delay_s=0.0)
-    batcher = MicroBatcher(enc, max_batch=4)  # type: ignore[arg-type]
+    memo_hits: list[int] = []
+    batcher = MicroBatcher(
+        enc,  # type: ignore[arg-type]
+        max_batch=4,
+        memo_entries=2,
+        on_memo_hit=lambda: memo_hits.append(1),
+    )
     batcher.start()
     try:
-        vector = await batcher.embed("what's up", also=("what is up", "what's up"))
+        first = await batcher.embed("store me")
+        again = await batcher.embed("store me")
     finally:
         await batcher.close()
-    assert vector[0] == float(len("what's up"))  # the caller's own text, not a companion's
-    assert enc.batches == [["what's up", "what is up"]]  # one pass, each text once
+    assert np.array_equal(first, again) and len(memo_hits) == 1
+    assert enc.batches == [["store me"]]
+
+
+def test_the_memo_keeps_the_most_recent_texts() -> None:
+    memo = VectorMemo(2)
+    for text in ("a", "b"):
+        memo.put(text, np.full(2, ord(text), dtype=np.float32))
+    assert memo.get("a") is not None  # now the most recent
+    memo.put("c", np.zeros(2, dtype=np.float32))  # pushes out the least recent: "b"
+    assert memo.get("b") is None and memo.get("a") is not None and len(memo) == 2
+    off = VectorMemo(0)
+    off.put("a", np.zeros(2, dtype=np.float32))
+    assert off.get("a") is None
