@@ -71,9 +71,9 @@ MISSES = [f"Tell me something interesting about topic number {i} in astronomy" f
 
 def unseen(text: str, round_no: int) -> str:
     """`text` with trailing spaces (a different number each round): the model reads the same pieces and the
-    canonical key is the same, but the service has never seen the string, so its states are not in memory
-    and the hit pays the forward pass a new rewording pays (a repeated string would skip it:
-    token_states.py)."""
+    canonical key is the same, but the service has never seen the string, so its vector is not remembered
+    and the hit pays the forward pass a new rewording pays (a repeated string would skip it: the batcher's
+    memo)."""
     return text + " " * (round_no + 1)
 
 
@@ -183,7 +183,8 @@ def measure_size(
                     cache_pb2.StoreRequest(key=chat_key(stored), response="an answer", finish_reason="stop"),
                     timeout=30,
                 )
-            timed_lookups(stub, [p.swapcase() for _, p in REAL], 1, True)  # warm-up, texts not asked again
+            for _, p in REAL:  # warm-up, texts not asked again (hit or not: swapped case reads differently)
+                stub.Lookup(cache_pb2.LookupRequest(key=chat_key(p.swapcase())), timeout=5)
             before = service_sums(metrics_url)
             semantic = timed_lookups(stub, [p for _, p in REAL], 25, True)
             after = service_sums(metrics_url)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from cache_service.batcher import MicroBatcher
 from cache_service.canonical import canonical_keys, near_typo
-from cache_service.embedder import MicroBatcher
 from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, NotCacheableError, ParsedKey
 from cache_service.metrics import CacheMetrics

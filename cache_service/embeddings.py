@@ -1,51 +1,52 @@
 """Sentence embeddings for the gateway's /v1/embeddings (the `Embeddings` service of protos/cache.proto).
 
-The vectors come from the embedding model's own sentence-transformers pipeline in float32 (its pooling and
-normalization), so they equal `SentenceTransformer.encode` whatever the lookups run on (ONNX, bfloat16): the
-model is loaded a second time for this, in the background at start. Its forward passes run on the cache's
-embedding thread (MicroBatcher.run), between lookup batches, so an embeddings request never competes with a
-lookup for a core; inputs of concurrent requests waiting together run as one padded batch.
+Served by the cache's own embedder and batcher (cache_service/batcher.py): an embeddings input and a lookup's
+text waiting together run in the same forward pass, and the model is in memory once. Its vectors are
+sentence-transformers' own (the embedder checks its path against SentenceTransformer.encode at load) as long
+as the cache embeds in float32, the default. Where the operator chose a reduced type for the lookups
+(CACHE_EMBEDDING_DTYPE=bfloat16 or bfloat16-weights), this route keeps a float32 copy of the model of its
+own, loaded in the background at start, its passes on the lookups' thread (between theirs, never beside).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
 
-from cache_service.embedder import MicroBatcher
+from cache_service.batcher import BatchStats, MicroBatcher
+from cache_service.embedder import Embedder
 from common.gen import cache_pb2, cache_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-MAX_BATCH_TOKENS = 16384  # padded tokens per forward pass
 
 
 class EmbeddingInputError(ValueError):
     """An input the model cannot read as asked (too long, unknown token ids): INVALID_ARGUMENT."""
 
 
-class SentenceModel:
-    """The float32 sentence-transformers model: token ids in (special tokens added here), unit vectors out."""
+@dataclass
+class InputReader:
+    """Turns a request's inputs into the ids the model reads: special tokens added, cut or refused at the
+    model's length."""
 
-    def __init__(self, path: str, name: str) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
-        from sentence_transformers import SentenceTransformer
+    tokenizer: Any
+    max_tokens: int
+    prefix: list[int]
+    suffix: list[int]
 
-        self._torch = torch
-        self.name = name
-        self._model = SentenceTransformer(path, device="cpu").float().eval()
-        self.tokenizer = self._model.tokenizer
-        self.max_tokens = int(self._model.get_max_seq_length() or self.tokenizer.model_max_length)
-        self.dimensions = int(self._model.get_embedding_dimension())
-        self.prefix, self.suffix = special_tokens(self.tokenizer)
-        self.num_special = len(self.prefix) + len(self.suffix)
+    @classmethod
+    def of(cls, embedder: Embedder) -> InputReader:
+        prefix, suffix = special_tokens(embedder.tokenizer)
+        return cls(embedder.tokenizer, embedder.max_tokens, prefix, suffix)
+
+    @property
+    def num_special(self) -> int:
+        return len(self.prefix) + len(self.suffix)
 
     def token_ids(self, item: cache_pb2.EmbedInput, truncate: int | None) -> list[int]:
         """The ids the model reads for one input, special tokens included; cut to the last `truncate` tokens
@@ -70,20 +71,6 @@ class SentenceModel:
             content = content[len(content) - (limit - self.num_special) :]
         return [*self.prefix, *content, *self.suffix]
 
-    def encode_ids(self, batch: list[list[int]]) -> np.ndarray:
-        """One padded forward pass through the model's own modules (pooling, normalization): float32."""
-        torch = self._torch
-        padded = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt")
-        features: dict[str, Any] = {
-            "input_ids": padded["input_ids"],
-            "attention_mask": padded["attention_mask"],
-            "token_type_ids": torch.zeros_like(padded["input_ids"]),
-            "modality": "text",
-        }
-        with torch.inference_mode():
-            vectors = self._model.forward(features)["sentence_embedding"]
-        return np.ascontiguousarray(vectors.float().numpy(), dtype=np.float32)
-
 
 def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The ids the tokenizer puts before and after a text's own ([CLS] ... [SEP] for BERT), read off a probe:
@@ -97,84 +84,31 @@ def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
     raise ValueError("cannot tell the tokenizer's special tokens from a text's")
 
 
-@dataclass
-class _Pending:
-    ids: list[int]
-    future: asyncio.Future[np.ndarray]
-
-
-class EmbeddingBatcher:
-    """Inputs of concurrent requests, run together in batches on the cache's embedding thread."""
-
-    def __init__(self, model: SentenceModel, runner: MicroBatcher, max_batch: int) -> None:
-        self.model = model
-        self._runner = runner
-        self._max_batch = max_batch
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        while not self._queue.empty():
-            self._queue.get_nowait().future.cancel()
-
-    async def embed(self, inputs: list[list[int]]) -> list[np.ndarray]:
-        loop = asyncio.get_running_loop()
-        pending = [_Pending(ids, loop.create_future()) for ids in inputs]
-        for item in pending:
-            self._queue.put_nowait(item)
-        try:
-            return list(await asyncio.gather(*(p.future for p in pending)))
-        finally:
-            for item in pending:
-                item.future.cancel()  # a caller that left: its inputs are skipped
-
-    def _take(self, first: _Pending) -> list[_Pending]:
-        """What is waiting, up to max_batch inputs and MAX_BATCH_TOKENS padded tokens."""
-        batch, longest = [first], len(first.ids)
-        while len(batch) < self._max_batch and not self._queue.empty():
-            nxt = self._queue._queue[0]  # type: ignore[attr-defined]  # peek: deque of the asyncio.Queue
-            if max(longest, len(nxt.ids)) * (len(batch) + 1) > MAX_BATCH_TOKENS:
-                break
-            batch.append(self._queue.get_nowait())
-            longest = max(longest, len(nxt.ids))
-        return [p for p in batch if not p.future.done()]
-
-    async def _run(self) -> None:
-        while True:
-            batch = self._take(await self._queue.get())
-            if not batch:
-                continue
-            try:
-                vectors = await self._runner.run(self.model.encode_ids, [p.ids for p in batch])
-            except Exception as exc:  # handed to every waiting caller
-                log.exception("embedding batch failed")
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
-            for p, vector in zip(batch, vectors, strict=True):
-                if not p.future.done():
-                    p.future.set_result(vector)
-
-
 def same_model(asked: str, served: str) -> bool:
     """`all-minilm-l6-v2`, `all-MiniLM-L6-v2` and `sentence-transformers/all-MiniLM-L6-v2` name one model."""
     return asked.lower().removeprefix("sentence-transformers/") == served.lower()
 
 
-class EmbeddingsServicer(cache_pb2_grpc.EmbeddingsServicer):
-    """gRPC adapter; the model loads in the background, calls wait for it (UNAVAILABLE if it failed)."""
+@dataclass
+class EmbeddingRoute:
+    """What serves /v1/embeddings: the model's name and size, how inputs are read, and the batcher that runs
+    them (the lookups' own, or with `separate`, one in front of a float32 copy of the model)."""
 
-    def __init__(self, loading: asyncio.Task[EmbeddingBatcher]) -> None:
+    name: str
+    dimensions: int
+    reader: InputReader
+    batcher: MicroBatcher
+    separate: bool = False
+
+
+class EmbeddingsServicer(cache_pb2_grpc.EmbeddingsServicer):
+    """gRPC adapter; calls wait for the route (a float32 copy may still be loading: UNAVAILABLE if it
+    failed)."""
+
+    def __init__(self, loading: asyncio.Task[EmbeddingRoute]) -> None:
         self._loading = loading
 
-    async def _batcher(self, context: grpc.aio.ServicerContext) -> EmbeddingBatcher:
+    async def _route(self, context: grpc.aio.ServicerContext) -> EmbeddingRoute:
         try:
             return await asyncio.shield(self._loading)
         except Exception as exc:
@@ -185,64 +119,71 @@ class EmbeddingsServicer(cache_pb2_grpc.EmbeddingsServicer):
     async def GetEmbeddingModel(
         self, request: cache_pb2.EmbeddingModelRequest, context: grpc.aio.ServicerContext
     ) -> cache_pb2.EmbeddingModelInfo:
-        model = (await self._batcher(context)).model
+        route = await self._route(context)
         return cache_pb2.EmbeddingModelInfo(
-            model=model.name, dimensions=model.dimensions, max_input_tokens=model.max_tokens
+            model=route.name, dimensions=route.dimensions, max_input_tokens=route.reader.max_tokens
         )
 
     async def Embed(
         self, request: cache_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> cache_pb2.EmbedResponse:
-        batcher = await self._batcher(context)
-        model = batcher.model
-        if not same_model(request.model, model.name):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"this service embeds with `{model.name}`")
+        route = await self._route(context)
+        reader = route.reader
+        if not same_model(request.model, route.name):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"this service embeds with `{route.name}`")
         truncate = request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None
         try:
             if truncate == -1:
-                truncate = model.max_tokens
-            if truncate is not None and not model.num_special < truncate <= model.max_tokens:
+                truncate = reader.max_tokens
+            if truncate is not None and not reader.num_special < truncate <= reader.max_tokens:
                 raise EmbeddingInputError(
                     "truncate_prompt_tokens must be -1 or between "
-                    f"{model.num_special + 1} and {model.max_tokens}"
+                    f"{reader.num_special + 1} and {reader.max_tokens}"
                 )
             if not request.inputs:
                 raise EmbeddingInputError("no input")
-            ids = [model.token_ids(item, truncate) for item in request.inputs]
+            ids = [reader.token_ids(item, truncate) for item in request.inputs]
         except EmbeddingInputError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
-        vectors = await batcher.embed(ids)
+        vectors = await route.batcher.embed_ids(ids)
         embeddings = [
             cache_pb2.Embedding(values=vector.tolist(), tokens=len(row))
             for vector, row in zip(vectors, ids, strict=True)
         ]
-        return cache_pb2.EmbedResponse(model=model.name, embeddings=embeddings)
+        return cache_pb2.EmbedResponse(model=route.name, embeddings=embeddings)
 
 
 def start_embeddings(
-    path: str, name: str, runner: MicroBatcher, max_batch: int
-) -> asyncio.Task[EmbeddingBatcher]:
-    """Load the float32 model in a thread (lookups are served meanwhile), then start its batcher."""
+    embedder: Embedder,
+    lookups: MicroBatcher,
+    on_batch: Callable[[BatchStats], None] | None = None,
+    onnx_dir: str | None = None,
+) -> asyncio.Task[EmbeddingRoute]:
+    """The route on the lookups' embedder and batcher when they run float32; else a float32 copy of the
+    model loaded in a thread (lookups are served meanwhile), its batcher on the lookups' thread."""
 
-    async def load() -> EmbeddingBatcher:
-        model = await asyncio.to_thread(SentenceModel, path, name)
-        batcher = EmbeddingBatcher(model, runner, max_batch)
-        batcher.start()
-        log.info(
-            "embeddings: %s, %d dimensions, up to %d tokens, float32",
-            name,
-            model.dimensions,
-            model.max_tokens,
+    async def shared() -> EmbeddingRoute:
+        return EmbeddingRoute(embedder.model, embedder.dim, InputReader.of(embedder), lookups)
+
+    async def separate() -> EmbeddingRoute:
+        float32 = await asyncio.to_thread(
+            Embedder, embedder.path, embedder.num_threads, "float32", embedder.model, "auto", onnx_dir
         )
-        return batcher
+        batcher = MicroBatcher(
+            float32, lookups.max_batch, memo_entries=0, on_batch=on_batch, executor=lookups.executor
+        )
+        batcher.start()
+        log.info("embeddings: a float32 copy of %s (the lookups embed in %s)", embedder.model, embedder.dtype)
+        return EmbeddingRoute(embedder.model, float32.dim, InputReader.of(float32), batcher, separate=True)
 
-    return asyncio.get_running_loop().create_task(load())
+    load = shared() if embedder.dtype == "float32" else separate()
+    return asyncio.get_running_loop().create_task(load)
 
 
-async def stop_embeddings(loading: asyncio.Task[EmbeddingBatcher]) -> None:
+async def stop_embeddings(loading: asyncio.Task[EmbeddingRoute]) -> None:
     if not loading.done():
         loading.cancel()
     outcome = (await asyncio.gather(loading, return_exceptions=True))[0]
-    if isinstance(outcome, EmbeddingBatcher):
-        await outcome.close()
+    if isinstance(outcome, EmbeddingRoute) and outcome.separate:
+        await outcome.batcher.close()

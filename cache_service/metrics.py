@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from cache_service.batcher import EMBEDDING, KINDS, LOOKUP, BatchStats
 from common.prometheus import init_labels  # also: no _created series
-
-if TYPE_CHECKING:
-    from cache_service.token_states import TokenStateCache
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -36,24 +32,36 @@ class CacheMetrics:
         self.entries = Gauge("llmserve_cache_entries", "Entries in this replica's vector index.", registry=r)
         self.embedding_seconds = Histogram(
             "llmserve_cache_embedding_seconds",
-            "Time of one embedding batch.",
+            "Time of one forward pass of the embedding model.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.embedding_batch_size = Histogram(
             "llmserve_cache_embedding_batch_size",
-            "Texts per embedding batch.",
+            "Inputs per forward pass of the embedding model (both kinds).",
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
-        self.token_states_found = Counter(
-            "llmserve_cache_token_states_found",
-            "Texts whose word-piece states were already in memory (no forward pass).",
+        self.embedding_inputs = Counter(
+            "llmserve_cache_embedding_inputs",
+            "Inputs run through the embedding model, by kind: lookup (a text a lookup or a store embeds) or "
+            "embedding (an input of /v1/embeddings).",
+            ["kind"],
             registry=r,
         )
-        self.token_states_encoded = Counter(
-            "llmserve_cache_token_states_encoded", "Texts run through the embedding model.", registry=r
+        self.embedding_batches = Counter(
+            "llmserve_cache_embedding_batches",
+            "Forward passes of the embedding model, by what they served: lookup, embedding or mixed (both).",
+            ["mix"],
+            registry=r,
         )
+        self.embedding_memo_hits = Counter(
+            "llmserve_cache_embedding_memo_hits",
+            "Texts whose vector was remembered from a recent pass (no forward pass).",
+            registry=r,
+        )
+        init_labels(self.embedding_inputs, KINDS)
+        init_labels(self.embedding_batches, (*KINDS, "mixed"))
         self.lookup_seconds = Histogram(
             "llmserve_cache_lookup_seconds",
             "Lookup latency inside the service.",
@@ -61,21 +69,12 @@ class CacheMetrics:
             registry=r,
         )
 
-    def watch_token_states(self, states: TokenStateCache) -> None:
-        """Export the memory held by remembered word-piece states (read at scrape time)."""
-        Gauge(
-            "llmserve_cache_token_state_bytes",
-            "Memory held by remembered word-piece states.",
-            registry=self.registry,
-        ).set_function(lambda: states.bytes)
-
-    def on_token_states(self, found: int, encoded: int) -> None:
-        self.token_states_found.inc(found)
-        self.token_states_encoded.inc(encoded)
-
-    def on_embedding_batch(self, size: int, seconds: float) -> None:
-        self.embedding_seconds.observe(seconds)
-        self.embedding_batch_size.observe(size)
+    def on_embedding_batch(self, stats: BatchStats) -> None:
+        self.embedding_seconds.observe(stats.seconds)
+        self.embedding_batch_size.observe(stats.lookups + stats.embeddings)
+        self.embedding_inputs.labels(kind=LOOKUP).inc(stats.lookups)
+        self.embedding_inputs.labels(kind=EMBEDDING).inc(stats.embeddings)
+        self.embedding_batches.labels(mix=stats.mix).inc()
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

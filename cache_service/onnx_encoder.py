@@ -55,9 +55,8 @@ def weights_digest(model_dir: str, exporters: str | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
-def export(transformer: Any, tokenizer: Any, path: str, layers: tuple[int, ...] = ()) -> None:
-    """Write the encoder (input ids and attention mask -> last hidden states, then the hidden states of
-    `layers`, transformers' hidden_states index) to `path`, atomically."""
+def export(transformer: Any, tokenizer: Any, path: str) -> None:
+    """Write the encoder (input ids and attention mask -> last hidden states) to `path`, atomically."""
     import torch
 
     class Encoder(torch.nn.Module):
@@ -66,15 +65,12 @@ def export(transformer: Any, tokenizer: Any, path: str, layers: tuple[int, ...] 
             self.model = model
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=bool(layers)
-            )
-            return (out.last_hidden_state, *(out.hidden_states[k] for k in layers))
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     # Two texts of different lengths: the traced graph then pads and masks as a real batch does.
     example = tokenizer(["an example", "a second, longer example text"], padding=True, return_tensors="pt")
     dynamic = {0: "batch", 1: "tokens"}
-    outputs = ["hidden", *(f"layer{k}" for k in layers)]
+    outputs = ["hidden"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=os.path.dirname(path))
     os.close(fd)
@@ -100,8 +96,7 @@ def export(transformer: Any, tokenizer: Any, path: str, layers: tuple[int, ...] 
 
 
 class OnnxEncoder:
-    """Last hidden states (float32) of a batch, then those of the layers exported with them, through an ONNX
-    Runtime session on `num_threads` threads."""
+    """Last hidden states (float32) of a batch through an ONNX Runtime session on `num_threads` threads."""
 
     def __init__(self, path: str, num_threads: int) -> None:
         import onnxruntime as ort
@@ -115,11 +110,11 @@ class OnnxEncoder:
         self.path = path
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
-    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         feed = dict(
             zip(INPUT_NAMES, (input_ids.astype(np.int64), attention_mask.astype(np.int64)), strict=True)
         )
-        return self._session.run(None, feed)
+        return self._session.run(None, feed)[0]
 
 
 def load_or_export(
@@ -129,13 +124,10 @@ def load_or_export(
     name: str,
     onnx_dir: str,
     num_threads: int,
-    layers: tuple[int, ...] = (),
 ) -> OnnxEncoder:
-    """The encoder of the model in `model_dir` (with the hidden states of `layers` as further outputs): its
-    file in `onnx_dir` if exported from these weights before, else exported now (~3 s for MiniLM, ~7 s for
-    mpnet), into a temporary folder if onnx_dir is read-only."""
-    layer_outputs = "".join(f"-layer{k}" for k in layers)
-    filename = f"{name}{layer_outputs}-{weights_digest(model_dir)}.onnx"
+    """The encoder of the model in `model_dir`: its file in `onnx_dir` if exported from these weights before,
+    else exported now (~3 s for MiniLM, ~7 s for mpnet), into a temporary folder if onnx_dir is read-only."""
+    filename = f"{name}-{weights_digest(model_dir)}.onnx"
     path = os.path.join(onnx_dir, filename)
     if os.path.exists(path):
         try:
@@ -144,9 +136,9 @@ def load_or_export(
             log.warning("cannot load %s (%s): exporting it again", path, exc)
     log.info("exporting the embedding model to %s (once per machine and weights)", path)
     try:
-        export(transformer, tokenizer, path, layers)
+        export(transformer, tokenizer, path)
     except OSError as exc:
         path = os.path.join(tempfile.gettempdir(), "llmserve-onnx", filename)
         log.warning("cannot write the ONNX export to %s (%s): using %s", onnx_dir, exc, path)
-        export(transformer, tokenizer, path, layers)
+        export(transformer, tokenizer, path)
     return OnnxEncoder(path, num_threads)

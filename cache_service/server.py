@@ -10,8 +10,9 @@ import uuid
 from threadpoolctl import threadpool_limits
 
 from cache_service import spelling
+from cache_service.batcher import MicroBatcher
 from cache_service.core import SemanticCache
-from cache_service.embedder import Embedder, MicroBatcher
+from cache_service.embedder import Embedder
 from cache_service.embeddings import EmbeddingsServicer, start_embeddings, stop_embeddings
 from cache_service.index import VectorIndex, default_scan_threads
 from cache_service.metrics import CacheMetrics
@@ -19,7 +20,6 @@ from cache_service.servicer import SemanticCacheServicer
 from cache_service.settings import CacheSettings
 from cache_service.store import RedisStore
 from cache_service.sync import IndexSync
-from cache_service.token_states import TokenStateCache
 from common.gen import cache_pb2, cache_pb2_grpc
 from common.grpc_server import GrpcServer, wait_for_stop_signal
 
@@ -55,12 +55,15 @@ async def serve(settings: CacheSettings) -> None:
         settings.embedding_backend,
         settings.onnx_dir or None,
     )
-    token_states = TokenStateCache(embedder, settings.token_state_mb, on_encode=metrics.on_token_states)
-    metrics.watch_token_states(token_states)
-    batcher = MicroBatcher(token_states, settings.embed_max_batch, on_batch=metrics.on_embedding_batch)
+    batcher = MicroBatcher(
+        embedder,
+        settings.embed_max_batch,
+        on_batch=metrics.on_embedding_batch,
+        on_memo_hit=metrics.embedding_memo_hits.inc,
+    )
     batcher.start()
-    model_dir = settings.embedding_model_dir or model.default_directory()
-    embeddings = start_embeddings(model_dir, model.name, batcher, settings.embed_max_batch)
+    # /v1/embeddings: the same embedder and batcher (a float32 copy only if the lookups run a reduced type)
+    embeddings = start_embeddings(embedder, batcher, metrics.on_embedding_batch, settings.onnx_dir or None)
     index = VectorIndex(embedder.dim, scan_threads=default_scan_threads())
     replica_id = uuid.uuid4().hex
     sync = IndexSync(

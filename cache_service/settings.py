@@ -9,7 +9,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_service.calibration import thresholds_for
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS, EmbeddingModel
-from cache_service.token_states import DEFAULT_CAPACITY_MB
 
 
 class CacheSettings(BaseSettings):
@@ -46,9 +45,6 @@ class CacheSettings(BaseSettings):
     # intra-op threads of torch (process-wide) and ONNX Runtime; why 1: EMBEDDING_THREADS_DEFAULT in
     # cache_service/embedder.py
     embedding_threads: int = Field(default=1, ge=1)
-    # memory for the word-piece states of recently embedded texts, so a hit runs the model once
-    # (cache_service/token_states.py); 0 turns it off
-    token_state_mb: float = Field(default=DEFAULT_CAPACITY_MB, ge=0.0)
     drain_timeout_s: float = Field(default=30.0, ge=0.0)  # on SIGTERM: lookups in flight may finish
 
     @model_validator(mode="after")

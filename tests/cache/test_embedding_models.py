@@ -1,6 +1,6 @@
 """CACHE_EMBEDDING_MODEL: each model brings its own calibrated thresholds (cache_service/calibration.json),
 and the opt-in all-mpnet-base-v2 (fetched into models/ by `make cache-models`, a step of `make test`) serves
-through a real cache service process."""
+at the default risk knob through a real cache service process."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cache_service import calibration
 from cache_service.calibration import BUDGETS, SEMANTIC_OFF, calibrated_models, thresholds_for
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS, MPNET
 from cache_service.settings import CacheSettings
@@ -23,8 +24,8 @@ def test_the_setting_offers_every_model() -> None:
     assert set(choices) == set(EMBEDDING_MODELS)
 
 
-def test_the_default_model_is_calibrated_at_every_budget() -> None:
-    assert DEFAULT_EMBEDDING_MODEL in calibrated_models()
+def test_every_model_is_calibrated_at_every_budget() -> None:
+    assert set(EMBEDDING_MODELS) <= set(calibrated_models())
     for name in calibrated_models():
         thresholds = [thresholds_for(name, b) for b in BUDGETS]
         assert all(0.5 <= t <= 1.0 for t in thresholds), thresholds
@@ -32,9 +33,10 @@ def test_the_default_model_is_calibrated_at_every_budget() -> None:
 
 
 def test_an_uncalibrated_model_needs_an_explicit_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """all-mpnet-base-v2 has no calibration yet (docs/SEMANTIC_CACHE.md, "Not done"): it starts only with
-    CACHE_SIMILARITY_THRESHOLD set, never with a threshold calibrated for another model."""
-    assert MPNET not in calibrated_models()
+    """A model added without a calibration starts only with CACHE_SIMILARITY_THRESHOLD set, never with a
+    threshold calibrated for another model (here mpnet's calibration is hidden)."""
+    only_default = {DEFAULT_EMBEDDING_MODEL: calibration._table()[DEFAULT_EMBEDDING_MODEL]}
+    monkeypatch.setattr(calibration, "_table", lambda: only_default)
     monkeypatch.setenv("CACHE_EMBEDDING_MODEL", MPNET)
     with pytest.raises(ValueError, match="no calibration for embedding model all-mpnet-base-v2"):
         CacheSettings()
@@ -65,9 +67,7 @@ def test_a_missing_model_directory_says_how_to_fetch_it(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def mpnet_service(log_dir: Path, redis_url: str):
-    service = start_cache_service(
-        log_dir, redis_url, name="cache-mpnet", CACHE_EMBEDDING_MODEL=MPNET, CACHE_SIMILARITY_THRESHOLD="0.8"
-    )
+    service = start_cache_service(log_dir, redis_url, name="cache-mpnet", CACHE_EMBEDDING_MODEL=MPNET)
     try:
         yield service
     finally:
@@ -85,3 +85,4 @@ def test_the_mpnet_service_serves_rewordings_and_refuses_traps(mpnet_service) ->
         assert not lookup(stub, chat_key("How do I turn off two-factor authentication?", "t-mpnet")).hit
     log = mpnet_service.proc.log_path.read_text()
     assert "embedder all-mpnet-base-v2 float32" in log
+    assert f"threshold {thresholds_for(MPNET, 0.02):.2f}," in log  # its own, at the default risk knob

@@ -201,6 +201,8 @@ def test_stats_and_metrics(stub, cache_service: CacheService) -> None:
         "llmserve_cache_stores_total",
         "llmserve_cache_entries",
         "llmserve_cache_embedding_seconds_bucket",
+        "llmserve_cache_embedding_batches_total",
+        "llmserve_cache_embedding_inputs_total",
         "llmserve_cache_lookup_seconds_bucket",
     ):
         assert name in text
@@ -218,12 +220,27 @@ def _metric(url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+LOOKUP_INPUTS = 'llmserve_cache_embedding_inputs_total{kind="lookup"}'
+MEMO_HITS = "llmserve_cache_embedding_memo_hits_total"
+
+
 def test_a_semantic_hit_runs_the_model_once(stub, cache_service: CacheService) -> None:
     """The stored question was embedded when it was stored: the only text encoded is the query."""
     store(stub, chat_key("How do I clear my browser cache?", "t-once"), "Settings > Privacy > Clear data.")
     url = cache_service.metrics_url
-    encoded = _metric(url, "llmserve_cache_token_states_encoded_total")
+    encoded = _metric(url, LOOKUP_INPUTS)
     hit = lookup(stub, chat_key("What is the way to clear my browser cache?", "t-once"))
     assert hit.hit and not hit.exact
-    assert _metric(url, "llmserve_cache_token_states_encoded_total") - encoded == 1
-    assert _metric(url, "llmserve_cache_token_state_bytes") > 0
+    assert _metric(url, LOOKUP_INPUTS) - encoded == 1
+
+
+def test_a_store_after_a_missed_lookup_reuses_its_vector(stub, cache_service: CacheService) -> None:
+    """The gateway stores the answer of a lookup that missed: the question was embedded a moment ago."""
+    store(stub, chat_key("How do I water a cactus?", "t-memo"), "Rarely.")
+    url = cache_service.metrics_url
+    encoded, remembered = _metric(url, LOOKUP_INPUTS), _metric(url, MEMO_HITS)
+    key = chat_key("How do I repot an orchid?", "t-memo")
+    assert not lookup(stub, key).hit
+    assert store(stub, key, "Gently.").stored
+    assert _metric(url, LOOKUP_INPUTS) - encoded == 1
+    assert _metric(url, MEMO_HITS) - remembered == 1
