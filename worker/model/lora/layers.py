@@ -21,13 +21,72 @@ from worker.model.lora.adapter import LoraAdapter
 
 @dataclass
 class LoraStepContext:
-    """This step's adapters and, for each, the rows it applies to (None: every row)."""
+    """This step's adapters and, for each, the rows it applies to (None: every row).
+
+    With several adapters (or the base model beside one), each projection runs two products over all rows
+    instead of a gather, two products and a scatter per adapter: the adapters' A matrices stacked
+    ([sum of ranks, in]) and their B matrices side by side ([out, sum of ranks]), with a 0/1 mask between
+    them keeping each row to its own adapter's columns. The stacks are built once for a set of adapters
+    and kept while the steps keep that set."""
 
     num_tokens: int = 0
     groups: list[tuple[LoraAdapter, torch.Tensor | None]] = field(default_factory=list)
+    _adapters: tuple[LoraAdapter, ...] = ()  # the adapters the stacks were built for, in slot order
+    _stacks: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, tuple] | None] = field(
+        default_factory=dict
+    )
+    _masks: dict[tuple, torch.Tensor] = field(default_factory=dict)  # this step's, per column layout
 
     def set(self, num_tokens: int, groups: list[tuple[LoraAdapter, torch.Tensor | None]]) -> None:
         self.num_tokens, self.groups = num_tokens, groups
+        adapters = tuple(adapter for adapter, _ in groups)
+        # by identity: a reloaded adapter is a new object (and holding these keeps ids from being reused)
+        if len(adapters) != len(self._adapters) or any(
+            new is not old for new, old in zip(adapters, self._adapters, strict=True)
+        ):
+            self._adapters, self._stacks = adapters, {}
+        self._masks = {}
+
+    def stacked(self, layer: int, projection: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """This step's adapters on one projection: (A stacked, B side by side, the row/column mask), or
+        None when none of them has this projection."""
+        key = (layer, projection)
+        if key not in self._stacks:
+            parts = [
+                (slot, weights)
+                for slot, (adapter, _) in enumerate(self.groups)
+                if (weights := adapter.layers[layer].get(projection)) is not None
+            ]
+            self._stacks[key] = (
+                (
+                    torch.cat([w.a for _, w in parts]),
+                    torch.cat([w.b for _, w in parts], dim=1),
+                    tuple((slot, w.a.shape[0]) for slot, w in parts),
+                )
+                if parts
+                else None
+            )
+        stack = self._stacks[key]
+        if stack is None:
+            return None
+        a, b, layout = stack
+        mask = self._masks.get(layout)
+        if mask is None:
+            mask = self._masks[layout] = self._mask(layout, a)
+        return a, b, mask
+
+    def _mask(self, layout: tuple, like: torch.Tensor) -> torch.Tensor:
+        """[rows, columns]: 1 where a column belongs to the row's adapter, else 0 (all 0 on base rows)."""
+        row_slots = torch.full((self.num_tokens,), -1, dtype=torch.long, device=like.device)
+        for slot, (_, rows) in enumerate(self.groups):
+            if rows is None:
+                row_slots.fill_(slot)
+            else:
+                row_slots[rows] = slot
+        column_slots = torch.cat(
+            [torch.full((width,), slot, dtype=torch.long, device=like.device) for slot, width in layout]
+        )
+        return (row_slots[:, None] == column_slots[None, :]).to(like.dtype)
 
 
 class LoraLinear:
@@ -61,16 +120,16 @@ class LoraLinear:
             raise RuntimeError(
                 f"LoRA step context is for {self.context.num_tokens} rows, the layer got {x.shape[0]}"
             )
-        for adapter, rows in groups:
-            weights = adapter.layers[self.layer_index].get(self.projection)
-            if weights is None:
-                continue
-            xs = x if rows is None else x.index_select(0, rows)
-            delta = (xs.to(weights.a.dtype) @ weights.a.T) @ weights.b.T
-            if rows is None:
-                out.add_(delta.to(out.dtype))
-            else:
-                out.index_add_(0, rows, delta.to(out.dtype))
+        if len(groups) == 1 and groups[0][1] is None:  # one adapter on every row: no mask needed
+            weights = groups[0][0].layers[self.layer_index].get(self.projection)
+            if weights is not None:
+                out.add_(((x.to(weights.a.dtype) @ weights.a.T) @ weights.b.T).to(out.dtype))
+            return out
+        stack = self.context.stacked(self.layer_index, self.projection)
+        if stack is not None:
+            a, b, mask = stack
+            low_rank = (x.to(a.dtype) @ a.T).mul_(mask)
+            out.add_((low_rank @ b.T).to(out.dtype))
         return out
 
 

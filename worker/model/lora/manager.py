@@ -57,20 +57,21 @@ class LoraManager:
     def prepare_step(self, num_new_tokens: Sequence[int], refs: Sequence[LoraRef | None]) -> list[int]:
         """Per token of the step (items in batch order), the index of its adapter among this step's
         adapters, -1 for the base model; the row groups go to the layers' context."""
+        # Slots in adapter-id order, so a step with the same adapters as the last one reuses its stacks.
+        distinct = sorted(
+            {ref.lora_id: ref for ref in refs if ref is not None}.values(), key=lambda r: r.lora_id
+        )
         slots: dict[int, int] = {}
         adapters: list[LoraAdapter] = []
+        for ref in distinct:
+            try:
+                adapters.append(self.registry.get(ref))
+            except (ValueError, OSError) as exc:  # LoraAdapterError is a ValueError
+                raise LoraUnavailableError(ref, str(exc)) from exc
+            slots[ref.lora_id] = len(adapters) - 1
         index: list[int] = []
         for count, ref in zip(num_new_tokens, refs, strict=True):
-            slot = -1
-            if ref is not None:
-                slot = slots.get(ref.lora_id, -1)
-                if slot < 0:
-                    slot = slots[ref.lora_id] = len(adapters)
-                    try:
-                        adapters.append(self.registry.get(ref))
-                    except (ValueError, OSError) as exc:  # LoraAdapterError is a ValueError
-                        raise LoraUnavailableError(ref, str(exc)) from exc
-            index.extend([slot] * count)
+            index.extend([-1 if ref is None else slots[ref.lora_id]] * count)
         groups: list[tuple[LoraAdapter, torch.Tensor | None]] = []
         if adapters:
             mapping = torch.tensor(index)
