@@ -27,7 +27,7 @@ def assert_matches_reference(found: list, matrix: np.ndarray, ids: list[str], q:
     """The float32 (float64 here) reference's top k, in its order, except that two rows whose reference
     similarities are within twice the storage error of each other may trade places (also across the k-th
     rank); similarities within 1e-3 (in fact within 2^-11) of the reference ones."""
-    sims = matrix.astype(np.float64) @ q.astype(np.float64)
+    sims = np.asarray(matrix, dtype=np.float64) @ q.astype(np.float64)  # no copy when already float64
     order = np.argsort(-sims, kind="stable")[:k]
     position = {entry_id: i for i, entry_id in enumerate(ids)}
     assert len(found) == k

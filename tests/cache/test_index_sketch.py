@@ -41,21 +41,29 @@ class Fixture:
         self.builder = builder or SketchBuilder(groups=threads, gap=0.0)
         self.part = Partition(DIM, "s", self.scanner, self.builder)
         self.live: dict[str, np.ndarray] = {}
+        self._reference: tuple[list[str], np.ndarray] | None = (
+            None  # live ids and rows (float64), kept until a write
+        )
 
     def add(self, entry_id: str, v: np.ndarray) -> None:
         self.part.add(entry_id, v, f"q-{entry_id}")
         self.live[entry_id] = v
+        self._reference = None
 
     def remove(self, entry_id: str) -> None:
         assert self.part.remove(entry_id)
         del self.live[entry_id]
+        self._reference = None
 
     def check(self, q: np.ndarray, k: int = 4) -> list:
         """Search agrees with the float32 reference over the live entries; similarities are the float32
         products with the stored (float16) rows."""
         found = self.part.search(q, k=k, min_similarity=-1.0)
-        ids = list(self.live)
-        assert_matches_reference(found, np.stack([self.live[i] for i in ids]), ids, q, k)
+        if self._reference is None:
+            ids = list(self.live)
+            self._reference = ids, np.stack([self.live[i] for i in ids]).astype(np.float64)
+        ids, matrix = self._reference
+        assert_matches_reference(found, matrix, ids, q, k)
         for cand in found:
             assert cand.similarity == pytest.approx(float(stored(self.live[cand.entry_id]) @ q), abs=1e-6)
             assert cand.query == f"q-{cand.entry_id}"
