@@ -219,7 +219,7 @@ def gateway_e2e(redis_url: str, tmp: Path, embedder: dict[str, str]) -> list[str
             **embedder,
         )
         started.append(cache)
-        worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8")
+        worker = launch.start_worker("worker", tmp, WORKER_MAX_NUM_SEQS="8", **launch.stack_default_threads())
         started.append(worker)
         gateway = launch.start_gateway(
             "gateway", tmp, worker.addr, ready=True, CACHE_ENABLED="true", CACHE_ADDR=cache.addr

@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 
 from bench.report import cpu_section, median, median_of_runs, write_section
-from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, Service, stack_default_threads, start_gateway, start_worker
 from worker.model.cpu_kind import CpuInfo, cpu_info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def start_ours(dtype: str, log_dir: Path, quantization: str = "auto", **worker_e
         WORKER_QUANTIZATION=quantization,
         WORKER_KV_CACHE_GB=str(defaults["kv_cache_gb"].default),
         WORKER_MAX_NUM_SEQS=str(defaults["max_num_seqs"].default),
-        **worker_env,
+        **(stack_default_threads() | worker_env),
     )
     gateway = start_gateway(f"gateway-{quantization}", log_dir, worker.addr)
     services: list[Service] = [gateway, worker]

@@ -42,7 +42,7 @@ import torch
 
 from bench.peer_bench import MemorySampler, Server, peer, with_cpu
 from bench.report import cpu_section, median_of_runs, write_section
-from scripts.launch import MODEL_NAME, free_port, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, free_port, stack_default_threads, start_gateway, start_worker
 from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
@@ -192,6 +192,7 @@ def start_engine(row: Row, log_dir: Path) -> Server:
         WORKER_QUANTIZATION=row.quantization,
         WORKER_KV_CACHE_GB=str(defaults["kv_cache_gb"].default),
         WORKER_MAX_NUM_SEQS=str(defaults["max_num_seqs"].default),
+        **stack_default_threads(),
     )
     gateway = start_gateway(f"gateway-{row.name}", log_dir, worker.addr)
 
@@ -468,7 +469,7 @@ def targets(rows: list[Row]) -> list[str]:
                 "run the quantized kernels' bfloat16 panel GEMM, and prefill chunks (256 rows and more) "
                 "dequantize each weight for oneDNN's bfloat16 GEMM, which then reorders the fresh weights "
                 "on every call where the bfloat16 row's were packed at load (section \"Quantized linear "
-                "kernels\", `stack` rows: the 30 layers at 32 and 512 rows)."
+                'kernels", `stack` rows: the 30 layers at 32 and 512 rows).'
                 if native_cpu_bfloat16()
                 else "bfloat16 is slow on this CPU, which has no native bfloat16 (its matmuls are emulated)."
             )

@@ -33,7 +33,7 @@ import psutil
 
 from bench.report import median, write_section
 from common.gen import worker_pb2, worker_pb2_grpc
-from scripts.launch import MODEL_NAME, Service, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, Service, stack_default_threads, start_gateway, start_worker
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.outputs import PromptInput
 from worker.engine.sampling_params import SamplingParams
@@ -374,12 +374,14 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[Service] = []  # stopped however the run ends, a failed start included
     try:
-        worker = start_worker("bench-worker", log_dir, **BENCH_ENV)
+        worker = start_worker("bench-worker", log_dir, **(BENCH_ENV | stack_default_threads()))
         started.append(worker)
         gateway = start_gateway("bench-gateway", log_dir, worker.addr)
         started.append(gateway)
         worker_1 = start_worker(
-            "bench-worker-interval-1", log_dir, **(BENCH_ENV | {"WORKER_STREAM_INTERVAL": "1"})
+            "bench-worker-interval-1",
+            log_dir,
+            **(BENCH_ENV | stack_default_threads() | {"WORKER_STREAM_INTERVAL": "1"}),
         )
         started.append(worker_1)
         gateway_1 = start_gateway("bench-gateway-interval-1", log_dir, worker_1.addr)

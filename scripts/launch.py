@@ -30,8 +30,18 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 45.0  # longer than the services' 30 s drain
 # Environment variables of ours: a child gets only the ones its starter sets.
 OWN_ENV_PREFIXES = ("WORKER_", "CACHE_", "GATEWAY_", "REDIS_URL", "API_KEY")
-# Modest worker settings: the tests and benchmarks share two cores.
-SMALL_WORKER_ENV = {"WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_NUM_SEQS": "16"}
+# Modest worker settings: the tests and benchmarks share two cores. One thread: a test worker shares the cores
+# with the test client, the gateway and the cache service, and torch's OpenMP workers wait actively at every
+# barrier, so two threads on cores other processes hold made a 96-token answer take 97 s instead of 3.5 s.
+SMALL_WORKER_ENV = {"WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_NUM_SEQS": "16", "WORKER_NUM_THREADS": "1"}
+
+
+def stack_default_threads() -> dict[str, str]:
+    """WORKER_NUM_THREADS as the stack picks it when unset (torch's default, one per physical core), for the
+    benchmarks that measure the stack at its defaults rather than the tests' one-thread worker."""
+    import torch
+
+    return {"WORKER_NUM_THREADS": str(torch.get_num_threads())}
 
 
 class StartError(RuntimeError):
@@ -210,8 +220,19 @@ def metrics_url(service: Service, port_var: str) -> str:
 
 def redis_argv(port: int, data_dir: Path) -> list[str]:
     """A throwaway redis-server on loopback: no snapshots, no append-only file."""
-    return [str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(data_dir)]
+    return [
+        str(REDIS_SERVER),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+    ]
 
 
 def redis_service(log_dir: Path, name: str | None = None) -> tuple[Service, str]:
