@@ -9,9 +9,9 @@ instead of swamping its owner. The bound is the larger of a relative one, ceil(b
 balances when both a relative and an absolute imbalance threshold are passed): at a few requests per
 worker the relative bound alone spills after one or two, and a spill costs a full prefill on a cold worker
 plus another tenant's prompt evicted there, about what queueing behind a few cached requests costs.
-A hot key (`hot_key_requests` calls of it open already) gets no slack: its spills keep landing on its
-second worker, which stays warm for it, so spilling it costs one prefill, and holding it would let one
-tenant take a worker's whole share.
+A hot key (`hot_key_requests` calls of it open already) gets no slack and goes to the less loaded of its
+two top-ranked workers: both stay warm for it, so spreading it costs one prefill, while holding it on one
+worker would let one tenant take that worker's whole share.
 Nothing here holds state across calls but the round-robin turn, so two gateways with the same membership
 and load choose alike.
 """
@@ -85,7 +85,7 @@ class Router:
             first = self._round_robin(tiers[0])
         else:
             hot = self.hot_key_requests > 0 and key_in_flight >= self.hot_key_requests
-            first = self._bounded(key, tiers[0], 0 if hot else self.slack)
+            first = self._bounded(key, tiers[0], hot)
         rest = [ranking(key, [w.addr for w in tier]) for tier in tiers[1:]]
         return first + rest[0] + rest[1]
 
@@ -96,11 +96,14 @@ class Router:
         start = next(self._turn) % len(addrs)
         return addrs[start:] + addrs[:start]
 
-    def _bounded(self, key: str, workers: Sequence[WorkerState], slack: int) -> list[str]:
-        """The key's ranking, workers at their bound moved behind the rest (least loaded first)."""
+    def _bounded(self, key: str, workers: Sequence[WorkerState], hot: bool = False) -> list[str]:
+        """The key's ranking, workers at their bound moved behind the rest (least loaded first). A hot key:
+        no slack, and its two top-ranked workers taken in order of load (both stay warm for it)."""
         load = {w.addr: w.load for w in workers}
-        bound = load_bound(list(load.values()), self.balance, slack)
+        bound = load_bound(list(load.values()), self.balance, 0 if hot else self.slack)
         ranked = ranking(key, list(load))
+        if hot:
+            ranked = sorted(ranked[:2], key=lambda addr: load[addr]) + ranked[2:]
         fits = [addr for addr in ranked if load[addr] + 1 <= bound]
         full = sorted((addr for addr in ranked if load[addr] + 1 > bound), key=lambda addr: load[addr])
         return fits + full

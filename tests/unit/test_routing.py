@@ -92,7 +92,8 @@ def test_slack_keeps_a_key_on_its_owner_until_it_is_that_far_above_the_least_loa
 
 def test_a_hot_key_gets_the_relative_bound_alone() -> None:
     """Two calls of the key already open: the owner holding them spills the third, though the slack would
-    have let it hold more; a key without open calls stays on the same owner."""
+    have let it hold more; a key without open calls stays on the same owner. A hot key takes the less
+    loaded of its two top-ranked workers, the owner on a tie."""
     key = KEYS[5]
     owner, second, *_ = ranking(key, WORKERS)
     workers = [WorkerState(a, 2 if a == owner else 0) for a in WORKERS]
@@ -102,6 +103,12 @@ def test_a_hot_key_gets_the_relative_bound_alone() -> None:
     assert router.order(key, workers, key_in_flight=2)[0] == second
     never_hot = Router("cache_aware", 1.25, slack=4, hot_key_requests=0)
     assert never_hot.order(key, workers, key_in_flight=9)[0] == owner
+
+    def hot(owner_load: int, second_load: int) -> str:  # all within the relative bound (7)
+        loads = [WorkerState(a, {owner: owner_load, second: second_load}.get(a, 5)) for a in WORKERS]
+        return router.order(key, loads, key_in_flight=2)[0]
+
+    assert hot(5, 5) == owner and hot(4, 5) == owner and hot(5, 4) == second
 
 
 def test_the_slack_settings_reach_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
