@@ -78,8 +78,8 @@ class Router:
 
     def order(self, key: str, workers: Sequence[WorkerState], key_in_flight: int = 0) -> list[str]:
         """The addresses to try in turn: tier 0 by policy, then tier 1, then tier 2 (each by ranking).
-        `key_in_flight`: calls of this key open now; from `hot_key_requests` on, the key is hot and gets
-        the relative bound alone."""
+        `key_in_flight`: calls of this key open now; from `hot_key_requests` on, the key is hot (no slack,
+        the less loaded of its two top-ranked workers)."""
         tiers = [[w for w in workers if w.tier == tier] for tier in (0, 1, 2)]
         if self.policy == "round_robin":
             first = self._round_robin(tiers[0])
