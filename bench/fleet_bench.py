@@ -294,8 +294,8 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
         "",
         f"Measuring load: seed `{first.seed}`, {first.tenants} tenants, each with its own "
         f"{first.prompt_tokens}-token system prompt; {first.requests} chat requests "
-        f"({first.requests // first.tenants} per tenant; the issue has 8) in random tenant order at "
-        f"concurrency {args.concurrency}, {args.max_tokens} output tokens "
+        f"({first.requests // first.tenants} per tenant, as the issue's 128 over 16) in random tenant "
+        f"order at concurrency {args.concurrency}, {args.max_tokens} output tokens "
         "each, one gateway per policy over the same workers; cache_aware with the defaults "
         f"(GATEWAY_ROUTING_BALANCE={routing.balance:g}, GATEWAY_ROUTING_SLACK={routing.slack}, "
         f"GATEWAY_ROUTING_HOT_KEY_REQUESTS={routing.hot_key_requests}), which were tuned on another load "
