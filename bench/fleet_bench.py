@@ -1,15 +1,17 @@
 """Routing across worker replicas: round_robin against cache_aware on the same multi-tenant load.
 
-16 tenants, each with its own ~480-token system prompt; 128 chat requests in random tenant order at
-concurrency 4 through one gateway over 2 workers with WORKER_NUM_KV_BLOCKS=400 each (6,400 tokens: the 16
-prompts, ~7,700 tokens, do not fit in one worker). Per run: the fleet's prefix-cache hit rate (hit tokens
-over looked-up tokens, both workers, from their prefix_cache_hits / prefix_cache_queries counters), TTFT
-p50, output tok/s, and each worker's share of looked-up tokens. Both gateways run over the same two
-workers; runs alternate between the policies, and every run uses fresh tenants (their prompts start with
-the run's own salt), so no run hits what another left in the cache. Writes the `fleet` section of
-docs/BENCHMARKS.md.
+Tenants each with their own system prompt send chat requests in random tenant order (or, with the skewed
+mix, one tenant half of them) at a fixed concurrency through one gateway per policy over the same workers,
+whose KV cache is too small to hold every tenant's prompt (the prompts outgrow one worker's blocks). Per
+run: the fleet's prefix-cache hit rate (hit tokens over looked-up tokens, all workers, from their
+prefix_cache_hits / prefix_cache_queries counters), TTFT p50, output tok/s, and each worker's share of
+looked-up tokens. Runs alternate between the policies; both policies of a round send the same tenant
+order, with fresh prompts each run (salted per run), so no run hits what another left in the cache. Each
+`--fleet WORKERS:KV_BLOCKS` is one set of workers; every run appends to a results file, and the docs
+section (`fleet`) and the plot are written from all the runs in it, so a set can be run on its own.
 
-    .venv/bin/python -m bench.fleet_bench [--rounds 1] [--requests 128] [--write-docs]
+    .venv/bin/python -m bench.fleet_bench [--fleet 2:160 --fleet 4:80 ...] [--rounds 3] [--skew-rounds 3]
+        [--tenants 12] [--seed measure] [--fresh] [--write-docs] [--report-only]
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import platform
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
@@ -28,11 +30,15 @@ import httpx
 
 from bench.report import median, publish
 from common.gen import worker_pb2, worker_pb2_grpc
+from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ranking
 from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
 
 POLICIES = ("round_robin", "cache_aware")
-WORKER_ENV = {"WORKER_NUM_KV_BLOCKS": "400", "WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
+CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
+WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
+RESULTS = ROOT / ".run" / "fleet_bench" / "results.jsonl"
+PLOT = ROOT / "docs" / "bench" / "fleet" / "fleet-routing.png"
 WORDS = (
     "account billing invoice customer order refund policy shipping delivery product warranty support ticket "
     "priority escalate agent answer question clear polite brief detail step guide rule exception manager "
@@ -45,10 +51,19 @@ WORDS = (
 @dataclass
 class RunResult:
     policy: str
+    workers: int
+    kv_blocks: int
+    mix: str  # "uniform" or "skewed" (tenant 0 sends half the requests)
+    round: int
+    seed: str
+    tenants: int
+    requests: int
+    prompt_tokens: int  # each system prompt's length
     hit_rate: float
     ttft_p50_s: float
     tokens_per_s: float
     shares: list[float]  # each worker's share of looked-up tokens
+    wall_s: float
 
 
 def system_prompt(salt: str, tenant: int, words: int) -> str:
@@ -105,16 +120,21 @@ async def one_request(
     return (ttft if ttft is not None else time.perf_counter() - start), tokens
 
 
-async def run_load(url: str, salt: str, args: argparse.Namespace) -> tuple[list[float], int, float]:
-    rng = random.Random(salt)
+def tenant_order(seed: str, args: argparse.Namespace, skewed: bool) -> list[int]:
+    """The tenants of the requests in order; skewed: tenant 0 sends half of them."""
+    rng = random.Random(seed)
+    if not skewed:
+        return [rng.randrange(args.tenants) for _ in range(args.requests)]
+    return [0 if rng.random() < 0.5 else rng.randrange(1, args.tenants) for _ in range(args.requests)]
+
+
+async def run_load(
+    url: str, salt: str, order: list[int], args: argparse.Namespace
+) -> tuple[list[float], int, float]:
     prompts = [system_prompt(salt, t, args.prompt_words) for t in range(args.tenants)]
-    jobs = [
-        (rng.randrange(args.tenants), f"Question {i}: what should I do about order {i}?")
-        for i in range(args.requests)
-    ]
     queue: asyncio.Queue = asyncio.Queue()
-    for job in jobs:
-        queue.put_nowait(job)
+    for i, tenant in enumerate(order):
+        queue.put_nowait((tenant, f"Question {i}: what should I do about order {i}?"))
     ttfts: list[float] = []
     tokens = 0
 
@@ -132,14 +152,41 @@ async def run_load(url: str, salt: str, args: argparse.Namespace) -> tuple[list[
     return ttfts, tokens, time.perf_counter() - start
 
 
-def measure(policy: str, url: str, addrs: list[str], salt: str, args: argparse.Namespace) -> RunResult:
+def measure(
+    policy: str,
+    url: str,
+    addrs: list[str],
+    fleet: tuple[int, int],
+    mix: str,
+    round_index: int,
+    args: argparse.Namespace,
+) -> RunResult:
+    """One run; `fleet`: the KV blocks of each worker and the system prompt's length in tokens."""
+    kv_blocks, prompt_tokens = fleet
+    order_seed = f"{args.seed}-{len(addrs)}w-{mix}-r{round_index}"  # the same order for both policies
+    order = tenant_order(order_seed, args, mix == "skewed")
     before = worker_stats(addrs)
-    ttfts, tokens, wall = asyncio.run(run_load(url, salt, args))
+    ttfts, tokens, wall = asyncio.run(run_load(url, f"{order_seed}-{policy}", order, args))
     after = worker_stats(addrs)
     queries = [a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True)]
     hits = [a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)]
     total = max(sum(queries), 1)
-    return RunResult(policy, sum(hits) / total, median(ttfts), tokens / wall, [q / total for q in queries])
+    return RunResult(
+        policy,
+        len(addrs),
+        kv_blocks,
+        mix,
+        round_index,
+        args.seed,
+        args.tenants,
+        args.requests,
+        prompt_tokens,
+        sum(hits) / total,
+        median(ttfts),
+        tokens / wall,
+        [q / total for q in queries],
+        wall,
+    )
 
 
 def key_movement(num_keys: int = 20_000) -> str:
@@ -161,51 +208,135 @@ def key_movement(num_keys: int = 20_000) -> str:
     )
 
 
-def report(results: list[RunResult], args: argparse.Namespace, prompt_tokens: int) -> list[str]:
-    command = f"--rounds {args.rounds} --requests {args.requests} --write-docs"
+def load_results() -> list[RunResult]:
+    if not RESULTS.exists():
+        return []
+    return [RunResult(**json.loads(line)) for line in RESULTS.read_text().splitlines() if line.strip()]
+
+
+def summary(runs: list[RunResult]) -> dict[str, float | list[float] | int]:
+    """Medians over the runs; shares: each worker's median share, sorted from the largest."""
+    width = runs[0].workers
+    shares = sorted((median([r.shares[i] for r in runs]) for i in range(width)), reverse=True)
+    return {
+        "hit_rate": median([r.hit_rate for r in runs]),
+        "ttft": median([r.ttft_p50_s for r in runs]),
+        "speed": median([r.tokens_per_s for r in runs]),
+        "largest": median([max(r.shares) for r in runs]),
+        "smallest": median([min(r.shares) for r in runs]),
+        "shares": shares,
+        "runs": len(runs),
+    }
+
+
+def groups(results: list[RunResult]) -> dict[tuple[int, int, str], dict[str, list[RunResult]]]:
+    out: dict[tuple[int, int, str], dict[str, list[RunResult]]] = {}
+    for r in results:
+        out.setdefault((r.workers, r.kv_blocks, r.mix), {}).setdefault(r.policy, []).append(r)
+    return dict(sorted(out.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] != "uniform")))
+
+
+def plot(results: list[RunResult]) -> Path | None:
+    """Hit rate and TTFT p50 against the number of workers, both policies (uniform mix, medians)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = {k: v for k, v in groups(results).items() if k[2] == "uniform"}
+    if not table:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for policy in POLICIES:
+        points = sorted((k[0], summary(v[policy])) for k, v in table.items() if policy in v)
+        xs = [w for w, _ in points]
+        axes[0].plot(xs, [100 * s["hit_rate"] for _, s in points], marker="o", label=policy)
+        axes[1].plot(xs, [s["ttft"] for _, s in points], marker="o", label=policy)
+    for ax, label in zip(axes, ("fleet prefix-cache hit rate (%)", "TTFT p50 (s)"), strict=True):
+        ax.set_xlabel("workers")
+        ax.set_xticks(sorted({k[0] for k in table}))
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_ylim(0, 100)
+    axes[1].set_ylim(bottom=0)
+    fig.suptitle("round_robin vs cache_aware, SmolLM2-135M, one-thread workers on 2 shared cores")
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=90)
+    plt.close(fig)
+    return PLOT
+
+
+def commands(results: list[RunResult]) -> str:
+    """The invocations that made these runs, one per fleet (rounds as found in the results)."""
+    first = results[0]
+    out = []
+    for workers, kv_blocks in sorted({(r.workers, r.kv_blocks) for r in results}):
+        runs = [r for r in results if (r.workers, r.kv_blocks) == (workers, kv_blocks)]
+        rounds = len({r.round for r in runs if r.mix == "uniform"})
+        skewed = len({r.round for r in runs if r.mix == "skewed"})
+        out.append(
+            f"`.venv/bin/python -m bench.fleet_bench --fleet {workers}:{kv_blocks} --rounds {rounds} "
+            f"--skew-rounds {skewed} --tenants {first.tenants} --requests {first.requests} "
+            f"--seed {first.seed}`"
+        )
+    return ", ".join(out) + " (then `--report-only --write-docs`)"
+
+
+def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
+    first = results[0]
+    routing = RoutingConfig()
     lines = [
         "## Fleet routing: round_robin vs cache_aware",
         "",
-        f"`.venv/bin/python -m bench.fleet_bench {command}` on {cpu_name()} (2 cores shared with other "
-        "work; each worker WORKER_NUM_THREADS=1).",
-        f"{args.tenants} tenants, each with its own {prompt_tokens}-token system prompt; {args.requests} "
-        f"chat requests in random tenant order at concurrency {args.concurrency}, {args.max_tokens} output "
-        f"tokens each; one gateway per policy over the same {args.workers} workers with "
-        "WORKER_NUM_KV_BLOCKS=400 (16-token blocks: 6,400 tokens each). Hit rate: hit tokens / looked-up "
-        "tokens over all workers (their prefix_cache_hits / prefix_cache_queries). Medians over the rounds "
-        "(runs interleaved, fresh tenants each run).",
+        f"{commands(results)}, on {CPU_NOTE}; each worker WORKER_NUM_THREADS=1.",
         "",
-        "| policy | fleet prefix-cache hit rate | TTFT p50 | output tok/s | each worker's share of lookups |",
-        "|---|---|---|---|---|",
+        f"Measuring load: seed `{first.seed}`, {first.tenants} tenants, each with its own "
+        f"{first.prompt_tokens}-token system prompt; {first.requests} chat requests "
+        f"({first.requests // first.tenants} per tenant, as the issue's 128 over 16) in random tenant "
+        f"order at concurrency {args.concurrency}, {args.max_tokens} output tokens "
+        "each, one gateway per policy over the same workers; cache_aware with the defaults "
+        f"(GATEWAY_ROUTING_BALANCE={routing.balance:g}, GATEWAY_ROUTING_SLACK={routing.slack}, "
+        f"GATEWAY_ROUTING_HOT_KEY_REQUESTS={routing.hot_key_requests}), which were tuned on another load "
+        "(fleet notes below). The issue's workload scaled down to fit this machine: prompts half as long and "
+        "the fleet's KV cache halved with them (the issue's 2 x 400 and 4 x 200 blocks hold 800 in all; "
+        "here every fleet holds 320, WORKER_NUM_KV_BLOCKS per row, 16-token blocks), so from two workers on "
+        "the tenants' prompts outgrow one worker. Hit rate: hit tokens / looked-up tokens over all workers "
+        "(their prefix_cache_hits / prefix_cache_queries). Medians over the runs; rounds interleave the "
+        "policies, both policies of a round send the same tenant order, each run with fresh prompts. "
+        "Shares: each worker's share of the looked-up tokens, largest first. Skewed: tenant 0 sends half "
+        "the requests.",
+        "",
+        "| workers x KV blocks | mix | policy | runs | fleet hit rate | TTFT p50 | output tok/s | shares |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for policy in POLICIES:
-        runs = [r for r in results if r.policy == policy]
-        hit_rate = median([r.hit_rate for r in runs])
-        ttft = median([r.ttft_p50_s for r in runs])
-        speed = median([r.tokens_per_s for r in runs])
-        shares = " / ".join(f"{median([r.shares[i] for r in runs]):.0%}" for i in range(args.workers))
-        lines.append(f"| {policy} | {hit_rate:.0%} | {ttft:.2f} s | {speed:.1f} | {shares} |")
+    for (workers, kv_blocks, mix), by_policy in groups(results).items():
+        for policy in POLICIES:
+            if policy not in by_policy:
+                continue
+            s = summary(by_policy[policy])
+            shares = " / ".join(f"{x:.0%}" for x in s["shares"])  # type: ignore[union-attr]
+            lines.append(
+                f"| {workers} x {kv_blocks} | {mix} | {policy} | {s['runs']} | {s['hit_rate']:.0%} | "
+                f"{s['ttft']:.2f} s | {s['speed']:.1f} | {shares} |"
+            )
+    path = plot(results)
+    if path is not None:
+        lines += ["", f"![fleet routing: hit rate and TTFT against workers](bench/fleet/{path.name})"]
     return [*lines, "", key_movement()]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("--tenants", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--prompt-words", type=int, default=450)
-    parser.add_argument("--write-docs", action="store_true")
-    args = parser.parse_args()
+def run_fleet(workers: int, kv_blocks: int, args: argparse.Namespace) -> None:
+    """Start `workers` workers and a gateway per policy, run the rounds, append each run to RESULTS."""
     log_dir = ROOT / ".run" / "fleet_bench"
     log_dir.mkdir(parents=True, exist_ok=True)
     services: list[Service] = []
+    env = WORKER_ENV | {"WORKER_NUM_KV_BLOCKS": str(kv_blocks)}
     try:
-        workers = [start_worker(f"fleet-worker-{i}", log_dir, **WORKER_ENV) for i in range(args.workers)]
-        services += workers
-        addrs = [w.addr for w in workers]
+        started = [start_worker(f"fleet-worker-{i}", log_dir, **env) for i in range(workers)]
+        services += started
+        addrs = [w.addr for w in started]
         gateways = {
             p: start_gateway(f"fleet-gateway-{p}", log_dir, ",".join(addrs), ready=True, GATEWAY_ROUTING=p)
             for p in POLICIES
@@ -216,17 +347,46 @@ def main() -> None:
             json={"model": MODEL_NAME, "prompt": system_prompt("x", 0, args.prompt_words)},
             timeout=60,
         ).json()["count"]
-        results = []
-        for round_index in range(args.rounds):
-            for policy in POLICIES if round_index % 2 == 0 else reversed(POLICIES):
-                salt = f"r{round_index}-{policy}"
-                result = measure(policy, gateways[policy].addr, addrs, salt, args)
+        plan = [("uniform", r) for r in range(args.rounds)] + [("skewed", r) for r in range(args.skew_rounds)]
+        for index, (mix, round_index) in enumerate(plan):
+            for policy in POLICIES if index % 2 == 0 else tuple(reversed(POLICIES)):
+                fleet = (kv_blocks, count)
+                result = measure(policy, gateways[policy].addr, addrs, fleet, mix, round_index, args)
                 print(result, flush=True)
-                results.append(result)
-        publish("fleet", report(results, args, count), args.write_docs)
+                with RESULTS.open("a") as out:
+                    out.write(json.dumps(asdict(result)) + "\n")
     finally:
         for service in reversed(services):
             service.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--fleet", action="append", help="WORKERS:KV_BLOCKS, repeatable (2:160 4:80 1:320 3:107)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="uniform-mix rounds per fleet")
+    parser.add_argument("--skew-rounds", type=int, default=3, help="skewed-mix rounds per fleet")
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--tenants", type=int, default=12)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--prompt-words", type=int, default=215)
+    parser.add_argument("--seed", default="measure")
+    parser.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
+    parser.add_argument("--report-only", action="store_true", help="write the section from the results file")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    if args.fresh and RESULTS.exists():
+        RESULTS.unlink()
+    if not args.report_only:
+        for spec in args.fleet or ["2:160", "4:80", "1:320", "3:107"]:
+            workers, kv_blocks = (int(x) for x in spec.split(":"))
+            run_fleet(workers, kv_blocks, args)
+    results = load_results()
+    if results:
+        publish("fleet", report(results, args), args.write_docs)
 
 
 if __name__ == "__main__":

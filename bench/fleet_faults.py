@@ -1,12 +1,16 @@
-"""Faults of the fleet under load: 2 gateways over 3 workers, a steady streamed chat load through both,
-while one worker is killed (SIGKILL, then restarted), one is stopped for 15 s (SIGSTOP, then SIGCONT), and
-one gateway restarts (SIGTERM, drained, started again). Clients retry a request that a gateway refused
-(5xx) or that never reached it on the other gateway, as the openai SDK's retries would.
+"""Faults of the fleet under load: 2 gateways over 3 workers with the semantic cache on (one cache service,
+one Redis), a steady streamed chat load through both, while one worker is killed (SIGKILL, then
+restarted), one is stopped for 15 s (SIGSTOP, then SIGCONT), one gateway restarts (SIGTERM, drained,
+started again), the cache service restarts (SIGTERM, started again) and Redis restarts (SIGTERM, started
+again on the same port, empty: it keeps nothing on disk). Clients retry a request that a gateway refused
+(5xx) or that never reached it on the other gateway, as the openai SDK's retries would. Every other
+request repeats one of 8 questions (semantic-cache hits once stored), the rest are new.
 
 Per fault: requests that failed (split: their stream had started before the fault, or not), how long the
 streams on the faulted worker took to end with an error event, how long until both gateways took a
 stopped worker out of routing (their `worker_routable` gauge), and output tok/s in the 10 s before each
-fault and 10 s after it ended. At the end: KV blocks still held on each worker. Writes the `fleet-faults`
+fault and 10 s after it ended, and semantic-cache hits among the requests that started then. At the end:
+KV blocks still held on each worker. Writes the `fleet-faults`
 section of docs/BENCHMARKS.md.
 
     .venv/bin/python -m bench.fleet_faults [--write-docs]
@@ -26,13 +30,23 @@ from dataclasses import dataclass, field
 import grpc
 import httpx
 
-from bench.fleet_bench import cpu_name
+from bench.fleet_bench import CPU_NOTE
 from bench.report import publish
 from common.gen import worker_pb2, worker_pb2_grpc
-from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
+from scripts.launch import (
+    MODEL_NAME,
+    ROOT,
+    Service,
+    start_cache_service,
+    start_gateway,
+    start_redis,
+    start_worker,
+)
 
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_NUM_KV_BLOCKS": "400", "WORKER_MAX_NUM_SEQS": "16"}
 CONCURRENCY = 6
+CLIENTS = CONCURRENCY  # --clients: fewer for a check of the script
+PACE = 1.0  # every wait of the scenario is scaled by this (--pace: a shorter check of the script itself)
 MAX_TOKENS = 24
 
 
@@ -44,6 +58,7 @@ class Outcome:
     tokens: int
     first_token: float | None
     error: str = ""
+    cache: str = ""  # the gateway's X-Semantic-Cache answer: hit, miss, bypass, or "" when none came
 
 
 @dataclass
@@ -54,11 +69,12 @@ class Timeline:
 
 
 async def one_stream(client: httpx.AsyncClient, urls: list[str], turn: int, t: Timeline) -> None:
+    tenant, question = (turn % 12, turn) if turn % 2 else (0, turn // 2 % 8)  # even turns: 8 repeated
     body = {
         "model": MODEL_NAME,
         "messages": [
-            {"role": "system", "content": f"You are the assistant of tenant {turn % 12}. " * 30},
-            {"role": "user", "content": f"Question {turn}: tell me a story."},
+            {"role": "system", "content": f"You are the assistant of tenant {tenant}. " * 30},
+            {"role": "user", "content": f"Question {question}: tell me a story."},
         ],
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
@@ -66,12 +82,13 @@ async def one_stream(client: httpx.AsyncClient, urls: list[str], turn: int, t: T
         "stream": True,
     }
     started = time.monotonic()
-    first, tokens, error = None, 0, ""
+    first, tokens, error, cache = None, 0, "", ""
     for attempt in range(2):  # the other gateway when this one refused or could not be reached
         url = urls[(turn + attempt) % len(urls)]
         error = ""
         try:
             async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                cache = response.headers.get("x-semantic-cache", "")
                 if response.status_code != 200:
                     error = f"HTTP {response.status_code}"
                     if response.status_code >= 500:  # a draining gateway: the SDK retries these too
@@ -93,7 +110,7 @@ async def one_stream(client: httpx.AsyncClient, urls: list[str], turn: int, t: T
             error = type(exc).__name__
             if first is not None:
                 break
-    t.outcomes.append(Outcome(started, time.monotonic(), not error, tokens, first, error))
+    t.outcomes.append(Outcome(started, time.monotonic(), not error, tokens, first, error, cache))
 
 
 async def load(urls: list[str], t: Timeline, stop: asyncio.Event) -> None:
@@ -104,7 +121,7 @@ async def load(urls: list[str], t: Timeline, stop: asyncio.Event) -> None:
             while not stop.is_set():
                 await one_stream(client, urls, next(turns), t)
 
-    await asyncio.gather(*(client_loop() for _ in range(CONCURRENCY)))
+    await asyncio.gather(*(client_loop() for _ in range(CLIENTS)))
 
 
 def routable(gateway: Service, worker: Service) -> float:
@@ -123,28 +140,38 @@ async def wait_out_of_routing(gateways: list[Service], worker: Service, since: f
     return time.monotonic() - since
 
 
-async def scenario(workers: list[Service], gateways: list[Service], t: Timeline) -> dict[str, float]:
+async def scenario(
+    workers: list[Service], gateways: list[Service], cache: list[Service], t: Timeline
+) -> dict[str, float]:
+    """`cache`: the cache service and Redis."""
     found: dict[str, float] = {}
-    await asyncio.sleep(15)
+    await asyncio.sleep(15 * PACE)
     t.marks["kill"] = time.monotonic()
     workers[2].proc.kill()  # type: ignore[union-attr]
-    await asyncio.sleep(10)
+    await asyncio.sleep(10 * PACE)
     await asyncio.to_thread(workers[2].start)
     t.marks["kill_end"] = time.monotonic()
-    await asyncio.sleep(15)
+    await asyncio.sleep(15 * PACE)
     pid = workers[1].proc.pid  # type: ignore[union-attr]
     t.marks["stop"] = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     found["out_of_routing_s"] = await wait_out_of_routing(gateways, workers[1], t.marks["stop"])
-    await asyncio.sleep(max(0.0, 15 - (time.monotonic() - t.marks["stop"])))
+    await asyncio.sleep(max(0.0, 15 * PACE - (time.monotonic() - t.marks["stop"])))
     os.kill(pid, signal.SIGCONT)
     t.marks["stop_end"] = time.monotonic()
-    await asyncio.sleep(15)
+    await asyncio.sleep(15 * PACE)
     t.marks["gateway"] = time.monotonic()
     await asyncio.to_thread(gateways[1].stop)
     await asyncio.to_thread(gateways[1].start)
     t.marks["gateway_end"] = time.monotonic()
-    await asyncio.sleep(15)
+    await asyncio.sleep(15 * PACE)
+    for name, service in zip(("cache", "redis"), cache, strict=True):
+        t.marks[name] = time.monotonic()
+        await asyncio.to_thread(service.stop)
+        await asyncio.to_thread(service.start)
+        t.marks[f"{name}_end"] = time.monotonic()
+        found[f"{name}_down_s"] = t.marks[f"{name}_end"] - t.marks[name]
+        await asyncio.sleep(15 * PACE)
     return found
 
 
@@ -161,10 +188,17 @@ def fault_row(name: str, t: Timeline, begin: str, end: str) -> str:
     worst = f"{max(ends):.1f} s" if ends else "-"
     before, after = tok_s(t, at - 10, at), tok_s(t, done, done + 10)
     codes = sorted({o.error for o in failed_running + failed_new})
+    hits = f"{cache_hits(t, at - 10, at)}, {cache_hits(t, done, done + 10)}"
     return (
         f"| {name} | {len(failed_running)} | {len(failed_new)} | {worst} | {before:.1f} | {after:.1f} | "
-        f"{', '.join(codes) or '-'} |"
+        f"{hits} | {', '.join(codes) or '-'} |"
     )
+
+
+def cache_hits(t: Timeline, start: float, end: float) -> str:
+    """Semantic-cache hits among the requests started in [start, end), of those that got an answer."""
+    started = [o for o in t.outcomes if start <= o.started < end and o.cache]
+    return f"{sum(o.cache == 'hit' for o in started)}/{len(started)}"
 
 
 def kv_blocks_held(workers: list[Service]) -> list[int]:
@@ -176,12 +210,14 @@ def kv_blocks_held(workers: list[Service]) -> list[int]:
     return held
 
 
-async def run(workers: list[Service], gateways: list[Service]) -> tuple[Timeline, dict[str, float]]:
+async def run(
+    workers: list[Service], gateways: list[Service], cache: list[Service]
+) -> tuple[Timeline, dict[str, float]]:
     t = Timeline()
     stop = asyncio.Event()
     traffic = asyncio.create_task(load([g.addr for g in gateways], t, stop))
     try:
-        found = await scenario(workers, gateways, t)
+        found = await scenario(workers, gateways, cache, t)
     finally:
         stop.set()
         await traffic
@@ -191,41 +227,54 @@ async def run(workers: list[Service], gateways: list[Service]) -> tuple[Timeline
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--pace", type=float, default=1.0, help="scale the scenario's waits (a check: 0.2)")
+    parser.add_argument("--clients", type=int, default=CONCURRENCY)
     args = parser.parse_args()
+    global PACE, CLIENTS
+    PACE, CLIENTS = args.pace, args.clients
     log_dir = ROOT / ".run" / "fleet_faults"
     log_dir.mkdir(parents=True, exist_ok=True)
     workers: list[Service] = []
     gateways: list[Service] = []
+    cache: list[Service] = []
     try:
+        redis, redis_url = start_redis(log_dir, "faults-redis")
+        cache = [start_cache_service("faults-cache", log_dir, redis_url), redis]
         workers = [start_worker(f"faults-worker-{i}", log_dir, **WORKER_ENV) for i in range(3)]
         addr = ",".join(w.addr for w in workers)
-        gateways = [start_gateway(f"faults-gateway-{i}", log_dir, addr, ready=True) for i in range(2)]
-        t, found = asyncio.run(run(workers, gateways))
+        cache_env = {"CACHE_ENABLED": "true", "CACHE_ADDR": cache[0].addr}
+        gateways = [
+            start_gateway(f"faults-gateway-{i}", log_dir, addr, ready=True, **cache_env) for i in range(2)
+        ]
+        t, found = asyncio.run(run(workers, gateways, cache))
         time.sleep(3)
         held = kv_blocks_held(workers)
     finally:
-        for service in [*gateways, *workers]:
+        for service in [*gateways, *workers, *cache]:
             if service.proc is not None and service.proc.poll() is None:
                 os.kill(service.proc.pid, signal.SIGCONT)
             service.stop()
     lines = [
         "## Fleet faults under load",
         "",
-        f"`.venv/bin/python -m bench.fleet_faults --write-docs` on {cpu_name()} (2 cores shared with other "
-        f"work). 2 gateways (GATEWAY_ROUTING=cache_aware, GATEWAY_STREAM_STALL_S=10) over 3 workers "
-        f"(WORKER_NUM_THREADS=1); {CONCURRENCY} clients stream chat completions of {MAX_TOKENS} tokens "
-        "through both gateways in turn, retrying on the other gateway when one cannot be reached. "
+        f"`.venv/bin/python -m bench.fleet_faults --write-docs` on {CPU_NOTE}. 2 gateways "
+        "(GATEWAY_ROUTING=cache_aware, GATEWAY_STREAM_STALL_S=10, the semantic cache on: one cache service "
+        f"over one Redis) over 3 workers (WORKER_NUM_THREADS=1); {CLIENTS} clients stream chat "
+        f"completions of {MAX_TOKENS} tokens through both gateways in turn, retrying on the other gateway "
+        "when one cannot be reached; every other request repeats one of 8 questions, the rest are new. "
         f"{len(t.outcomes)} requests in all. Failed: requests whose stream had begun before the fault / "
         "requests started during the fault or the 12 s after it. Stream end: the slowest of the failed "
         "streams, from the fault to its error event. tok/s: the 10 s before the fault and the 10 s after "
-        "it ended.",
+        "it ended; cache hits: semantic-cache hits among the requests started in those 10 s.",
         "",
         "| fault | failed, started before | failed, started after | stream end | tok/s before | tok/s after "
-        "| error codes |",
-        "|---|---|---|---|---|---|---|",
+        "| cache hits before, after | error codes |",
+        "|---|---|---|---|---|---|---|---|",
         fault_row("SIGKILL a worker (restarted after 10 s)", t, "kill", "kill_end"),
         fault_row("SIGSTOP a worker for 15 s", t, "stop", "stop_end"),
         fault_row("restart a gateway (SIGTERM, drain, start)", t, "gateway", "gateway_end"),
+        fault_row(f"restart the cache service (down {found['cache_down_s']:.1f} s)", t, "cache", "cache_end"),
+        fault_row(f"restart Redis, emptied (down {found['redis_down_s']:.1f} s)", t, "redis", "redis_end"),
         "",
         f"The stopped worker was out of routing on both gateways {found['out_of_routing_s']:.1f} s after "
         f"SIGSTOP. KV blocks held at the end, per worker: {held}.",

@@ -24,6 +24,8 @@ class GatewaySettings(BaseSettings):
     # with bounded load, or round-robin.
     gateway_routing: Literal["round_robin", "cache_aware"] = "cache_aware"
     gateway_routing_balance: float = Field(default=1.25, ge=1.0)  # a worker's load bound over the mean
+    gateway_routing_slack: int = Field(default=4, ge=0)  # or the least-loaded worker plus this, if more
+    gateway_routing_hot_key_requests: int = Field(default=2, ge=0)  # a key this busy: no slack (0: never)
     gateway_routing_prefix_chars: int = Field(default=1024, ge=1)  # leading characters in the routing key
     gateway_routing_session_affinity: bool = False  # route by `user` when the request names one
     gateway_worker_stale_s: float = Field(default=3.0, gt=0)  # no load report for this long: not routed
@@ -69,6 +71,8 @@ class GatewaySettings(BaseSettings):
         return RoutingConfig(
             policy=self.gateway_routing,
             balance=self.gateway_routing_balance,
+            slack=self.gateway_routing_slack,
+            hot_key_requests=self.gateway_routing_hot_key_requests,
             prefix_chars=self.gateway_routing_prefix_chars,
             session_affinity=self.gateway_routing_session_affinity,
             stale_after_s=self.gateway_worker_stale_s,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -63,6 +64,11 @@ class WorkerStream:
         self.addr = replica.addr
         self.stall_s = stall_s
         self._released = False
+        self._on_release: list[Callable[[], None]] = []
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once when the call ends (its last chunk read, or cancelled)."""
+        self._on_release.append(callback)
 
     async def chunks(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
         """The call's chunks. After stall_s without one, the stream ends with an error unless the worker
@@ -97,6 +103,8 @@ class WorkerStream:
         if not self._released:
             self._released = True
             self.replica.in_flight -= 1
+            for callback in self._on_release:
+                callback()
 
 
 class WorkerPool:
@@ -111,7 +119,10 @@ class WorkerPool:
         self.membership = Membership(
             parse_worker_addr(addrs), self.routing.stale_after_s, self.routing.resolve_interval_s
         )
-        self.router = Router(self.routing.policy, self.routing.balance)
+        self.router = Router(
+            self.routing.policy, self.routing.balance, self.routing.slack, self.routing.hot_key_requests
+        )
+        self.key_calls: Counter[str] = Counter()  # routing key -> this gateway's calls of it, open now
         self._started: asyncio.Task[None] | None = None
         self.lora = LoraAdapters(self)
 
@@ -148,19 +159,33 @@ class WorkerPool:
         if not replicas:
             raise unavailable(f"No worker serves the model {request.model!r}")
         key = routing_key(request, self.routing.prefix_chars, user if self.routing.session_affinity else None)
-        order = self.router.order(key, [r.state() for r in replicas.values()])
+        order = self.router.order(key, [r.state() for r in replicas.values()], self.key_calls[key])
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
         last_error: APIError | None = None
-        for attempt, addr in enumerate(order):
-            if attempt:
-                metrics.RETRIES.labels(request.model).inc()
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            try:
-                return await self._start_on(replicas[addr], request, prompt_param, timeout)
-            except _Retry as retry:
-                last_error = retry.error
+        self.key_calls[key] += 1  # counted from now, so that requests of a key arriving together see it
+        try:
+            for attempt, addr in enumerate(order):
+                if attempt:
+                    metrics.RETRIES.labels(request.model).inc()
+                timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                try:
+                    stream = await self._start_on(replicas[addr], request, prompt_param, timeout)
+                except _Retry as retry:
+                    last_error = retry.error
+                    continue
+                stream.on_release(lambda: self._drop_key(key))
+                return stream
+        except BaseException:
+            self._drop_key(key)
+            raise
+        self._drop_key(key)
         assert last_error is not None
         raise last_error
+
+    def _drop_key(self, key: str) -> None:
+        self.key_calls[key] -= 1
+        if self.key_calls[key] <= 0:
+            del self.key_calls[key]
 
     async def _start_on(
         self,

@@ -10,7 +10,9 @@ from gateway.routing.router import Policy
 @dataclass(frozen=True)
 class RoutingConfig:
     policy: Policy = "cache_aware"
-    balance: float = 1.25  # (1 + eps): a worker above balance x the mean load is passed over
+    balance: float = 1.25  # (1 + eps): a worker above balance x the mean load is passed over...
+    slack: int = 4  # ...unless it holds at most this many more than the least-loaded worker...
+    hot_key_requests: int = 2  # ...and the key has fewer than this many calls open here (0: never hot)
     prefix_chars: int = 1024
     session_affinity: bool = False
     stale_after_s: float = 3.0

@@ -3,9 +3,17 @@
 cache_aware: rendezvous (highest random weight) hashing ranks the workers for a key, so the same leading
 content lands on the same worker, whose prefix cache already holds it; a join takes ~1/N of the keys and
 a leave moves only the leaver's. Bounded load: a worker is passed over while its load is at its bound,
-ceil(balance x (total load + 1) / workers), and the key goes to the next worker in its ranking, so a hot
-key spills onto a stable second worker instead of swamping its owner. Nothing here holds state across
-calls but the round-robin turn, so two gateways with the same membership and load choose alike.
+and the key goes to the next worker in its ranking, so a hot key spills onto a stable second worker
+instead of swamping its owner. The bound is the larger of a relative one, ceil(balance x (total load + 1)
+/ workers), and an absolute one, the least-loaded worker's load plus `slack` (as SGLang's router only
+balances when both a relative and an absolute imbalance threshold are passed): at a few requests per
+worker the relative bound alone spills after one or two, and a spill costs a full prefill on a cold worker
+plus another tenant's prompt evicted there, about what queueing behind a few cached requests costs.
+A hot key (`hot_key_requests` calls of it open already) gets no slack and goes to the less loaded of its
+two top-ranked workers: both stay warm for it, so spreading it costs one prefill, while holding it on one
+worker would let one tenant take that worker's whole share.
+Nothing here holds state across calls but the round-robin turn, so two gateways with the same membership
+and load choose alike.
 """
 
 from __future__ import annotations
@@ -43,27 +51,41 @@ def ranking(key: str, addrs: Sequence[str]) -> list[str]:
     return sorted(addrs, key=lambda addr: (-score(key, addr), addr))
 
 
-def load_bound(loads: Sequence[int], balance: float) -> int:
-    """The most requests one worker may hold before new keys pass it over (counting the new one)."""
+def load_bound(loads: Sequence[int], balance: float, slack: int = 0) -> int:
+    """The most requests one worker may hold before new keys pass it over (counting the new one): the
+    relative bound, or the least-loaded worker's load plus the absolute slack when that is more."""
     if not loads:
         return 0
-    return max(1, math.ceil(balance * (sum(loads) + 1) / len(loads)))
+    relative = math.ceil(balance * (sum(loads) + 1) / len(loads))
+    return max(1, relative, min(loads) + slack)
 
 
 class Router:
-    def __init__(self, policy: Policy = "cache_aware", balance: float = 1.25) -> None:
+    def __init__(
+        self, policy: Policy = "cache_aware", balance: float = 1.25, slack: int = 0, hot_key_requests: int = 0
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")
         if balance < 1.0:
             raise ValueError("balance must be at least 1.0")
+        if slack < 0:
+            raise ValueError("slack must be at least 0")
         self.policy = policy
         self.balance = balance
+        self.slack = slack
+        self.hot_key_requests = hot_key_requests
         self._turn = itertools.count()
 
-    def order(self, key: str, workers: Sequence[WorkerState]) -> list[str]:
-        """The addresses to try in turn: tier 0 by policy, then tier 1, then tier 2 (each by ranking)."""
+    def order(self, key: str, workers: Sequence[WorkerState], key_in_flight: int = 0) -> list[str]:
+        """The addresses to try in turn: tier 0 by policy, then tier 1, then tier 2 (each by ranking).
+        `key_in_flight`: calls of this key open now; from `hot_key_requests` on, the key is hot (no slack,
+        the less loaded of its two top-ranked workers)."""
         tiers = [[w for w in workers if w.tier == tier] for tier in (0, 1, 2)]
-        first = self._round_robin(tiers[0]) if self.policy == "round_robin" else self._bounded(key, tiers[0])
+        if self.policy == "round_robin":
+            first = self._round_robin(tiers[0])
+        else:
+            hot = self.hot_key_requests > 0 and key_in_flight >= self.hot_key_requests
+            first = self._bounded(key, tiers[0], hot)
         rest = [ranking(key, [w.addr for w in tier]) for tier in tiers[1:]]
         return first + rest[0] + rest[1]
 
@@ -74,11 +96,14 @@ class Router:
         start = next(self._turn) % len(addrs)
         return addrs[start:] + addrs[:start]
 
-    def _bounded(self, key: str, workers: Sequence[WorkerState]) -> list[str]:
-        """The key's ranking, workers at their bound moved behind the rest (least loaded first)."""
+    def _bounded(self, key: str, workers: Sequence[WorkerState], hot: bool = False) -> list[str]:
+        """The key's ranking, workers at their bound moved behind the rest (least loaded first). A hot key:
+        no slack, and its two top-ranked workers taken in order of load (both stay warm for it)."""
         load = {w.addr: w.load for w in workers}
-        bound = load_bound(list(load.values()), self.balance)
+        bound = load_bound(list(load.values()), self.balance, 0 if hot else self.slack)
         ranked = ranking(key, list(load))
+        if hot:
+            ranked = sorted(ranked[:2], key=lambda addr: load[addr]) + ranked[2:]
         fits = [addr for addr in ranked if load[addr] + 1 <= bound]
         full = sorted((addr for addr in ranked if load[addr] + 1 > bound), key=lambda addr: load[addr])
         return fits + full

@@ -3,6 +3,7 @@ losing one worker loses no new request."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from common.gen import worker_pb2
+from gateway.routing.config import RoutingConfig
 from gateway.routing.key import routing_key
 from gateway.routing.router import ranking
 from gateway.worker_pool import WorkerPool
@@ -121,6 +123,39 @@ async def test_a_comma_list_and_a_dns_name_become_one_replica_per_address(
             assert stream.addr == owner(prompt, workers)
             finishes = [chunk.finish_reason async for chunk in stream.chunks()]
             assert finishes[-1] == "length"
+    finally:
+        await pool.close()
+
+
+async def test_a_hot_tenant_spills_and_its_open_calls_are_counted_until_they_end(
+    workers: tuple[Worker, Worker],
+) -> None:
+    """Two streams of one tenant open on its owner: the third goes to the other worker (a hot key gets no
+    slack), while another tenant of the same owner still goes there (the slack holds it); once the
+    streams end, whether read to the end or cancelled, no open call of any key is left counted."""
+    routing = RoutingConfig(slack=4, hot_key_requests=2)
+    pool = WorkerPool(",".join(w.addr for w in workers), routing=routing)
+    params = worker_pb2.SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    hot, cold = tenants_of_each(workers, 2)[:2]  # two tenants with the same owner
+    home = owner(hot, workers)
+    assert owner(cold, workers) == home
+    try:
+        await pool.start()
+        for _ in range(200):  # both load watchers reporting: both workers take new requests
+            if all(r.tier() == 0 for r in pool.replicas):
+                break
+            await asyncio.sleep(0.05)
+        streams = []
+        for prompt in (hot, hot, hot, cold):
+            request = worker_pb2.GenerateRequest(model=MODEL, text=prompt, params=params)
+            streams.append(await pool.generate(request, "prompt"))
+        assert [s.addr == home for s in streams] == [True, True, False, True]
+        assert len(pool.key_calls) == 2 and sorted(pool.key_calls.values()) == [1, 3]
+        finishes = [chunk.finish_reason async for chunk in streams[0].chunks()]
+        assert finishes[-1] == "length"
+        for stream in streams[1:]:
+            stream.cancel()
+        assert not pool.key_calls
     finally:
         await pool.close()
 

@@ -69,6 +69,60 @@ def test_an_owner_at_its_bound_passes_the_key_to_its_next_ranked_worker() -> Non
     assert router.order(key, [WorkerState(a, loads[a]) for a in WORKERS])[0] == owner
 
 
+def test_slack_keeps_a_key_on_its_owner_until_it_is_that_far_above_the_least_loaded() -> None:
+    """Four idle workers but the owner: the relative bound (ceil(1.25 x 3 / 4) = 1) alone sends the key's
+    second request away; with slack 3 the owner holds up to 3 (counting the new one) while the others hold
+    none, and the key spills once it would be past that too."""
+    key = KEYS[3]
+    owner, second, *_ = ranking(key, WORKERS)
+    assert load_bound([2, 0, 0, 0], 1.25) == 1 and load_bound([2, 0, 0, 0], 1.25, slack=3) == 3
+    assert load_bound([8, 8, 8, 8], 1.25, slack=3) == 11, "the relative bound when it is the larger"
+
+    def loads(owner_load: int) -> list[WorkerState]:
+        return [WorkerState(a, owner_load if a == owner else 0) for a in WORKERS]
+
+    plain, slack = Router("cache_aware", 1.25), Router("cache_aware", 1.25, slack=3)
+    assert plain.order(key, loads(1))[0] == second
+    assert slack.order(key, loads(1))[0] == owner
+    assert slack.order(key, loads(2))[0] == owner
+    assert slack.order(key, loads(3))[0] == second, "past the slack too: the key spills to its next worker"
+    with pytest.raises(ValueError, match="slack"):
+        Router("cache_aware", 1.25, slack=-1)
+
+
+def test_a_hot_key_gets_the_relative_bound_alone() -> None:
+    """Two calls of the key already open: the owner holding them spills the third, though the slack would
+    have let it hold more; a key without open calls stays on the same owner. A hot key takes the less
+    loaded of its two top-ranked workers, the owner on a tie."""
+    key = KEYS[5]
+    owner, second, *_ = ranking(key, WORKERS)
+    workers = [WorkerState(a, 2 if a == owner else 0) for a in WORKERS]
+    router = Router("cache_aware", 1.25, slack=4, hot_key_requests=2)
+    assert router.order(key, workers, key_in_flight=0)[0] == owner
+    assert router.order(key, workers, key_in_flight=1)[0] == owner
+    assert router.order(key, workers, key_in_flight=2)[0] == second
+    never_hot = Router("cache_aware", 1.25, slack=4, hot_key_requests=0)
+    assert never_hot.order(key, workers, key_in_flight=9)[0] == owner
+
+    def hot(owner_load: int, second_load: int) -> str:  # all within the relative bound (7)
+        loads = [WorkerState(a, {owner: owner_load, second: second_load}.get(a, 5)) for a in WORKERS]
+        return router.order(key, loads, key_in_flight=2)[0]
+
+    assert hot(5, 5) == owner and hot(4, 5) == owner and hot(5, 4) == second
+
+
+def test_the_slack_settings_reach_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.settings import GatewaySettings
+
+    monkeypatch.setenv("GATEWAY_ROUTING_SLACK", "5")
+    monkeypatch.setenv("GATEWAY_ROUTING_HOT_KEY_REQUESTS", "3")
+    config = GatewaySettings().routing_config()
+    assert (config.slack, config.hot_key_requests) == (5, 3)
+    monkeypatch.setenv("GATEWAY_ROUTING_SLACK", "-1")
+    with pytest.raises(ValueError):
+        GatewaySettings()
+
+
 def test_bounded_load_under_a_skewed_mix() -> None:
     """Half the requests from one tenant, each held for a while: no worker goes past the bound, and the
     hot tenant spills only onto some workers (its ranking), not onto all at once."""

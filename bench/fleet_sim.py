@@ -1,0 +1,184 @@
+"""A model of the fleet benchmark, to tune routing without the machine: N one-thread workers with LRU
+prefix caches and chunked-prefill steps, closed-loop clients, and the gateway's own Router deciding.
+
+Workers are modelled, not run: a step costs STEP_S + DECODE_S per decoding sequence + PREFILL_S per
+prefilled token, slowed while more workers are busy than there are cores; the cache keeps each tenant's
+prompt blocks, evicting the least recently used (a prompt's tail first). What it is for: comparing
+policies and their settings on a tuning load (seed and tenant count of your choosing) before measuring
+the chosen setting once, on the real stack and a different load (bench/fleet_bench.py). Its absolute
+times are not measurements.
+
+    .venv/bin/python -m bench.fleet_sim [--workers 2] [--tenants 16] [--seed tune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from gateway.routing.router import Router, WorkerState
+
+BLOCK = 16
+CHUNK = 512  # prefill tokens per step (max_num_batched_tokens)
+
+
+@dataclass
+class Request:
+    tenant: int
+    sent: float
+    prompt: int  # tokens looked up
+    cached: int = 0  # tokens found in the prefix cache
+    prefilled: int = 0
+    decoded: int = 0
+    ttft: float | None = None
+
+
+@dataclass
+class Worker:
+    addr: str
+    capacity: int  # KV blocks
+    cache: OrderedDict = field(default_factory=OrderedDict)  # (tenant, block) -> None, LRU first
+    waiting: list[Request] = field(default_factory=list)
+    running: list[Request] = field(default_factory=list)
+    busy_until: float | None = None
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def admit(self, req: Request, prompt_blocks: int) -> None:
+        """Look the prompt up (longest cached prefix of the tenant's blocks), then hold its blocks."""
+        n = 0
+        while n < prompt_blocks and (req.tenant, n) in self.cache:
+            n += 1
+        req.cached = min(n * BLOCK, req.prompt - 1)
+        req.prefilled = req.cached
+        self.queries += req.prompt
+        self.hits += req.cached
+        for b in range(prompt_blocks):  # touched: most recent, head last so the tail goes first
+            self.cache[(req.tenant, prompt_blocks - 1 - b)] = None
+            self.cache.move_to_end((req.tenant, prompt_blocks - 1 - b))
+        private = len(self.running) * 3  # each running request's own question and output blocks
+        while len(self.cache) + private > self.capacity:
+            self.cache.popitem(last=False)
+
+
+def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
+    rng = random.Random(seed)
+    workers = [Worker(f"10.0.0.{i + 1}:50051", args.kv_blocks) for i in range(args.workers)]
+    prompt_tokens = args.prompt_tokens + args.question_tokens
+    prompt_blocks = args.prompt_tokens // BLOCK
+
+    def tenant_of(i: int) -> int:
+        if args.skew and rng.random() < 0.5:
+            return 0
+        return rng.randrange(args.tenants)
+
+    jobs = [tenant_of(i) for i in range(args.requests)]
+    done: list[Request] = []
+    now = 0.0
+
+    def send(tenant: int) -> None:
+        req = Request(tenant, now, prompt_tokens)
+        states = [WorkerState(w.addr, w.load) for w in workers]
+        in_flight = sum(r.tenant == tenant for w in workers for r in w.waiting + w.running)
+        addr = router.order(f"m\x1etenant-{seed}-{tenant}", states, in_flight)[0]
+        worker = next(w for w in workers if w.addr == addr)
+        worker.admit(req, prompt_blocks)
+        worker.waiting.append(req)
+
+    for _ in range(args.concurrency):
+        if jobs:
+            send(jobs.pop())
+    while any(w.load for w in workers):
+        busy = sum(1 for w in workers if w.load)
+        slow = max(1.0, busy / args.cores)
+        for w in workers:  # start a step on every idle worker with work
+            if w.busy_until is None and w.load:
+                w.running += w.waiting
+                w.waiting = []
+                budget, cost = CHUNK, args.step_s
+                for req in w.running:
+                    if req.prefilled < req.prompt:
+                        take = min(budget, req.prompt - req.prefilled)
+                        budget -= take
+                        cost += take * args.prefill_s
+                    else:
+                        cost += args.decode_s
+                w.busy_until = now + cost * slow
+                w.plan = {id(r): r.prefilled < r.prompt for r in w.running}  # type: ignore[attr-defined]
+        w = min((w for w in workers if w.busy_until is not None), key=lambda w: w.busy_until)
+        now = w.busy_until
+        w.busy_until = None
+        budget = CHUNK
+        for req in list(w.running):
+            if w.plan[id(req)]:  # type: ignore[attr-defined]
+                take = min(budget, req.prompt - req.prefilled)
+                budget -= take
+                req.prefilled += take
+                if req.prefilled >= req.prompt:
+                    req.ttft = now - req.sent
+                    req.decoded = 1
+            else:
+                req.decoded += 1
+            if req.decoded >= args.max_tokens:
+                w.running.remove(req)
+                done.append(req)
+                if jobs:
+                    send(jobs.pop())
+    queries = [w.queries for w in workers]
+    total = sum(queries)
+    return {
+        "hit": sum(w.hits for w in workers) / total,
+        "ttft": statistics.median(r.ttft for r in done if r.ttft is not None),
+        "tok_s": len(done) * args.max_tokens / now,
+        "shares": [q / total for q in queries],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--tenants", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=480)
+    parser.add_argument("--question-tokens", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--kv-blocks", type=int, default=400)
+    parser.add_argument("--step-s", type=float, default=0.02, help="a step's fixed cost on one thread")
+    parser.add_argument("--decode-s", type=float, default=0.004, help="per sequence decoded in a step")
+    parser.add_argument("--prefill-s", type=float, default=0.005, help="per prompt token prefilled")
+    parser.add_argument("--skew", action="store_true", help="tenant 0 sends half the requests")
+    parser.add_argument("--seed", default="tune")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--balance", type=float, nargs="*", default=[1.0, 1.25, 1.5, 2.0])
+    parser.add_argument("--slack", type=int, nargs="*", default=[0])
+    parser.add_argument("--hot-key-requests", type=int, nargs="*", default=[0])
+    args = parser.parse_args()
+    configs = [("round_robin", 1.0, 0, 0)]
+    hots = args.hot_key_requests
+    configs += [("cache_aware", b, s, h) for b in args.balance for s in args.slack for h in hots]
+    for policy, balance, slack, hot in configs:
+        runs = []
+        for i in range(args.repeats):
+            router = Router(policy, balance, slack, hot)
+            runs.append(simulate(args, router, f"{args.seed}-{i}"))
+        hit = statistics.median(r["hit"] for r in runs)
+        ttft = statistics.median(r["ttft"] for r in runs)
+        tok = statistics.median(r["tok_s"] for r in runs)
+        largest = [max(r["shares"]) for r in runs]
+        print(
+            f"{policy:12s} balance {balance:.2f} slack {slack} hot {hot}: hit {hit:.0%} TTFT {ttft:.2f} s "
+            f"tok/s {tok:.1f} largest share {statistics.median(largest):.0%} (at most {max(largest):.0%})"
+        )
+
+
+if __name__ == "__main__":
+    main()
