@@ -1,7 +1,5 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
 PYTHON ?= python3
-# Set-up steps that do not need each other (kernels, model, embedder, prometheus) run side by side.
-MAKEFLAGS += --jobs=4 --output-sync=target
 VENV := .venv
 PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
