@@ -127,6 +127,8 @@ def test_a_restarted_worker_gets_the_runtime_adapters_again(log_dir, adapters):
         before = _chat(client, "poet")
         worker.stop()
         worker.start()  # same port, no adapters
+        # The gateway's channel reconnects within its backoff (at most 2 s); a request sent before gets a 503.
+        gateway.wait_until(lambda: httpx.get(f"{gateway.addr}/ready", timeout=30).status_code == 200, 30)
         assert _chat(client, "poet") == before  # the gateway loaded it again on the restarted worker
     finally:
         gateway.stop()
