@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 GEN := common/gen/worker_pb2.py common/gen/cache_pb2.py
 
-.PHONY: run test venv protos kernels model cache-models cache-model bench lint clean images compose-up compose-down compose-test soak
+.PHONY: run test test-scenarios venv protos kernels model cache-models cache-model bench lint clean images compose-up compose-down compose-test soak
 
 # Runtime packages in requirements.txt, tests and lint in requirements-dev.txt; the images install the
 # first alone (`make venv REQUIREMENTS=requirements.txt`).
@@ -67,10 +67,15 @@ $(VENV)/bin/prometheus: | $(VENV)/.installed
 	  rm -rf $$tmp
 
 test: venv protos kernels model cache-models $(VENV)/bin/prometheus
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 -m "not scenario" tests
+
+# Restarts and outages of real processes (a worker, the cache service, Redis, Prometheus scraping the
+# stack): minutes of process starts, so apart from `make test`; `make bench` runs them first.
+test-scenarios: venv protos kernels model cache-models $(VENV)/bin/prometheus
+	$(PY) -m pytest -q --durations=20 -m scenario tests
 
 # Every benchmark writes its own section of docs/BENCHMARKS.md (each takes minutes on two cores).
-bench: venv protos kernels model
+bench: test-scenarios
 	$(PY) -m bench.engine_bench --write-docs
 	$(PY) -m bench.serving_bench
 	$(PY) -m bench.cache_quality --write-docs

@@ -12,6 +12,8 @@ from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService, Proc
 from tests.support.net import wait_for
 
+pytestmark = pytest.mark.scenario  # restarts and outages: `make test-scenarios`
+
 
 def _health(addr: str) -> int:
     with grpc.insecure_channel(addr) as ch:

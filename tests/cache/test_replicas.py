@@ -13,6 +13,8 @@ from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService, start_cache_service
 from tests.support.net import wait_for
 
+pytestmark = pytest.mark.scenario  # restarts and outages: `make test-scenarios`
+
 
 @pytest.fixture(scope="module")
 def replicas(log_dir: Path, redis_url: str) -> Iterator[tuple[CacheService, CacheService]]:

@@ -110,7 +110,12 @@ def test_tunables_pass_through_so_the_services_own_defaults_apply(
     """A default copied into compose would drift from the settings class; only container facts are set."""
     # mounts and service names
     container_facts = {
-        "WORKER_MODEL", "REDIS_URL", "GATEWAY_REDIS_URL", "WORKER_ADDR", "CACHE_ADDR", "CACHE_ONNX_DIR"
+        "WORKER_MODEL",
+        "REDIS_URL",
+        "GATEWAY_REDIS_URL",
+        "WORKER_ADDR",
+        "CACHE_ADDR",
+        "CACHE_ONNX_DIR",
     }
     for name in APP_SETTINGS:
         for var, value in service_env(services[name]).items():

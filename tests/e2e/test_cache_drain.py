@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from common.gen import cache_pb2 as pb
 from common.gen import cache_pb2_grpc
 from tests.cache.procs import start_cache_service, start_redis
+
+pytestmark = pytest.mark.scenario  # restarts and outages: `make test-scenarios`
 
 REFUSED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 

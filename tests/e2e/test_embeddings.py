@@ -143,6 +143,7 @@ def test_listed_in_models(client: openai.OpenAI) -> None:
     assert client.models.retrieve(EMBEDDING_MODEL).id == EMBEDDING_MODEL
 
 
+@pytest.mark.scenario
 def test_cache_service_down_is_503_until_it_is_back(
     worker: Service, dead_addr: str, log_dir: Path, redis_url: str
 ) -> None:

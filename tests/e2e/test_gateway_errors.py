@@ -255,6 +255,7 @@ def test_health_ready_metrics(http: httpx.Client) -> None:
     assert 'route="/v1/chat/completions",status="400"' in metrics
 
 
+@pytest.mark.scenario
 def test_gateway_recovers_when_the_worker_comes_back(log_dir: Path) -> None:
     """503 while the only worker is away; answers again once a worker listens on that address."""
     first = start_worker("worker-restart-1", log_dir)

@@ -109,6 +109,7 @@ def test_runtime_load_and_unload_over_http(lora_gateway, adapters):
     assert _admin(lora_gateway, "unload_lora_adapter", {"lora_name": "poet"}).status_code == 404
 
 
+@pytest.mark.scenario
 def test_a_restarted_worker_gets_the_runtime_adapters_again(log_dir, adapters):
     worker = worker_service("lora-restart-worker", log_dir, WORKER_ENABLE_LORA="true", WORKER_NUM_THREADS="1")
     worker.start()

@@ -73,6 +73,8 @@ def test_watch_load_reports_at_once_then_follows_a_request(worker_stub: worker_p
     assert report.prefix_cache_queries >= first.prefix_cache_queries + 5
     list(call)
     reports.cancel()
+
+
 def test_the_worker_logs_the_cpu_and_why_auto_chose(worker: Service) -> None:
     log = worker.log_path.read_text(errors="replace")
     cpu = cpu_info()

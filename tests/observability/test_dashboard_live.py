@@ -26,7 +26,7 @@ from tests.deploy.files import DASHBOARD, PROMETHEUS, prometheus_tool
 from tests.observability.stack import Cache, Gateway, Worker
 from tests.support.net import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.scenario]
 
 MODEL = "SmolLM2-135M-Instruct"
 GRAFANA_RATE = re.compile(r"\$__rate_interval")

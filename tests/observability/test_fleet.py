@@ -169,6 +169,7 @@ def test_a_stopped_worker_leaves_routing_and_its_stream_ends_with_an_error(
     assert routed(fleet_gateway.url, b) == before + 1
 
 
+@pytest.mark.scenario
 def test_a_draining_worker_gets_no_new_request(
     fleet_gateway: Gateway, workers: tuple[Worker, Worker]
 ) -> None:
