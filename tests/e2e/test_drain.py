@@ -27,6 +27,8 @@ from tests.e2e.conftest import wait_for_idle
 from tests.e2e.test_deadlines import reason_of
 from tests.support.net import wait_for
 
+pytestmark = pytest.mark.scenario  # SIGTERM drains, kills and hangs: `make test-scenarios`
+
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Tell me a story."}]}
 EXIT_TIMEOUT_S = 30
 WORKER_DRAIN_TIMEOUT_S = 6  # the held worker's: short streams finish within it, a long one is cut

@@ -63,3 +63,18 @@ def gateway(log_dir: Path, priced_worker: Worker, cache: Cache) -> Iterator[Gate
         yield gateway
     finally:
         gateway.service.stop()
+
+
+@pytest.fixture(scope="session")
+def worker_pair(log_dir: Path) -> Iterator[tuple[Worker, Worker]]:
+    """Two default workers the fleet and scale-out modules share (a worker start costs seconds)."""
+    a, b = worker_service(log_dir, "pair_a"), worker_service(log_dir, "pair_b")
+    a.service.start()
+    try:
+        b.service.start()
+        try:
+            yield a, b
+        finally:
+            b.service.stop()
+    finally:
+        a.service.stop()

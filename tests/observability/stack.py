@@ -121,3 +121,11 @@ def scrape(url: str) -> Scrape:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
             declared.add(sample.name)
     return Scrape(samples, declared)
+
+
+def running(pair: tuple[Worker, Worker]) -> tuple[Worker, Worker]:
+    """The pair, a worker an earlier module killed started again on its port."""
+    for worker in pair:
+        if not worker.service.alive:
+            worker.service.start()
+    return pair

@@ -16,7 +16,7 @@ from common.gen import worker_pb2
 from gateway.routing.key import routing_key
 from gateway.routing.router import ranking
 from scripts.launch import free_port, http_ok, start_gateway
-from tests.observability.stack import Gateway, Worker, gateway_service, scrape, worker_service
+from tests.observability.stack import Gateway, Worker, gateway_service, running, scrape, worker_service
 from tests.support.net import wait_for
 
 pytestmark = pytest.mark.slow
@@ -27,17 +27,8 @@ ROUTED = "llmserve_gateway_routed_requests_total"
 
 
 @pytest.fixture(scope="module")
-def workers(log_dir: Path) -> Iterator[tuple[Worker, Worker]]:
-    a, b = worker_service(log_dir, "fleet_a"), worker_service(log_dir, "fleet_b")
-    a.service.start()
-    try:
-        b.service.start()
-        try:
-            yield a, b
-        finally:
-            b.service.stop()
-    finally:
-        a.service.stop()
+def workers(worker_pair: tuple[Worker, Worker]) -> tuple[Worker, Worker]:
+    return running(worker_pair)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +139,7 @@ def fleet_gateway(log_dir: Path, workers: tuple[Worker, Worker]) -> Iterator[Gat
     gateway.service.stop()
 
 
+@pytest.mark.scenario
 def test_a_stopped_worker_leaves_routing_and_its_stream_ends_with_an_error(
     fleet_gateway: Gateway, workers: tuple[Worker, Worker]
 ) -> None:
@@ -195,6 +187,7 @@ def test_a_draining_worker_gets_no_new_request(
     b.service.start()
 
 
+@pytest.mark.scenario
 def test_a_killed_workers_stream_ends_with_an_error_and_new_requests_go_on(
     fleet_gateway: Gateway, workers: tuple[Worker, Worker]
 ) -> None:

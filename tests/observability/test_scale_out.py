@@ -16,7 +16,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.key import routing_key
 from gateway.routing.router import ranking
 from gateway.worker_pool import WorkerPool
-from tests.observability.stack import Gateway, Worker, gateway_service, scrape, worker_service
+from tests.observability.stack import Gateway, Worker, gateway_service, running, scrape
 from tests.support.net import wait_for
 
 pytestmark = pytest.mark.slow
@@ -27,18 +27,8 @@ NUM_REQUESTS = 6
 
 
 @pytest.fixture(scope="module")
-def workers(log_dir: Path) -> Iterator[tuple[Worker, Worker]]:
-    a = worker_service(log_dir, "worker_a")
-    b = worker_service(log_dir, "worker_b")
-    a.service.start()
-    try:
-        b.service.start()
-        try:
-            yield a, b
-        finally:
-            b.service.stop()
-    finally:
-        a.service.stop()
+def workers(worker_pair: tuple[Worker, Worker]) -> tuple[Worker, Worker]:
+    return running(worker_pair)
 
 
 @pytest.fixture(scope="module")
