@@ -11,11 +11,9 @@ GEN := common/gen/worker_pb2.py common/gen/cache_pb2.py
 # first alone (`make venv REQUIREMENTS=requirements.txt`).
 REQUIREMENTS ?= requirements.txt requirements-dev.txt
 
-# --no-compile: byte-compiling every installed module (torch's thousands) took about as long as installing
-# them; Python compiles what it imports on first use instead. The image (deploy/Dockerfile) compiles.
 $(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile $(addprefix -r ,$(REQUIREMENTS))
+	$(PY) -m pip install --quiet $(addprefix -r ,$(REQUIREMENTS))
 	touch $@
 
 venv: $(VENV)/.installed
