@@ -11,9 +11,15 @@ GEN := common/gen/worker_pb2.py common/gen/cache_pb2.py
 # first alone (`make venv REQUIREMENTS=requirements.txt`).
 REQUIREMENTS ?= requirements.txt requirements-dev.txt
 
+# pip compiles no byte-code at install (about half its time: every module of torch and transformers);
+# the processes make starts write the byte-code of what they import, once, also where the environment
+# sets PYTHONDONTWRITEBYTECODE (without byte-code on disk every start compiles again, twice as slow).
+# The image compiles its venv in a step of its own (deploy/Dockerfile).
+export PYTHONDONTWRITEBYTECODE :=
+
 $(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(addprefix -r ,$(REQUIREMENTS))
+	$(PY) -m pip install --quiet --no-compile $(addprefix -r ,$(REQUIREMENTS))
 	touch $@
 
 venv: $(VENV)/.installed

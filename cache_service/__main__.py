@@ -10,6 +10,7 @@ from redis.exceptions import RedisError
 
 from cache_service.server import serve
 from cache_service.settings import CacheSettings
+from common.grpc_server import skip_final_collection
 
 
 def main() -> None:
@@ -17,6 +18,7 @@ def main() -> None:
     settings = CacheSettings()
     try:
         asyncio.run(serve(settings))
+        skip_final_collection()
     except RedisError as exc:
         logging.getLogger("cache_service").error("cannot start: Redis at %s: %s", settings.redis_url, exc)
         sys.exit(1)

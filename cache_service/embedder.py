@@ -9,13 +9,21 @@ the same forward passes.
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import os
 from typing import Any
 
 import numpy as np
 
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, MODELS_DIR, embedding_model
-from cache_service.onnx_encoder import OnnxEncoder, load_or_export
+from cache_service.onnx_encoder import (
+    OnnxEncoder,
+    export_path,
+    load_or_export,
+    open_checked_export,
+    save_reference,
+)
 from common.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
 # bfloat16: weights and arithmetic in bf16 (oneDNN), for CPUs that compute it natively. bfloat16-weights:
@@ -36,6 +44,33 @@ MIN_BF16_COSINE = 0.999
 # one embedding took 6-740 ms instead of ~3.5 ms (measured). Set CACHE_EMBEDDING_THREADS=2 only on cores the
 # service has to itself.
 EMBEDDING_THREADS_DEFAULT = 1
+# Two texts of different lengths (a padded batch) every start embeds and checks against the float32 reference.
+PROBE = ["warm up the model", "a second, longer sentence to check the pooling"]
+
+log = logging.getLogger(__name__)
+
+
+def sentence_settings(model_dir: str) -> tuple[int, int] | None:
+    """(max tokens read, vector length) of a sentence-transformers folder whose modules are a transformer,
+    mean pooling and normalization, as the direct path computes; None for anything else (the caller then
+    lets sentence-transformers read the folder)."""
+    try:
+        with open(os.path.join(model_dir, "modules.json")) as f:
+            modules = json.load(f)
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        pooling_dir = next(m["path"] for m in modules if m["type"].endswith(".Pooling"))
+        with open(os.path.join(model_dir, pooling_dir, "config.json")) as f:
+            pooling = json.load(f)
+        with open(os.path.join(model_dir, "sentence_bert_config.json")) as f:
+            max_tokens = int(json.load(f)["max_seq_length"])
+    except (OSError, ValueError, KeyError, StopIteration, TypeError, AttributeError):
+        return None
+    mean_only = pooling.get("pooling_mode_mean_tokens") and not any(
+        v for k, v in pooling.items() if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens"
+    )
+    if kinds != ["Transformer", "Pooling", "Normalize"] or not mean_only:
+        return None
+    return max_tokens, int(pooling["word_embedding_dimension"])
 
 
 def resolve_dtype(dtype: str, model: str = DEFAULT_EMBEDDING_MODEL) -> str:
@@ -82,7 +117,6 @@ class Embedder:
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
-        from sentence_transformers import SentenceTransformer
 
         self.model = model
         path = path or embedding_model(model).default_directory()
@@ -94,7 +128,43 @@ class Embedder:
         self.num_threads = num_threads
         torch.set_num_threads(num_threads)
         self._torch = torch
-        reference_model = SentenceTransformer(path, device="cpu")
+        self._onnx: OnnxEncoder | None = None
+        self._transformer: Any = None
+        self.packed_layers = 0
+        onnx_dir = onnx_dir or str(MODELS_DIR / "onnx")
+        if self.backend == "onnxruntime" and self._open_checked_export(onnx_dir):
+            return
+        self._load_with_sentence_transformers(onnx_dir)
+
+    def _open_checked_export(self, onnx_dir: str) -> bool:
+        """Start from an export written before, without sentence-transformers: the tokenizer and the model's
+        sentence settings read from its folder, the export's vectors for the probe checked against the
+        reference kept beside it at export time. False (nothing set) when any of it is missing or differs."""
+        settings = sentence_settings(self.path)
+        if settings is None:
+            return False
+        opened = open_checked_export(export_path(self.path, self.model, onnx_dir), self.num_threads)
+        if opened is None:
+            return False
+        from transformers import AutoTokenizer
+
+        encoder, reference = opened
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self._pad_id = int(self.tokenizer.pad_token_id or 0)
+        self.max_tokens, self.dim = settings
+        self._onnx = encoder
+        agrees = reference.shape == (len(PROBE), self.dim)
+        if agrees and np.allclose(self.encode(PROBE), reference, atol=1e-5):
+            return True
+        log.warning("the export %s disagrees with its reference vectors: checking it anew", encoder.path)
+        self._onnx = None
+        return False
+
+    def _load_with_sentence_transformers(self, onnx_dir: str) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        torch = self._torch
+        reference_model = SentenceTransformer(self.path, device="cpu")
         self.tokenizer = reference_model.tokenizer
         self._pad_id = int(self.tokenizer.pad_token_id or 0)
         self._transformer = reference_model[0].auto_model
@@ -102,18 +172,15 @@ class Embedder:
         self.dim = int(reference_model.get_embedding_dimension())
         # The direct path below skips encode()'s per-call overhead; check once that it computes the same as
         # the float32 reference (to rounding in float32, to MIN_BF16_COSINE otherwise).
-        probe = ["warm up the model", "a second, longer sentence to check the pooling"]
-        reference = reference_model.encode(probe, convert_to_numpy=True, normalize_embeddings=True)
-        self._onnx: OnnxEncoder | None = None
-        self.packed_layers = 0
+        reference = reference_model.encode(PROBE, convert_to_numpy=True, normalize_embeddings=True)
         if self.backend == "onnxruntime":
             self._onnx = load_or_export(
                 self._transformer,
                 self.tokenizer,
-                path,
-                model,
-                onnx_dir or str(MODELS_DIR / "onnx"),
-                num_threads,
+                self.path,
+                self.model,
+                onnx_dir,
+                self.num_threads,
             )
         elif self.dtype == "bfloat16-weights":
             # Half the bytes of float32 weights: on a 2-core AMD EPYC without native bf16, one query
@@ -124,7 +191,7 @@ class Embedder:
                 self._transformer.to(torch.bfloat16)
             # Weights prepacked for oneDNN as in the worker: one query 4.2 -> 3.2 ms (bf16, measured here).
             self.packed_layers = pack_linear_layers(self._transformer)
-        vectors = self.encode(probe)
+        vectors = self.encode(PROBE)
         if self.dtype == "float32":
             agrees = np.allclose(vectors, reference, atol=1e-5)
         else:
@@ -137,6 +204,7 @@ class Embedder:
             )
         del reference_model
         if self._onnx is not None:
+            save_reference(self._onnx.path, reference)  # later starts check the export against it
             # ONNX Runtime holds its own copy of the weights: torch's is let go (MiniLM ~90 MB, mpnet ~420 MB)
             self._transformer = None
             gc.collect()

@@ -5,7 +5,9 @@ per-operator dispatch costs as much as the arithmetic: measured on this 2-core m
 12.8 ms p50 through torch (weights prepacked for oneDNN) and 6.2 ms through ONNX Runtime, interleaved in one
 process, hidden states within 2.4e-6 of torch's. The graph is exported from the loaded transformers model
 (so any model the embedder can load works) into a file named by a hash of its weights and of the exporting
-libraries' versions, once per machine; later starts load the file.
+libraries' versions, once per machine; later starts load the file. Beside it, the float32 vectors
+sentence-transformers gave for a probe at export time: a later start checks the file against them without
+loading sentence-transformers (seconds of imports).
 """
 
 from __future__ import annotations
@@ -117,6 +119,39 @@ class OnnxEncoder:
         return self._session.run(None, feed)[0]
 
 
+def export_path(model_dir: str, name: str, onnx_dir: str) -> str:
+    return os.path.join(onnx_dir, f"{name}-{weights_digest(model_dir)}.onnx")
+
+
+def reference_path(onnx_path: str) -> str:
+    """Where the probe's reference vectors are kept beside an export."""
+    return onnx_path.removesuffix(".onnx") + ".probe.npy"
+
+
+def save_reference(onnx_path: str, vectors: np.ndarray) -> None:
+    """Keep the probe's float32 reference vectors beside the export (atomically; skipped if unwritable)."""
+    target = reference_path(onnx_path)
+    try:
+        fd, tmp = tempfile.mkstemp(suffix=".npy", dir=os.path.dirname(target))
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.asarray(vectors, dtype=np.float32))
+        os.replace(tmp, target)
+    except OSError as exc:
+        log.warning("cannot keep the probe's reference vectors at %s (%s)", target, exc)
+
+
+def open_checked_export(path: str, num_threads: int) -> tuple[OnnxEncoder, np.ndarray] | None:
+    """An export written before, with the reference vectors kept beside it; None when either is missing or
+    cannot be read (the caller then loads the model and exports again)."""
+    if not (os.path.exists(path) and os.path.exists(reference_path(path))):
+        return None
+    try:
+        return OnnxEncoder(path, num_threads), np.load(reference_path(path))
+    except Exception as exc:  # a damaged file: written again by load_or_export
+        log.warning("cannot load %s (%s)", path, exc)
+        return None
+
+
 def load_or_export(
     transformer: Any,
     tokenizer: Any,
@@ -127,8 +162,8 @@ def load_or_export(
 ) -> OnnxEncoder:
     """The encoder of the model in `model_dir`: its file in `onnx_dir` if exported from these weights before,
     else exported now (~3 s for MiniLM, ~7 s for mpnet), into a temporary folder if onnx_dir is read-only."""
-    filename = f"{name}-{weights_digest(model_dir)}.onnx"
-    path = os.path.join(onnx_dir, filename)
+    path = export_path(model_dir, name, onnx_dir)
+    filename = os.path.basename(path)
     if os.path.exists(path):
         try:
             return OnnxEncoder(path, num_threads)

@@ -9,11 +9,14 @@ service's own port, a health watcher that follows a readiness check, and SIGTERM
     await server.begin_shutdown()            # watcher stopped, health NOT_SERVING: clients go elsewhere
     ...drain...
     await server.server.stop(grace_s)
+    ...
+    skip_final_collection()                  # in main(), once the event loop has returned
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 import signal
@@ -93,3 +96,9 @@ async def wait_for_stop_signal() -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     logging.getLogger(__name__).info("stop signal received")
+
+
+def skip_final_collection() -> None:
+    """Leave the objects still alive to the OS at exit: the interpreter's last garbage collection walks every
+    object of the model and its libraries, a second or two after the server has already stopped."""
+    gc.freeze()

@@ -13,7 +13,7 @@ import logging
 import sys
 
 from common.gen import worker_pb2, worker_pb2_grpc
-from common.grpc_server import GrpcServer, wait_for_stop_signal
+from common.grpc_server import GrpcServer, skip_final_collection, wait_for_stop_signal
 from common.logs import configure_logging
 from worker.engine.async_engine import AsyncEngine
 from worker.model.build import build_async_engine
@@ -97,6 +97,7 @@ async def serve(settings: WorkerSettings) -> None:
 def main() -> None:
     configure_logging()  # LOG_FORMAT=json: JSON lines with the request id
     asyncio.run(serve(WorkerSettings.from_cli(sys.argv[1:])))
+    skip_final_collection()
 
 
 if __name__ == "__main__":

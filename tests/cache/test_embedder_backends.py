@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import os
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 import pytest
 
-from cache_service.embedder import Embedder, resolve_backend
-from cache_service.onnx_encoder import exporter_versions, weights_digest
+from cache_service.embedder import PROBE, Embedder, resolve_backend
+from cache_service.onnx_encoder import exporter_versions, reference_path, weights_digest
 
 # Lengths from 3 to ~300 word pieces (the last is cut at the model's 256), so the batch is padded and
 # truncated: the exported graph must mask as the model does.
@@ -55,12 +58,49 @@ def test_token_ids_give_the_texts_vectors_whatever_they_are_batched_with(torch_e
 
 def test_the_export_is_written_once_and_reused(tmp_path) -> None:
     first = Embedder(onnx_dir=str(tmp_path))
-    exported = os.listdir(tmp_path)
-    assert exported == [os.path.basename(first._onnx.path)] and exported[0].endswith(".onnx")
+    exported = sorted(os.listdir(tmp_path))
+    assert exported == sorted(
+        [os.path.basename(first._onnx.path), os.path.basename(reference_path(first._onnx.path))]
+    )
     written = os.stat(first._onnx.path).st_mtime_ns
     second = Embedder(onnx_dir=str(tmp_path))
     assert second._onnx.path == first._onnx.path and os.stat(second._onnx.path).st_mtime_ns == written
-    assert os.listdir(tmp_path) == exported  # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == exported  # no temporary file left behind
+    assert np.allclose(second.encode(TEXTS), first.encode(TEXTS), atol=1e-6)
+    assert (second.max_tokens, second.dim, len(second.tokenizer)) == (
+        first.max_tokens,
+        first.dim,
+        len(first.tokenizer),
+    )
+
+
+def test_a_start_from_the_export_needs_no_sentence_transformers(tmp_path) -> None:
+    """Later starts read the export, the tokenizer and the sentence settings alone (sentence-transformers'
+    imports cost seconds), and check the export's probe vectors against those kept at export time."""
+    path = Embedder(onnx_dir=str(tmp_path))._onnx.path
+    code = (
+        "import sys, numpy as np; from cache_service.embedder import Embedder, PROBE; "
+        f"e = Embedder(onnx_dir={str(tmp_path)!r}); "
+        "assert 'sentence_transformers' not in sys.modules, 'imported'; "
+        "print(e._onnx.path); np.save(sys.stdout.buffer, e.encode(PROBE))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        check=True,
+        env=os.environ | {"PYTHONPATH": os.getcwd()},
+    )
+    assert out.stdout.startswith(path.encode() + b"\n")
+    vectors = np.load(io.BytesIO(out.stdout[len(path) + 1 :]))
+    assert np.allclose(vectors, np.load(reference_path(path)), atol=1e-5)
+
+
+def test_an_export_that_disagrees_with_its_reference_is_checked_against_the_model(tmp_path) -> None:
+    path = Embedder(onnx_dir=str(tmp_path))._onnx.path
+    np.save(reference_path(path), -np.load(reference_path(path)))  # the kept reference now contradicts it
+    # Checked against sentence-transformers instead, which agrees with the export: the reference is rewritten.
+    embedder = Embedder(onnx_dir=str(tmp_path))
+    assert np.allclose(np.load(reference_path(path)), embedder.encode(PROBE), atol=1e-5)
 
 
 def test_a_damaged_export_is_written_again(tmp_path) -> None:
