@@ -11,15 +11,16 @@ GEN := common/gen/worker_pb2.py common/gen/cache_pb2.py
 # first alone (`make venv REQUIREMENTS=requirements.txt`).
 REQUIREMENTS ?= requirements.txt requirements-dev.txt
 
-# pip compiles no byte-code at install (about half its time: every module of torch and transformers);
-# the processes make starts write the byte-code of what they import, once, also where the environment
-# sets PYTHONDONTWRITEBYTECODE (without byte-code on disk every start compiles again, twice as slow).
+# uv installs the pinned wheels with pip's settings (tools/install_requirements.py) and compiles no byte-code
+# (a pip install spends half its time compiling every module of torch and transformers): the processes make
+# starts write the byte-code of what they import, once, also where the environment sets
+# PYTHONDONTWRITEBYTECODE (without byte-code on disk every start compiles again, twice as slow).
 # The image compiles its venv in a step of its own (deploy/Dockerfile).
 export PYTHONDONTWRITEBYTECODE :=
 
 $(VENV)/.installed: $(REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile $(addprefix -r ,$(REQUIREMENTS))
+	$(PY) -m tools.install_requirements $(addprefix -r ,$(REQUIREMENTS))
 	touch $@
 
 venv: $(VENV)/.installed
