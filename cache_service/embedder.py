@@ -35,14 +35,13 @@ EMBEDDING_DTYPES = ("auto", "float32", "bfloat16", "bfloat16-weights")
 # project's bf16-weight kernel).
 EMBEDDING_BACKENDS = ("auto", "onnxruntime", "torch")
 # The reduced paths must agree with the float32 reference (SentenceTransformer.encode) to this cosine on the
-# self-check probe; measured: 0.99997 (bfloat16), 0.99999 (bfloat16-weights; at least 0.99999 over the 1,222
-# questions of the tuning split). Dynamic int8 (0.95) would fail it, as it should.
+# self-check probe: both bf16 paths pass with room to spare, dynamic int8 would fail it, as it should
+# (figures: docs/STUDY_LOG.md, "The cache's embedder").
 MIN_BF16_COSINE = 0.999
-# One intra-op thread by default. On 2 idle cores, 2 threads embed one query in ~2.7 ms instead of ~3.5 ms
-# (bf16), but torch's OpenMP workers busy-wait at every barrier: when another process holds one of the two
-# cores (the worker generating, another replica), each parallel region waits for a scheduler slice (~8 ms) and
-# one embedding took 6-740 ms instead of ~3.5 ms (measured). Set CACHE_EMBEDDING_THREADS=2 only on cores the
-# service has to itself.
+# One intra-op thread by default: torch's OpenMP workers busy-wait at every barrier, so when another process
+# holds one of the cores (the worker generating, another replica) each parallel region waits for a scheduler
+# slice and one embedding takes up to hundreds of times longer. Set CACHE_EMBEDDING_THREADS=2 only on cores
+# the service has to itself.
 EMBEDDING_THREADS_DEFAULT = 1
 # Two texts of different lengths (a padded batch) every start embeds and checks against the float32 reference.
 PROBE = ["warm up the model", "a second, longer sentence to check the pooling"]
@@ -99,10 +98,10 @@ def resolve_backend(backend: str, dtype: str) -> str:
 class Embedder:
     """Unit-length float32 embeddings; thread-compatible (one caller at a time).
 
-    dtype: the model weights' type. bfloat16 halves the forward pass on a CPU with native bf16 (3.7 vs 7.5 ms
-    for one query, one thread, measured here); pooling and normalization stay in float32 and the vectors are
-    float32 either way. num_threads: torch's intra-op threads, which is process-wide (torch.set_num_threads),
-    and ONNX Runtime's. backend: who runs the encoder (EMBEDDING_BACKENDS); onnx_dir: where the ONNX export
+    dtype: the model weights' type. bfloat16 halves the forward pass on a CPU with native bf16; pooling and
+    normalization stay in float32 and the vectors are float32 either way. num_threads: torch's intra-op
+    threads, which is process-wide (torch.set_num_threads), and ONNX Runtime's. backend: who runs the
+    encoder (EMBEDDING_BACKENDS); onnx_dir: where the ONNX export
     is kept (default models/onnx).
     """
 
@@ -183,13 +182,12 @@ class Embedder:
                 self.num_threads,
             )
         elif self.dtype == "bfloat16-weights":
-            # Half the bytes of float32 weights: on a 2-core AMD EPYC without native bf16, one query
-            # ~15-21 -> ~12-17 ms (interleaved, same run), vectors at cosine >= 0.99999 with float32's.
+            # Half the bytes of float32 weights to read, for CPUs without native bf16.
             self.packed_layers = bf16_weight_layers(self._transformer)
         else:
             if self.dtype == "bfloat16":
                 self._transformer.to(torch.bfloat16)
-            # Weights prepacked for oneDNN as in the worker: one query 4.2 -> 3.2 ms (bf16, measured here).
+            # Weights prepacked for oneDNN as in the worker (a quarter off one query's time).
             self.packed_layers = pack_linear_layers(self._transformer)
         vectors = self.encode(PROBE)
         if self.dtype == "float32":

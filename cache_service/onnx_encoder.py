@@ -1,9 +1,8 @@
 """The embedding model's encoder run by ONNX Runtime: the same float32 arithmetic as torch, in half the time.
 
 A ten-word question's pass through all-MiniLM-L6-v2 is ~40 small operators, and at that size torch's
-per-operator dispatch costs as much as the arithmetic: measured on this 2-core machine, one query took
-12.8 ms p50 through torch (weights prepacked for oneDNN) and 6.2 ms through ONNX Runtime, interleaved in one
-process, hidden states within 2.4e-6 of torch's. The graph is exported from the loaded transformers model
+per-operator dispatch costs as much as the arithmetic (figures: docs/STUDY_LOG.md, "The cache's embedder").
+The graph is exported from the loaded transformers model
 (so any model the embedder can load works) into a file named by a hash of its weights and of the exporting
 libraries' versions, once per machine; later starts load the file. Beside it, the float32 vectors
 sentence-transformers gave for a probe at export time: a later start checks the file against them without

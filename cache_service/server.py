@@ -35,7 +35,7 @@ def _log_redis_health(serving: bool) -> None:
 
 def limit_blas_threads() -> None:
     """One BLAS thread for numpy (the index's exact re-scoring of a few rows): a multi-threaded BLAS
-    spinning for a core the embedder or the gRPC loop holds is 10-50x slower (measured on 2 busy cores).
+    spinning for a core the embedder or the gRPC loop holds is an order of magnitude slower.
     The scan itself is torch's (cache_service/index.py), split over blocking threads of its own."""
     threadpool_limits(limits=1, user_api="blas")
 

@@ -188,7 +188,7 @@ def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int] | N
     """Set every token whose bit is 0 to -inf in place: logits row rows[i] (default i) by bitmask row i.
 
     On the CPU this runs in numpy: a few small torch element-wise ops cost more than the mask itself
-    (each is a trip through the intra-op thread pool; ~20 ms apiece measured on a loaded 2-core machine).
+    (each is a trip through the intra-op thread pool, slow whenever another process holds a core).
     """
     rows = list(range(len(bitmask))) if rows is None else rows
     vocab = logits.shape[1]
