@@ -101,8 +101,7 @@ class Embedder:
     dtype: the model weights' type. bfloat16 halves the forward pass on a CPU with native bf16; pooling and
     normalization stay in float32 and the vectors are float32 either way. num_threads: torch's intra-op
     threads, which is process-wide (torch.set_num_threads), and ONNX Runtime's. backend: who runs the
-    encoder (EMBEDDING_BACKENDS); onnx_dir: where the ONNX export
-    is kept (default models/onnx).
+    encoder (EMBEDDING_BACKENDS); onnx_dir: where the ONNX export is kept (default models/onnx).
     """
 
     def __init__(
