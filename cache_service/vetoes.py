@@ -97,6 +97,23 @@ def names(text: str) -> set[str]:
     return {_plain(w) for w, start in tokens if _is_name(w, start)}
 
 
+def _first_word(text: str) -> str:
+    tokens = _tokens(text)
+    return _plain(tokens[0][0]) if tokens else ""
+
+
+def _unmatched_names(text: str, found: set[str], other_words: set[str], other: str) -> set[str]:
+    """The names of `text` that the other side does not have. A text's first word with a stray capital
+    ("HHow", "hWat") is a mistyped first word when the other's first word is that word."""
+    from cache_service.canonical import typo_pair
+
+    out = found - other_words
+    first = _first_word(text)
+    if first in out and typo_pair(first, _first_word(other)):
+        out.discard(first)
+    return out
+
+
 _CLAUSE = re.compile(r"(?<!\d),|,(?!\d)|;")
 
 
@@ -133,7 +150,7 @@ def veto(a: str, b: str) -> str:
         return "dates differ"
     na, nb = names(a), names(b)
     la, lb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
-    if (na - lb) or (nb - la):
+    if _unmatched_names(a, na, lb, b) or _unmatched_names(b, nb, la, a):
         return "names differ"
     return direction_veto(a, b) or detail_veto(a, b)
 
@@ -172,6 +189,9 @@ def detail_veto(a: str, b: str) -> str:
     only_a, only_b = ca - cb, cb - ca
     if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
         return ""
+    # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
+    wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
+    wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
     unexplained_a = {x for x in only_a if not any(typo_pair(x, y) for y in wb)}
     unexplained_b = {y for y in only_b if not any(typo_pair(x, y) for x in wa)}
     return "a detail differs" if unexplained_a or unexplained_b else ""
