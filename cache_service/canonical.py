@@ -124,11 +124,14 @@ def _words(clause: str, first_of_text: bool, correct: bool, caseless: bool) -> l
     return out
 
 
-def canonical_words(text: str, correct: bool = True, expand: bool = True) -> list[list[str]]:
+def canonical_words(
+    text: str, correct: bool = True, expand: bool = True, strip: bool = True
+) -> list[list[str]]:
     """The question's clauses (split at commas and semicolons outside numbers), each as its canonical
     words (without spelling correction when `correct` is false, contractions as typed when `expand` is
-    false); empty clauses dropped."""
-    text = strip_wrappers(unicodedata.normalize("NFKC", text))
+    false, wrappers kept when `strip` is false); empty clauses dropped."""
+    text = unicodedata.normalize("NFKC", text)
+    text = strip_wrappers(text) if strip else text
     text = expand_contractions(text) if expand else text.replace("’", "'")
     caseless = case_says_nothing(text)
     clauses = []
@@ -145,8 +148,8 @@ def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=16384)
-def _keys(text: str, expand: bool, correct: bool = False) -> frozenset[str]:
-    clauses = canonical_words(text, correct, expand)
+def _keys(text: str, expand: bool, correct: bool = False, strip: bool = True) -> frozenset[str]:
+    clauses = canonical_words(text, correct, expand, strip)
     if 2 <= len(clauses) <= MAX_CLAUSES:
         orders = itertools.permutations(clauses)
     else:
@@ -176,11 +179,13 @@ def typo_pair(x: str, y: str) -> bool:
 
 def _word_orders(text: str) -> set[tuple[str, ...]]:
     """The text's words in each clause order, with contractions expanded and as typed (a typo inside a
-    contraction, "What'ss", leaves it unexpanded on one side only)."""
+    contraction, "What'ss", leaves it unexpanded on one side only), wrappers removed and kept (a typo in a
+    wrapper, "Hey quick qquestion", leaves it on one side only)."""
     out = set()
     for expand in (True, False):
-        for key in _keys(text, expand):
-            out.add(tuple(key.split(" ")))
+        for strip in (True, False):
+            for key in _keys(text, expand, False, strip):
+                out.add(tuple(key.split(" ")))
     return out
 
 

@@ -11,6 +11,8 @@ from any evaluation data:
 - closed-class typo: the commoner word is a function word (an article, pronoun, auxiliary, preposition or
   conjunction: a closed class of English) and the other is not one and is much rarer ("to" / "tl", "the" /
   "te", "in" / "inn"); a function word turned into another ("on" / "of", "is" / "us") is a different word;
+- two letters that are no function word ("te", "ge": abbreviations at most) a hundred times rarer than the
+  other word are its typo; a single letter other than "a" and "i" counts as no word at all;
 - the edits allowed grow with the length: one in a word of up to three letters, two in a longer one, two in
   a three-letter word mistyped into no listed word at all ("the" / "thhr");
 - a compound or contraction is compared part by part ("single-pole" / "single-pol", "10-year-old" /
@@ -26,8 +28,9 @@ import re
 
 from cache_service import spelling
 
-TYPO_WORD_BELOW = 2.5  # the mistyped side of a rare-typo: rarer than this (Zipf) ...
-TYPO_FREQUENCY_GAP = 1.0  # ... and at least this much rarer than the intended word
+TYPO_WORD_BELOW = 3.5  # the mistyped side of a rare-typo: rarer than this (Zipf) ...
+TYPO_FREQUENCY_GAP = 1.5  # ... and at least this much rarer than the intended word (30 times)
+TWO_LETTER_GAP = 2.0  # two letters outside the closed class: at least this much rarer ("te" / "time")
 CLOSED_CLASS_GAP = 1.5  # a function word's typo: at least this much rarer than the function word
 UNLISTED = 1.0  # below this a string is no word at all (the list's floor is about 1)
 
@@ -61,11 +64,19 @@ def osa(a: str, b: str, limit: int) -> int:
     return previous[-1]
 
 
+def _zipf(word: str) -> float:
+    """The word's Zipf frequency; a single letter other than "a" and "i" is no word in running text (the
+    list counts letters of abbreviations and initials)."""
+    return 0.0 if len(word) == 1 and word not in ("a", "i") else spelling.zipf(word)
+
+
 def _word_edits(x: str, y: str) -> int | None:
     """Edits between two differing plain words (letters only) when one is a typo of the other, else None."""
-    zx, zy = spelling.zipf(x), spelling.zipf(y)
+    zx, zy = _zipf(x), _zipf(y)
     (rare, z_rare), (common, z_common) = sorted(((x, zx), (y, zy)), key=lambda p: p[1])
     rare_typo = z_rare < TYPO_WORD_BELOW and z_common >= z_rare + TYPO_FREQUENCY_GAP
+    # a string of two letters outside the closed class is an abbreviation at most ("te", "ge")
+    rare_typo |= len(rare) == 2 and rare not in CLOSED_CLASS and z_common >= z_rare + TWO_LETTER_GAP
     closed_typo = (
         common in CLOSED_CLASS and rare not in CLOSED_CLASS and z_rare <= z_common - CLOSED_CLASS_GAP
     )

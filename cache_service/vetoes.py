@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from cache_service.canonical import MAX_CLAUSES, case_says_nothing, strip_wrappers
+from cache_service.canonical import MAX_CLAUSES, case_says_nothing, near_typo, strip_wrappers
 from cache_service.pair_checks import dates, expand_contractions, words
 from cache_service.pair_checks import veto as number_negation_veto
 
@@ -104,13 +104,17 @@ def _first_word(text: str) -> str:
 
 def _unmatched_names(text: str, found: set[str], other_words: set[str], other: str) -> set[str]:
     """The names of `text` that the other side does not have. A text's first word with a stray capital
-    ("HHow", "hWat") is a mistyped first word when the other's first word is that word."""
+    ("HHow", "hWat") is a mistyped first word when the other's first word is that word; a lower-case
+    compound with a number ("2-iinch", "4-yeear-old") is a mistyped one when the other side has it."""
     from cache_service.canonical import typo_pair
 
     out = found - other_words
     first = _first_word(text)
     if first in out and typo_pair(first, _first_word(other)):
         out.discard(first)
+    for name in [n for n in out if "-" in n and n in text and any(c.isdigit() for c in n)]:
+        if any(typo_pair(name, w) for w in other_words):
+            out.discard(name)
     return out
 
 
@@ -141,18 +145,21 @@ def direction_veto(a: str, b: str) -> str:
 
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` (two user turns) can't share an answer, "" when nothing objects."""
+    # Two questions a few mistyped letters apart (canonical.near_typo: numbers and function words other
+    # than typos equal) have the same negators and calendar words, mistyped ("withhout", "smmer").
+    typos_only = near_typo(a, b)
     a, b = strip_wrappers(expand_contractions(a)), strip_wrappers(expand_contractions(b))
     reason = number_negation_veto(a, b)
-    if reason:
+    if reason and not (typos_only and reason == "negation differs"):
         return reason
     da, db = dates(words(a)), dates(words(b))
-    if da != db:
+    if da != db and not typos_only:
         return "dates differ"
     na, nb = names(a), names(b)
     la, lb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
     if _unmatched_names(a, na, lb, b) or _unmatched_names(b, nb, la, a):
         return "names differ"
-    return direction_veto(a, b) or detail_veto(a, b)
+    return direction_veto(a, b) or ("" if typos_only else detail_veto(a, b))
 
 
 # English function words (articles, pronouns, auxiliaries, prepositions, question words, conjunctions,
