@@ -27,6 +27,7 @@ import unicodedata
 
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
+from cache_service.phatic import strip_phatic
 from cache_service.typos import typo_edits
 
 _GREETINGS = (
@@ -90,8 +91,11 @@ _CLAUSE_SPLIT = re.compile(r"(?<!\d),|,(?!\d)|;|\s[–—]\s")  # not "3,000"
 MAX_CLAUSES = 3
 
 
+@functools.lru_cache(maxsize=16384)
 def strip_wrappers(text: str) -> str:
-    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept)."""
+    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept):
+    those of the lists above, then any clause or run of function and phatic words
+    (cache_service/phatic.py)."""
     text = " ".join(text.split())
     for _ in range(6):
         before = text
@@ -100,7 +104,9 @@ def strip_wrappers(text: str) -> str:
             if len(shorter.split()) >= 2 and shorter != text:
                 text = shorter
         if text == before:
-            break
+            text = strip_phatic(text)
+            if text == before:
+                break
     return text
 
 
