@@ -72,24 +72,25 @@ _CONJUNCTIONS = frozenset("but so and anyway well ok okay".split())  # left at t
 _ASKING = frozenset(
     """hi hello hey heya hiya howdy greetings yo please pls plz kindly sorry apologies pardon excuse
     wondering wondered wonder curious question questions know tell ask asking explain show wanted hmm um
-    uh erm oh ok okay alright btw fyi quick quickly curiosity bother bothering help advice assistance
-    hope hoping apologise apologize""".split()
+    uh erm oh btw fyi quick quickly curiosity bother bothering help hope hoping apologise apologize""".split()
 )
 # Where a trailing run without punctuation may begin: thanking, pleading, laughing ("... please", "...
 # thanks in advance"), never a word that can be the question's own ("okay", "help", "quick").
 _CLOSING = frozenset(
     """thanks thank thanx thx ty tia cheers please pls plz kindly appreciate appreciated regards lol
     haha asap urgent urgently thankyou thnx thnks tyvm anyone anybody someone somebody guys folks
-    everyone btw fyi bye hmm sincerely respectfully grateful obliged worries advice help ideas
-    thoughts tips suggestions sorry apologies hope hoping wondering curious xo xoxo ttyl ciao ta
-    excuse pardon assistance advise gratitude appreciation""".split()
+    everyone btw fyi bye hmm sincerely respectfully grateful obliged worries sorry apologies hope hoping
+    wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation""".split()
 )
-_BEFORE_CLOSING = frozenset("any some so very really much many a an the".split())  # "... any ideas"
+_BEFORE_CLOSING = frozenset("any some so very really much many a an the".split())  # "... so much"
+# Asked for after "any" only ("... any ideas?"): alone they can be the question ("What should I advise?").
+_ASKED_FOR = frozenset("ideas idea thoughts tips suggestions advice help pointers input".split())
 _OBJECTS = frozenset(
     "me us you all everyone everybody folks guys team there friends people yall y'all".split()
 )
 MIN_CORE_WORDS = 3
 
+_QUOTE = re.compile(r"['\"‘’“”]\B|\B['\"‘’“”]")  # a quotation mark (not an apostrophe inside a word)
 _WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*|\d+(?:[.,]\d+)*")
 # Sentence and clause ends (a point or comma inside a number is none), dashes between spaces, brackets.
 _BOUNDARY = re.compile(r"[!?;:\n()]+|(?<!\d)[.,]|[.,](?!\d)|\s[-–—]+\s|\.\.\.")
@@ -108,12 +109,14 @@ def _word_class(word: str) -> str:
     return "content"
 
 
-def _droppable(words: list[str], trailing: bool) -> bool:
+def _droppable(words: list[str], trailing: bool, quoted: bool = False) -> bool:
     """A clause of function and phatic words with a strong phatic word. A name after its first word is
     the writer's or the reader's ("Hi John", "Thanks, Sam"); a negator is part of a phatic phrase ("no
     worries if not", "sorry if this isn't clear") when strong phatic words are at least as many."""
     if not words:
         return True
+    if quoted:
+        return False  # a quotation is what is asked about ("... end an email with 'Best regards'?")
     classes = [
         "weak" if i > 0 and w[:1].isupper() and _word_class(w) == "content" else _word_class(w)
         for i, w in enumerate(words)
@@ -148,7 +151,7 @@ def _strip_clauses(text: str) -> str:
     while lo < hi - 1:
         s, e = segments[lo]
         rest = text[segments[lo + 1][0] :]
-        if not _droppable(_WORD.findall(text[s:e]), trailing=False) or not _core_ok(rest):
+        if not _droppable(_WORD.findall(text[s:e]), False, _QUOTE.search(text[s:e])) or not _core_ok(rest):
             break
         lo += 1
     while hi - 1 > lo:
@@ -157,9 +160,9 @@ def _strip_clauses(text: str) -> str:
         drop = 1
         if _is_signature(words) and hi - 2 > lo:
             before = _WORD.findall(text[segments[hi - 2][0] : segments[hi - 2][1]])
-            if before and _droppable(before, trailing=True):
+            if before and _droppable(before, True, bool(_QUOTE.search(text[segments[hi - 2][0] : s]))):
                 drop = 2
-        elif not _droppable(words, trailing=True):
+        elif not _droppable(words, True, bool(_QUOTE.search(text[s:e]))):
             break
         core = text[segments[lo][0] : segments[hi - 1 - drop][1]] if hi - drop > lo else ""
         if not _core_ok(core):
@@ -195,7 +198,8 @@ def _strip_runs(text: str) -> str:
     for i in range(len(matches) - 1, -1, -1):
         if classes[i] not in ("strong", "weak"):
             break
-        if matches[i].group().lower() in _CLOSING:
+        word = matches[i].group().lower()
+        if word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
         start -= 1
