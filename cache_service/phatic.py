@@ -190,7 +190,11 @@ def _strip_runs(text: str) -> str:
             cut = i
         elif cut == i - 1 and m.group().lower() in _OBJECTS | _CONJUNCTIONS and cut >= 0:
             cut = i
-    if cut >= 0 and _core_ok(text[matches[cut].end() :]):
+    if (
+        cut >= 0
+        and _core_ok(text[matches[cut].end() :])
+        and not _QUOTE.search(text[: matches[cut].end() + 1])
+    ):
         text = text[matches[cut].end() :].lstrip(" ,:;-")
         matches = list(_WORD.finditer(text))
         classes = [_word_class(m.group()) for m in matches]
@@ -203,7 +207,8 @@ def _strip_runs(text: str) -> str:
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
         start -= 1
-    if start is not None and _core_ok(text[: matches[start].start()]):
+    quoted = start is not None and _QUOTE.search(text[max(matches[start].start() - 1, 0) :])
+    if start is not None and not quoted and _core_ok(text[: matches[start].start()]):
         tail = text[matches[-1].end() :]
         text = text[: matches[start].start()].rstrip(" ,:;-") + tail.strip(" ,:;-")
     return text

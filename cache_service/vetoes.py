@@ -40,7 +40,8 @@ _OPPOSITE_PAIRS = (
     "compress decompress", "send receive", "sending receiving", "lend borrow", "push pull", "win lose",
     "gain lose", "hot cold", "warm cool", "heat cool", "north south", "east west", "left right",
     "inside outside", "indoor outdoor", "indoors outdoors", "top bottom", "front back", "forward backward",
-    "plus minus", "add subtract", "multiply divide", "start stop", "begin end", "arrive leave",
+    "plus minus", "add subtract", "multiply divide", "start stop", "begin end", "start end", "arrive leave",
+    "read write", "reading writing",
     "arrival departure", "inbound outbound", "incoming outgoing", "input output", "import export",
     "deposit withdraw", "credit debit", "income expense", "profit loss", "rise fall", "wet dry",
     "light heavy", "light dark", "old new", "older newer", "oldest newest", "young old", "younger older",
@@ -60,7 +61,7 @@ for _pair in _OPPOSITE_PAIRS:
     _x, _y = _pair.split()
     OPPOSITES.setdefault(_x, set()).add(_y)
     OPPOSITES.setdefault(_y, set()).add(_x)
-DIRECTION_WORDS = frozenset("to from into than vs versus per over against".split())
+DIRECTION_WORDS = frozenset("to from into in than vs versus per over against".split())
 _TOKEN = re.compile(r"[\w]+(?:[.'+#&@/\-][\w]+)*")
 _SENTENCE_BREAK = re.compile(r"[.!?:;\n\"(]")
 
