@@ -118,3 +118,21 @@ def typo_edits(x: str, y: str) -> int | None:
             return None
         total += edits
     return total if total else None
+
+
+REAL_WORD_MIN_LENGTH = 4
+
+
+def real_word_typo(x: str, y: str) -> bool:
+    """Two letter-only words of at least REAL_WORD_MIN_LENGTH letters one edit apart ("rate" / "rat" is
+    too short, "start" / "stat", "router" / "route"; never a singular and its plural, "line" / "lines"): maybe a
+    mistyping, maybe another word. The detail veto leaves them to the embedding's threshold (never
+    accepted below it as a near typo)."""
+    plural = x + "s" == y or y + "s" == x or x + "es" == y or y + "es" == x  # one thing or several
+    return (
+        x.isalpha()
+        and y.isalpha()
+        and min(len(x), len(y)) >= REAL_WORD_MIN_LENGTH
+        and not plural
+        and osa(x, y, 1) == 1
+    )

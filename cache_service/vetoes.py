@@ -190,6 +190,7 @@ def detail_veto(a: str, b: str) -> str:
     rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
     (canonical.near_typo)."""
     from cache_service.canonical import canonical_words, typo_pair
+    from cache_service.typos import real_word_typo
 
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
@@ -200,6 +201,6 @@ def detail_veto(a: str, b: str) -> str:
     # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
     wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
-    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) for y in wb)}
-    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) for x in wa)}
+    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) or real_word_typo(x, y) for y in wb)}
+    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) or real_word_typo(x, y) for x in wa)}
     return "a detail differs" if unexplained_a or unexplained_b else ""

@@ -166,3 +166,14 @@ def test_a_wrapped_question_is_served_and_its_traps_are_not() -> None:
 )
 def test_negating_verbs_and_opposites_veto(a: str, b: str) -> None:
     assert veto(a, b) != ""
+
+
+def test_real_words_a_letter_apart_are_left_to_the_threshold() -> None:
+    from cache_service.typos import real_word_typo
+
+    assert real_word_typo("start", "stat") and real_word_typo("router", "route")
+    assert not real_word_typo("line", "lines")  # one thing or several: a number changed
+    assert not real_word_typo("rate", "rat")  # too short to tell
+    assert not real_word_typo("16gb", "16mb")
+    # never accepted below the threshold as a near typo: another real word may be meant
+    assert not near_typo("When do babies usually start crawling?", "When do babies usually stat crawling?")
