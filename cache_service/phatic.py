@@ -57,7 +57,7 @@ WEAK = frozenset(
     insights feedback clarify clarification understand figure trying tried appreciative cordially warmly
     soon respond responding replies message note interested keen eager puzzled lost beginner newbie noob
     total complete forum community group thread people peeps dude bro fam gang legend lifesaver hero
-    kindness patience advance""".split()
+    kindness patience advance knows terms nutshell short brief briefly layman layman's plain few""".split()
 )
 # Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
 NEGATORS = frozenset("not no never without none nobody nothing neither nor cannot".split())
@@ -82,6 +82,7 @@ _CLOSING = frozenset(
     everyone btw fyi bye hmm sincerely respectfully grateful obliged worries sorry apologies hope hoping
     wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation""".split()
 )
+_MANNER = frozenset("terms nutshell short brief layman layman's simple plain few".split())
 _BEFORE_CLOSING = frozenset("any some so very really much many a an the".split())  # "... so much"
 # Asked for after "any" only ("... any ideas?"): alone they can be the question ("What should I advise?").
 _ASKED_FOR = frozenset("ideas idea thoughts tips suggestions advice help pointers input".split())
@@ -178,10 +179,20 @@ def _strip_clauses(text: str) -> str:
     return core
 
 
+def _run_classes(matches: list[re.Match[str]]) -> list[str]:
+    """Word classes in a run; a function word capitalized inside the text is a name ("in the US", "IT")."""
+    return [
+        "content"
+        if i > 0 and m.group() != "I" and m.group()[:1].isupper() and m.group().lower() in FUNCTION
+        else _word_class(m.group())
+        for i, m in enumerate(matches)
+    ]
+
+
 def _strip_runs(text: str) -> str:
     """Leading and trailing runs of function and phatic words without punctuation around them."""
     matches = list(_WORD.finditer(text))
-    classes = [_word_class(m.group()) for m in matches]
+    classes = _run_classes(matches)
     cut = -1  # the last word of the leading run to drop
     for i, (m, c) in enumerate(zip(matches, classes, strict=True)):
         if c not in ("strong", "weak"):
@@ -197,16 +208,26 @@ def _strip_runs(text: str) -> str:
     ):
         text = text[matches[cut].end() :].lstrip(" ,:;-")
         matches = list(_WORD.finditer(text))
-        classes = [_word_class(m.group()) for m in matches]
+        classes = _run_classes(matches)
     start = None  # the first word of the trailing run to drop
+    run_start = None  # the first word of the trailing run of function and phatic words
     for i in range(len(matches) - 1, -1, -1):
         if classes[i] not in ("strong", "weak"):
             break
+        run_start = i
         word = matches[i].group().lower()
         if word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
         start -= 1
+    run = [m.group().lower() for m in matches[run_start:]] if run_start is not None else []
+    for i, word in enumerate(run):
+        # a condition on answering ("... if possible", "... if you know") or the manner of the answer ("...
+        # in simple terms"), of function and phatic words only
+        manner = word == "in" and any(w in _MANNER for w in run[i + 1 :])
+        if word == "if" or manner:
+            start = run_start + i if start is None else min(start, run_start + i)
+            break
     quoted = start is not None and _QUOTE.search(text[max(matches[start].start() - 1, 0) :])
     if start is not None and not quoted and _core_ok(text[: matches[start].start()]):
         tail = text[matches[-1].end() :]

@@ -124,8 +124,8 @@ REAL_WORD_MIN_LENGTH = 4
 
 
 def real_word_typo(x: str, y: str) -> bool:
-    """Two letter-only words of at least REAL_WORD_MIN_LENGTH letters one edit apart ("rate" / "rat" is
-    too short, "start" / "stat", "router" / "route"; never a singular and its plural, "line" / "lines"): maybe a
+    """Two letter-only words of at least REAL_WORD_MIN_LENGTH letters one edit apart ("start" / "stat",
+    "router" / "route"; "rate" / "rat" is too short to tell; never a singular and its plural): maybe a
     mistyping, maybe another word. The detail veto leaves them to the embedding's threshold (never
     accepted below it as a near typo)."""
     plural = x + "s" == y or y + "s" == x or x + "es" == y or y + "es" == x  # one thing or several
