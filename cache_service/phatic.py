@@ -195,8 +195,12 @@ def _strip_runs(text: str) -> str:
     classes = _run_classes(matches)
     cut = -1  # the last word of the leading run to drop
     for i, (m, c) in enumerate(zip(matches, classes, strict=True)):
-        if c not in ("strong", "weak"):
+        addressee = 0 <= cut == i - 1 and m.group().lower() not in FUNCTION and m.group()[:1].isupper()
+        if c not in ("strong", "weak") and not addressee:  # "Hi Sarah how do I ..."
             break
+        if addressee:
+            cut = i
+            continue
         if m.group().lower() in _ASKING:
             cut = i
         elif cut == i - 1 and m.group().lower() in _OBJECTS | _CONJUNCTIONS and cut >= 0:

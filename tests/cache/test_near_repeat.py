@@ -111,6 +111,7 @@ def test_swapped_details_are_not_served(stored: str, retyped: str) -> None:
         ("How do I fix my tap any ideas", "How do I fix my tap"),
         ("How do I reset my router? No worries if not!", "How do I reset my router"),
         ("How do I reset my router if possible", "How do I reset my router"),
+        ("Hi Sarah how do I reset my router", "how do I reset my router"),
         ("What is quantum physics in simple terms?", "What is quantum physics"),
     ],
 )
@@ -138,6 +139,7 @@ def test_greetings_and_thanks_are_read_by_word_class(text: str, core: str) -> No
         ),
         ("Tell me a joke", "Tell me a joke"),  # too little would be left
         ("How do I say hello in English?", "How do I say hello in English"),
+        ("How do I get to Paris", "How do I get to Paris"),
         (
             "Can I get a green card if I am already in the US?",
             "Can I get a green card if I am already in the US",
