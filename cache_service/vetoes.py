@@ -41,7 +41,7 @@ _OPPOSITE_PAIRS = (
     "gain lose", "hot cold", "warm cool", "heat cool", "north south", "east west", "left right",
     "inside outside", "indoor outdoor", "indoors outdoors", "top bottom", "front back", "forward backward",
     "plus minus", "add subtract", "multiply divide", "start stop", "begin end", "start end", "arrive leave",
-    "read write", "reading writing",
+    "read write", "reading writing", "keep remove", "keep delete",
     "arrival departure", "inbound outbound", "incoming outgoing", "input output", "import export",
     "deposit withdraw", "credit debit", "income expense", "profit loss", "rise fall", "wet dry",
     "light heavy", "light dark", "old new", "older newer", "oldest newest", "young old", "younger older",
@@ -130,13 +130,31 @@ def _anchor_orders(text: str, anchors: set[str]) -> set[tuple[str, ...]]:
     return {tuple(dict.fromkeys(w for clause in order for w in clause)) for order in orders}
 
 
+_INFLECTIONS = (("ied", "y"), ("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", ""), ("d", ""))
+
+
+def _base(word: str) -> str:
+    """A verb or noun without its inflection, roughly ("increased" = "increase", "uploads" = "upload")."""
+    for suffix, back in _INFLECTIONS:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            stem = word[: -len(suffix)] + back
+            if stem in OPPOSITES:
+                return stem
+            if stem + "e" in OPPOSITES:
+                return stem + "e"
+    return word
+
+
 def direction_veto(a: str, b: str) -> str:
     """Opposite comparison or direction words, or the same names/numbers in another order around a
     direction word."""
     wa, wb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
+    sa, sb = {_base(w) for w in wa}, {_base(w) for w in wb}
     for w in wa - wb:
-        if OPPOSITES.get(w, set()) & wb:
+        if OPPOSITES.get(w, set()) & wb or OPPOSITES.get(_base(w), set()) & (sb - sa):
             return f"opposite words ({w})"
+    if ("too" in wa) != ("too" in wb):
+        return "excess on one side"  # "how much water ..." / "how much water is too much ..."
     if (wa | wb) & DIRECTION_WORDS:
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
         if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):

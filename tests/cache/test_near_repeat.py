@@ -171,6 +171,9 @@ def test_a_wrapped_question_is_served_and_its_traps_are_not() -> None:
             "How to write a csv with a semicolon separator in pandas",
         ),
         ("What is 72 degrees Fahrenheit in Celsius?", "What is 72 degrees Celsius in Fahrenheit?"),
+        ("What is 80 increased by 15%?", "What is 80 decreased by 15%?"),  # opposites, inflected
+        ("How much water should I drink per day?", "How much water is too much to drink per day?"),
+        ("How do I remove duplicates from an array?", "How do I keep only the duplicates of an array?"),
     ],
 )
 def test_negating_verbs_and_opposites_veto(a: str, b: str) -> None:
