@@ -13,7 +13,7 @@ from tools.cache import evaluate
 
 def main() -> None:
     args, lines = evaluate.main()
-    if args.write_docs:
+    if args.write_docs and not args.quick:
         section, title = model_section("cache-quality", "Semantic cache quality", args.embedding_model)
         publish(section, [title, "", *lines], True)
 

@@ -27,6 +27,8 @@ import unicodedata
 
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
+from cache_service.phatic import strip_phatic
+from cache_service.typos import typo_edits
 
 _GREETINGS = (
     "hi", "hello", "hey", "hiya", "heya", "howdy", "yo", "greetings", "good morning", "good afternoon",
@@ -89,8 +91,11 @@ _CLAUSE_SPLIT = re.compile(r"(?<!\d),|,(?!\d)|;|\s[–—]\s")  # not "3,000"
 MAX_CLAUSES = 3
 
 
+@functools.lru_cache(maxsize=16384)
 def strip_wrappers(text: str) -> str:
-    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept)."""
+    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept):
+    those of the lists above, then any clause or run of function and phatic words
+    (cache_service/phatic.py)."""
     text = " ".join(text.split())
     for _ in range(6):
         before = text
@@ -99,7 +104,9 @@ def strip_wrappers(text: str) -> str:
             if len(shorter.split()) >= 2 and shorter != text:
                 text = shorter
         if text == before:
-            break
+            text = strip_phatic(text)
+            if text == before:
+                break
     return text
 
 
@@ -123,11 +130,15 @@ def _words(clause: str, first_of_text: bool, correct: bool, caseless: bool) -> l
     return out
 
 
-def canonical_words(text: str, correct: bool = True) -> list[list[str]]:
+def canonical_words(
+    text: str, correct: bool = True, expand: bool = True, strip: bool = True
+) -> list[list[str]]:
     """The question's clauses (split at commas and semicolons outside numbers), each as its canonical
-    words (without spelling correction when `correct` is false); empty clauses dropped."""
+    words (without spelling correction when `correct` is false, contractions as typed when `expand` is
+    false, wrappers kept when `strip` is false); empty clauses dropped."""
     text = unicodedata.normalize("NFKC", text)
-    text = expand_contractions(strip_wrappers(text))
+    text = strip_wrappers(text) if strip else text
+    text = expand_contractions(text) if expand else text.replace("’", "'")
     caseless = case_says_nothing(text)
     clauses = []
     for n, part in enumerate(_CLAUSE_SPLIT.split(text)):
@@ -137,10 +148,14 @@ def canonical_words(text: str, correct: bool = True) -> list[list[str]]:
     return clauses
 
 
-@functools.lru_cache(maxsize=16384)
 def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
     """Every key of `text`: its clauses in each order (two or three clauses), else in the order written."""
-    clauses = canonical_words(text, correct)
+    return _keys(text, True, correct)
+
+
+@functools.lru_cache(maxsize=16384)
+def _keys(text: str, expand: bool, correct: bool = False, strip: bool = True) -> frozenset[str]:
+    clauses = canonical_words(text, correct, expand, strip)
     if 2 <= len(clauses) <= MAX_CLAUSES:
         orders = itertools.permutations(clauses)
     else:
@@ -156,45 +171,28 @@ def canonical_text(text: str) -> str:
 MAX_TYPO_EDITS = 2  # letter edits over the whole question
 
 
-def _osa(a: str, b: str, limit: int) -> int:
-    """Optimal-string-alignment distance (a transposition is one edit), or limit + 1 beyond `limit`."""
-    if abs(len(a) - len(b)) > limit:
-        return limit + 1
-    previous2: list[int] = []
-    previous = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        current = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cost = a[i - 1] != b[j - 1]
-            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                current[j] = min(current[j], previous2[j - 2] + 1)
-        if min(current) > limit:
-            return limit + 1
-        previous2, previous = previous, current
-    return previous[-1]
-
-
-TYPO_WORD_BELOW = 3.5  # a mistyped word: unlisted or rarer than this (Zipf) ...
-TYPO_OF_AT_LEAST = 3.5  # ... beside a word at least this common (both chosen on the tune split)
-
-
 def _typo_of(x: str, y: str, budget: int) -> int:
-    """Edits between two differing words when one can be a mistyping of the other (letters only; one an
-    English word, the other no word at all: "conection" / "connection", never "on" / "of" nor "tsp" /
-    "tbsp"), else budget + 1."""
-    letters = x.replace("-", "").isalpha() and y.replace("-", "").isalpha()
-    zx, zy = spelling.zipf(x), spelling.zipf(y)
-    if not letters or min(zx, zy) >= TYPO_WORD_BELOW or max(zx, zy) < TYPO_OF_AT_LEAST:
-        return budget + 1
-    limit = min(budget, 1 if min(len(x), len(y)) <= 3 else 2)
-    distance = _osa(x, y, limit)
-    return distance if distance <= limit else budget + 1
+    """Edits between two differing words when one can be a mistyping of the other (cache_service/typos.py:
+    "conection" / "connection", "tl" / "to", never "on" / "of" nor "tsp" / "tbsp"), else budget + 1."""
+    edits = typo_edits(x, y)
+    return edits if edits is not None and edits <= budget else budget + 1
 
 
 def typo_pair(x: str, y: str) -> bool:
     """Whether one of two words can be a mistyping of the other (see _typo_of)."""
     return _typo_of(x, y, MAX_TYPO_EDITS) <= MAX_TYPO_EDITS
+
+
+def _word_orders(text: str) -> set[tuple[str, ...]]:
+    """The text's words in each clause order, with contractions expanded and as typed (a typo inside a
+    contraction, "What'ss", leaves it unexpanded on one side only), wrappers removed and kept (a typo in a
+    wrapper, "Hey quick qquestion", leaves it on one side only)."""
+    out = set()
+    for expand in (True, False):
+        for strip in (True, False):
+            for key in _keys(text, expand, False, strip):
+                out.add(tuple(key.split(" ")))
+    return out
 
 
 def near_typo(a: str, b: str) -> bool:
@@ -204,11 +202,9 @@ def near_typo(a: str, b: str) -> bool:
     title case, where a name ("USPS") looks like a word ("ups")."""
     if case_says_nothing(a) or case_says_nothing(b):
         return False
-    for ka in canonical_keys(a, correct=False):
-        wa = ka.split(" ")
-        for kb in canonical_keys(b, correct=False):
-            wb = kb.split(" ")
-            if len(wa) != len(wb) or ka == kb:
+    for wa in _word_orders(a):
+        for wb in _word_orders(b):
+            if len(wa) != len(wb) or wa == wb:
                 continue
             budget = MAX_TYPO_EDITS
             for x, y in zip(wa, wb, strict=True):

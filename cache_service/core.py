@@ -29,7 +29,7 @@ MAX_COMPARABLE_CHARS = 1000
 LEVELS = ("exact", "canonical", "semantic")  # each allows the tiers up to itself
 # A candidate that differs from the query only by a few mistyped letters (canonical.near_typo) is accepted
 # from this cosine up (a typo moves the vector more than its meaning); calibrated with the rest.
-TYPO_FLOOR = 0.5
+TYPO_FLOOR = 0.25
 # The one owner of what is worth storing: a complete answer or one cut at max_tokens (which is part of the
 # key). Tool calls, aborts and errors are not; the gateway sends every answer and lets this decide.
 STORABLE_FINISH_REASONS = ("stop", "length")

@@ -147,6 +147,20 @@ def _value(w: str) -> float | None:
     return NUMBER_WORDS.get(w, ORDINAL_WORDS.get(w))
 
 
+# Verbs and words that negate what follows them ("avoid doing X" asks the opposite of "do X"): a closed
+# class of English, in all their forms.
+_NEGATING_STEMS = ("avoid", "prevent", "refus", "stop", "quit", "fail", "lack", "skip", "opposite")
+_FORMS = ("", "s", "ed", "ing", "e", "es", "ping", "ped")
+NEGATING_WORDS = frozenset(stem + end for stem in _NEGATING_STEMS for end in _FORMS) | frozenset(
+    "except unlike instead".split()
+)
+
+
+def negating_words(ws: list[str]) -> bool:
+    """Whether a negating verb or word ("avoid", "prevent", "stop", "fail", "opposite", "except") is said."""
+    return any(w in NEGATING_WORDS for w in ws)
+
+
 def negated(ws: list[str]) -> bool:
     """Odd number of negators ("not", "no", "without", "n't"...): two cancel out."""
     return sum(1 for w in ws if w in NEGATORS or w.endswith("n't")) % 2 == 1
@@ -232,7 +246,7 @@ def veto(a: str, b: str) -> str:
     na, nb = numbers(wa), numbers(wb)
     if na and nb and na != nb:
         return "numbers differ"
-    if negated(wa) != negated(wb) or prefix_negated(wa, wb):
+    if negated(wa) != negated(wb) or prefix_negated(wa, wb) or negating_words(wa) != negating_words(wb):
         return "negation differs"
     if counted_swapped(wa, wb):
         return "units swapped"

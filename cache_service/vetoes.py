@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from cache_service.canonical import MAX_CLAUSES, case_says_nothing, strip_wrappers
+from cache_service.canonical import MAX_CLAUSES, case_says_nothing, near_typo, strip_wrappers
 from cache_service.pair_checks import dates, expand_contractions, words
 from cache_service.pair_checks import veto as number_negation_veto
 
@@ -40,7 +40,8 @@ _OPPOSITE_PAIRS = (
     "compress decompress", "send receive", "sending receiving", "lend borrow", "push pull", "win lose",
     "gain lose", "hot cold", "warm cool", "heat cool", "north south", "east west", "left right",
     "inside outside", "indoor outdoor", "indoors outdoors", "top bottom", "front back", "forward backward",
-    "plus minus", "add subtract", "multiply divide", "start stop", "begin end", "arrive leave",
+    "plus minus", "add subtract", "multiply divide", "start stop", "begin end", "start end", "arrive leave",
+    "read write", "reading writing", "keep remove", "keep delete",
     "arrival departure", "inbound outbound", "incoming outgoing", "input output", "import export",
     "deposit withdraw", "credit debit", "income expense", "profit loss", "rise fall", "wet dry",
     "light heavy", "light dark", "old new", "older newer", "oldest newest", "young old", "younger older",
@@ -60,7 +61,7 @@ for _pair in _OPPOSITE_PAIRS:
     _x, _y = _pair.split()
     OPPOSITES.setdefault(_x, set()).add(_y)
     OPPOSITES.setdefault(_y, set()).add(_x)
-DIRECTION_WORDS = frozenset("to from into than vs versus per over against".split())
+DIRECTION_WORDS = frozenset("to from into in than vs versus per over against".split())
 _TOKEN = re.compile(r"[\w]+(?:[.'+#&@/\-][\w]+)*")
 _SENTENCE_BREAK = re.compile(r"[.!?:;\n\"(]")
 
@@ -97,6 +98,27 @@ def names(text: str) -> set[str]:
     return {_plain(w) for w, start in tokens if _is_name(w, start)}
 
 
+def _first_word(text: str) -> str:
+    tokens = _tokens(text)
+    return _plain(tokens[0][0]) if tokens else ""
+
+
+def _unmatched_names(text: str, found: set[str], other_words: set[str], other: str) -> set[str]:
+    """The names of `text` that the other side does not have. A text's first word with a stray capital
+    ("HHow", "hWat") is a mistyped first word when the other's first word is that word; a lower-case
+    compound with a number ("2-iinch", "4-yeear-old") is a mistyped one when the other side has it."""
+    from cache_service.canonical import typo_pair
+
+    out = found - other_words
+    first = _first_word(text)
+    if first in out and typo_pair(first, _first_word(other)):
+        out.discard(first)
+    for name in [n for n in out if "-" in n and n in text and any(c.isdigit() for c in n)]:
+        if any(typo_pair(name, w) for w in other_words):
+            out.discard(name)
+    return out
+
+
 _CLAUSE = re.compile(r"(?<!\d),|,(?!\d)|;")
 
 
@@ -108,13 +130,31 @@ def _anchor_orders(text: str, anchors: set[str]) -> set[tuple[str, ...]]:
     return {tuple(dict.fromkeys(w for clause in order for w in clause)) for order in orders}
 
 
+_INFLECTIONS = (("ied", "y"), ("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", ""), ("d", ""))
+
+
+def _base(word: str) -> str:
+    """A verb or noun without its inflection, roughly ("increased" = "increase", "uploads" = "upload")."""
+    for suffix, back in _INFLECTIONS:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            stem = word[: -len(suffix)] + back
+            if stem in OPPOSITES:
+                return stem
+            if stem + "e" in OPPOSITES:
+                return stem + "e"
+    return word
+
+
 def direction_veto(a: str, b: str) -> str:
     """Opposite comparison or direction words, or the same names/numbers in another order around a
     direction word."""
     wa, wb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
+    sa, sb = {_base(w) for w in wa}, {_base(w) for w in wb}
     for w in wa - wb:
-        if OPPOSITES.get(w, set()) & wb:
+        if OPPOSITES.get(w, set()) & wb or OPPOSITES.get(_base(w), set()) & (sb - sa):
             return f"opposite words ({w})"
+    if ("too" in wa) != ("too" in wb):
+        return "excess on one side"  # "how much water ..." / "how much water is too much ..."
     if (wa | wb) & DIRECTION_WORDS:
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
         if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):
@@ -124,18 +164,21 @@ def direction_veto(a: str, b: str) -> str:
 
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` (two user turns) can't share an answer, "" when nothing objects."""
+    # Two questions a few mistyped letters apart (canonical.near_typo: numbers and function words other
+    # than typos equal) have the same negators and calendar words, mistyped ("withhout", "smmer").
+    typos_only = near_typo(a, b)
     a, b = strip_wrappers(expand_contractions(a)), strip_wrappers(expand_contractions(b))
     reason = number_negation_veto(a, b)
-    if reason:
+    if reason and not (typos_only and reason == "negation differs"):
         return reason
     da, db = dates(words(a)), dates(words(b))
-    if da != db:
+    if da != db and not typos_only:
         return "dates differ"
     na, nb = names(a), names(b)
     la, lb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
-    if (na - lb) or (nb - la):
+    if _unmatched_names(a, na, lb, b) or _unmatched_names(b, nb, la, a):
         return "names differ"
-    return direction_veto(a, b) or detail_veto(a, b)
+    return direction_veto(a, b) or ("" if typos_only else detail_veto(a, b))
 
 
 # English function words (articles, pronouns, auxiliaries, prepositions, question words, conjunctions,
@@ -165,6 +208,7 @@ def detail_veto(a: str, b: str) -> str:
     rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
     (canonical.near_typo)."""
     from cache_service.canonical import canonical_words, typo_pair
+    from cache_service.typos import real_word_typo
 
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
@@ -172,6 +216,9 @@ def detail_veto(a: str, b: str) -> str:
     only_a, only_b = ca - cb, cb - ca
     if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
         return ""
-    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) for y in wb)}
-    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) for x in wa)}
+    # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
+    wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
+    wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
+    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) or real_word_typo(x, y) for y in wb)}
+    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) or real_word_typo(x, y) for x in wa)}
     return "a detail differs" if unexplained_a or unexplained_b else ""

@@ -24,9 +24,9 @@ MATCHED_AT_LEAST = {
     "case": 0.9,
     "punctuation": 1.0,
     "clause": 0.9,
-    "typo1": 0.5,
-    "typo2": 0.5,
-    "wrapper": 0.25,
+    "typo1": 0.85,
+    "typo2": 0.9,
+    "wrapper": 0.4,
 }
 
 

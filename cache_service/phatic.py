@@ -1,0 +1,249 @@
+"""Greetings, thanks and politeness at a question's ends, recognised by word class rather than by phrase.
+
+cache_service/canonical.py removes the wrappers of its own list ("Hi there,", "Thanks in advance!"); people
+write endless others ("Good afternoon folks!", "Appreciate any pointers :)", "Sorry to bother you again,").
+What they share is that they carry no content word: every word is a function word (articles, pronouns,
+auxiliaries, prepositions) or a phatic one (greeting, thanking, apologising, asking), and none says what the
+question is about. So:
+
+- a leading or trailing sentence or clause (split at . ! ? : ; , dashes and brackets) whose words are all
+  function or phatic words, at least one of them a strong phatic word (PHATIC), is dropped; a trailing one
+  may end with the writer's name ("Thanks, Sam", "Cheers Sam");
+- without punctuation, a run of such words at the start is dropped up to its last asking or phatic word
+  ("could you tell me | how ...", "I was wondering | if ..."), and a run at the end from its first strong
+  phatic word on ("... my router | please");
+- never a negator, a question word, a number or a comparison or direction word (KEEP): "..., or not?",
+  "Why?" and "Before or after?" are part of the question; and the question keeps at least MIN_CORE_WORDS
+  words, one of them a content word.
+
+The word classes are general English (closed classes and the vocabulary of greeting, thanking and asking),
+written without looking at any evaluation data.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Function words of English (a closed class): articles, pronouns, auxiliaries, modals, prepositions,
+# conjunctions, common adverbs of degree and discourse.
+FUNCTION = frozenset(
+    """a an the this that these those some any each every all both my your his her its our their me you
+    he she it we they them us him i myself yourself ourselves is am are was were be been being do does did
+    doing done have has had having can could will would shall should may might must to of in on at by for
+    from with about into onto as and or but so if then because while there here just also too very really
+    quite still again already anyway though even only much many lot lots bit little such""".split()
+)
+# Strong phatic words: greeting, thanking, apologising, pleading, hedging a question. One of them makes a
+# clause of function words a wrapper.
+PHATIC = frozenset(
+    """hi hello hey heya hiya howdy hallo greetings dear yo thanks thank thanx thx ty tia cheers
+    appreciate appreciated appreciation grateful gratitude regards sincerely respectfully faithfully
+    please pls plz kindly sorry apologies apologise apologize pardon excuse bother bothering wondering
+    wondered wonder curious curiosity question questions quick quickly help helping assistance advice
+    advise anyone anybody someone somebody everyone everybody folks guys hope hoping ok okay um uh hmm
+    erm oh btw fyi lol haha bye goodbye worries grateful ta alright thankyou thnx thnks tyvm obliged
+    sup hola aloha ciao xo xoxo ttyl urgent urgently asap y'all yall""".split()
+)
+# Weak phatic words: at home in a greeting or a sign-off ("good morning", "have a nice day", "thanks so
+# much for your time"), but alone they may be the question's point.
+WEAK = frozenset(
+    """good great nice best kind warm lovely wonderful awesome amazing advance time day morning afternoon
+    evening night weekend friend friends mate buddy sir madam team all truly yours wishes well doing
+    having know tell ask asking asked wanted want like need mind possible answer answers reply response
+    info information input thoughts ideas idea tips pointers suggestions support explain show let see
+    simple silly dumb stupid random real seriously honestly basically actually probably maybe perhaps
+    again welcome reading taking forward looking hear makes make sense post posting sure place new here
+    bunch heaps bless chance briefly short wondered meaning always confused stuck ever guidance insight
+    insights feedback clarify clarification understand figure trying tried appreciative cordially warmly
+    soon respond responding replies message note interested keen eager puzzled lost beginner newbie noob
+    total complete forum community group thread people peeps dude bro fam gang legend lifesaver hero
+    kindness patience advance knows terms nutshell short brief briefly layman layman's plain few""".split()
+)
+# Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
+NEGATORS = frozenset("not no never without none nobody nothing neither nor cannot".split())
+KEEP = NEGATORS | frozenset(
+    """what which who whom whose when where why how whether before after above below up down more less
+    most least than versus vs over under upper lower higher left right top bottom early late earlier
+    later""".split()
+)
+_CONJUNCTIONS = frozenset("but so and anyway well ok okay".split())  # left at the front by a dropped clause
+# Where a leading run without punctuation may end: an asking or phatic word, and what follows it ("tell
+# me", "help us", "question but").
+_ASKING = frozenset(
+    """hi hello hey heya hiya howdy greetings yo please pls plz kindly sorry apologies pardon excuse
+    wondering wondered wonder curious question questions know tell ask asking explain show wanted hmm um
+    uh erm oh btw fyi quick quickly curiosity bother bothering help hope hoping apologise apologize""".split()
+)
+# Where a trailing run without punctuation may begin: thanking, pleading, laughing ("... please", "...
+# thanks in advance"), never a word that can be the question's own ("okay", "help", "quick").
+_CLOSING = frozenset(
+    """thanks thank thanx thx ty tia cheers please pls plz kindly appreciate appreciated regards lol
+    haha asap urgent urgently thankyou thnx thnks tyvm anyone anybody someone somebody guys folks
+    everyone btw fyi bye hmm sincerely respectfully grateful obliged worries sorry apologies hope hoping
+    wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation""".split()
+)
+_MANNER = frozenset("terms nutshell short brief layman layman's simple plain few".split())
+_BEFORE_CLOSING = frozenset("any some so very really much many a an the".split())  # "... so much"
+# Asked for after "any" only ("... any ideas?"): alone they can be the question ("What should I advise?").
+_ASKED_FOR = frozenset("ideas idea thoughts tips suggestions advice help pointers input".split())
+_OBJECTS = frozenset(
+    "me us you all everyone everybody folks guys team there friends people yall y'all".split()
+)
+MIN_CORE_WORDS = 3
+
+_QUOTE = re.compile(r"['\"‘’“”]\B|\B['\"‘’“”]")  # a quotation mark (not an apostrophe inside a word)
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*|\d+(?:[.,]\d+)*")
+# Sentence and clause ends (a point or comma inside a number is none), dashes between spaces, brackets.
+_BOUNDARY = re.compile(r"[!?;:\n()]+|(?<!\d)[.,]|[.,](?!\d)|\s[-–—]+\s|\.\.\.")
+
+
+def _word_class(word: str) -> str:
+    w = word.lower().replace("’", "'")
+    if w in NEGATORS or w.endswith("n't"):
+        return "negator"
+    if w in KEEP or w[:1].isdigit():
+        return "keep"
+    if w in PHATIC:
+        return "strong"
+    if w in FUNCTION or w in WEAK or w.endswith(("'s", "'m", "'re", "'ve", "'d", "'ll")):
+        return "weak"
+    return "content"
+
+
+def _droppable(words: list[str], trailing: bool, quoted: bool = False) -> bool:
+    """A clause of function and phatic words with a strong phatic word. A name after its first word is
+    the writer's or the reader's ("Hi John", "Thanks, Sam"); a negator is part of a phatic phrase ("no
+    worries if not", "sorry if this isn't clear") when strong phatic words are at least as many."""
+    if not words:
+        return True
+    if quoted:
+        return False  # a quotation is what is asked about ("... end an email with 'Best regards'?")
+    classes = [
+        "weak" if i > 0 and w[:1].isupper() and _word_class(w) == "content" else _word_class(w)
+        for i, w in enumerate(words)
+    ]
+    strong, negators = classes.count("strong"), classes.count("negator")
+    negation_ok = negators <= strong or negators % 2 == 0  # "no worries if not": two cancel out
+    return strong > 0 and negation_ok and all(c in ("strong", "weak", "negator") for c in classes)
+
+
+def _is_signature(words: list[str]) -> bool:
+    return 1 <= len(words) <= 2 and all(w[:1].isupper() and w[1:].islower() for w in words)
+
+
+def _core_ok(text: str) -> bool:
+    words = _WORD.findall(text)
+    return len(words) >= MIN_CORE_WORDS and any(_word_class(w) in ("content", "keep") for w in words)
+
+
+def _segments(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the text's clauses, boundaries excluded."""
+    out, start = [], 0
+    for m in _BOUNDARY.finditer(text):
+        out.append((start, m.start()))
+        start = m.end()
+    out.append((start, len(text)))
+    return out
+
+
+def _strip_clauses(text: str) -> str:
+    segments = _segments(text)
+    lo, hi = 0, len(segments)
+    while lo < hi - 1:
+        s, e = segments[lo]
+        rest = text[segments[lo + 1][0] :]
+        if not _droppable(_WORD.findall(text[s:e]), False, _QUOTE.search(text[s:e])) or not _core_ok(rest):
+            break
+        lo += 1
+    while hi - 1 > lo:
+        s, e = segments[hi - 1]
+        words = _WORD.findall(text[s:e])
+        drop = 1
+        if _is_signature(words) and hi - 2 > lo:
+            before = _WORD.findall(text[segments[hi - 2][0] : segments[hi - 2][1]])
+            if before and _droppable(before, True, bool(_QUOTE.search(text[segments[hi - 2][0] : s]))):
+                drop = 2
+        elif not _droppable(words, True, bool(_QUOTE.search(text[s:e]))):
+            break
+        core = text[segments[lo][0] : segments[hi - 1 - drop][1]] if hi - drop > lo else ""
+        if not _core_ok(core):
+            break
+        hi -= drop
+    if lo == 0 and hi == len(segments):
+        return text
+    core = text[segments[lo][0] : segments[hi - 1][1]].strip()
+    if lo > 0:
+        first, _, rest = core.partition(" ")
+        if first.lower() in _CONJUNCTIONS and _core_ok(rest):
+            core = rest
+    return core
+
+
+def _run_classes(matches: list[re.Match[str]]) -> list[str]:
+    """Word classes in a run; a function word capitalized inside the text is a name ("in the US", "IT")."""
+    return [
+        "content"
+        if i > 0 and m.group() != "I" and m.group()[:1].isupper() and m.group().lower() in FUNCTION
+        else _word_class(m.group())
+        for i, m in enumerate(matches)
+    ]
+
+
+def _strip_runs(text: str) -> str:
+    """Leading and trailing runs of function and phatic words without punctuation around them."""
+    matches = list(_WORD.finditer(text))
+    classes = _run_classes(matches)
+    cut = -1  # the last word of the leading run to drop
+    for i, (m, c) in enumerate(zip(matches, classes, strict=True)):
+        addressee = 0 <= cut == i - 1 and m.group().lower() not in FUNCTION and m.group()[:1].isupper()
+        if c not in ("strong", "weak") and not addressee:  # "Hi Sarah how do I ..."
+            break
+        if addressee:
+            cut = i
+            continue
+        if m.group().lower() in _ASKING:
+            cut = i
+        elif cut == i - 1 and m.group().lower() in _OBJECTS | _CONJUNCTIONS and cut >= 0:
+            cut = i
+    if (
+        cut >= 0
+        and _core_ok(text[matches[cut].end() :])
+        and not _QUOTE.search(text[: matches[cut].end() + 1])
+    ):
+        text = text[matches[cut].end() :].lstrip(" ,:;-")
+        matches = list(_WORD.finditer(text))
+        classes = _run_classes(matches)
+    start = None  # the first word of the trailing run to drop
+    run_start = None  # the first word of the trailing run of function and phatic words
+    for i in range(len(matches) - 1, -1, -1):
+        if classes[i] not in ("strong", "weak"):
+            break
+        run_start = i
+        word = matches[i].group().lower()
+        if word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
+            start = i
+    while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
+        start -= 1
+    run = [m.group().lower() for m in matches[run_start:]] if run_start is not None else []
+    for i, word in enumerate(run):
+        # a condition on answering ("... if possible", "... if you know") or the manner of the answer ("...
+        # in simple terms"), of function and phatic words only
+        manner = word == "in" and any(w in _MANNER for w in run[i + 1 :])
+        if word == "if" or manner:
+            start = run_start + i if start is None else min(start, run_start + i)
+            break
+    quoted = start is not None and _QUOTE.search(text[max(matches[start].start() - 1, 0) :])
+    if start is not None and not quoted and _core_ok(text[: matches[start].start()]):
+        tail = text[matches[-1].end() :]
+        text = text[: matches[start].start()].rstrip(" ,:;-") + tail.strip(" ,:;-")
+    return text
+
+
+def strip_phatic(text: str) -> str:
+    """`text` without greetings, thanks and politeness at its ends (see the module's docstring)."""
+    for _ in range(4):
+        before = text
+        text = _strip_runs(_strip_clauses(text))
+        if text == before:
+            break
+    return text
