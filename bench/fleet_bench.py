@@ -36,6 +36,7 @@ from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worke
 
 POLICIES = ("round_robin", "cache_aware")
 CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
+BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
 RESULTS = ROOT / ".run" / "fleet_bench" / "results.jsonl"
 PLOT = ROOT / "docs" / "bench" / "fleet" / "fleet-routing.png"
@@ -64,6 +65,7 @@ class RunResult:
     tokens_per_s: float
     shares: list[float]  # each worker's share of looked-up tokens
     wall_s: float
+    attainable: float = 0.0  # the hit rate with every tenant's prompt cached after its first request
 
 
 def system_prompt(salt: str, tenant: int, words: int) -> str:
@@ -120,6 +122,20 @@ async def one_request(
     return (ttft if ttft is not None else time.perf_counter() - start), tokens
 
 
+def shared_tokens(url: str, system: str) -> int:
+    """Tokens of the rendered chat that every request of this tenant shares, whole blocks only (what a
+    prefix cache can hit): the common start of two renderings that differ in the question."""
+    rendered = []
+    for question in ("Question 1: a?", "Question 2: b?"):
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        }
+        rendered.append(httpx.post(f"{url}/tokenize", json=body, timeout=60).json()["tokens"])
+    common = next((i for i, (a, b) in enumerate(zip(*rendered, strict=False)) if a != b), 0)
+    return common // BLOCK * BLOCK
+
+
 def tenant_order(seed: str, args: argparse.Namespace, skewed: bool) -> list[int]:
     """The tenants of the requests in order; skewed: tenant 0 sends half of them."""
     rng = random.Random(seed)
@@ -166,11 +182,14 @@ def measure(
     order_seed = f"{args.seed}-{len(addrs)}w-{mix}-r{round_index}"  # the same order for both policies
     order = tenant_order(order_seed, args, mix == "skewed")
     before = worker_stats(addrs)
-    ttfts, tokens, wall = asyncio.run(run_load(url, f"{order_seed}-{policy}", order, args))
+    salt = f"{order_seed}-{policy}"
+    ttfts, tokens, wall = asyncio.run(run_load(url, salt, order, args))
     after = worker_stats(addrs)
     queries = [a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True)]
     hits = [a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)]
     total = max(sum(queries), 1)
+    shared = {t: shared_tokens(url, system_prompt(salt, t, args.prompt_words)) for t in set(order)}
+    attainable = sum(shared[t] for t in order) - sum(shared.values())  # each tenant's first misses
     return RunResult(
         policy,
         len(addrs),
@@ -186,6 +205,7 @@ def measure(
         tokens / wall,
         [q / total for q in queries],
         wall,
+        attainable / total,
     )
 
 

@@ -38,6 +38,7 @@ class WorkerState:
     addr: str
     load: int = 0  # requests running and waiting there
     tier: int = 0
+    recent_tokens: float = 0.0  # prompt tokens it looked up lately (fading), as it reports them
 
 
 def score(key: str, addr: str) -> int:
@@ -62,7 +63,12 @@ def load_bound(loads: Sequence[int], balance: float, slack: int = 0) -> int:
 
 class Router:
     def __init__(
-        self, policy: Policy = "cache_aware", balance: float = 1.25, slack: int = 0, hot_key_requests: int = 0
+        self,
+        policy: Policy = "cache_aware",
+        balance: float = 1.25,
+        slack: int = 0,
+        hot_key_requests: int = 0,
+        hot_share: float = 0.0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")
@@ -74,9 +80,14 @@ class Router:
         self.balance = balance
         self.slack = slack
         self.hot_key_requests = hot_key_requests
+        if not 0.0 <= hot_share <= 1.0:
+            raise ValueError("hot_share must be between 0 and 1")
+        self.hot_share = hot_share
         self._turn = itertools.count()
 
-    def order(self, key: str, workers: Sequence[WorkerState], key_in_flight: int = 0) -> list[str]:
+    def order(
+        self, key: str, workers: Sequence[WorkerState], key_in_flight: int = 0, key_share: float = 0.0
+    ) -> list[str]:
         """The addresses to try in turn: tier 0 by policy, then tier 1, then tier 2 (each by ranking).
         `key_in_flight`: calls of this key open now; from `hot_key_requests` on, the key is hot (no slack,
         the less loaded of its two top-ranked workers)."""
@@ -84,8 +95,7 @@ class Router:
         if self.policy == "round_robin":
             first = self._round_robin(tiers[0])
         else:
-            hot = self.hot_key_requests > 0 and key_in_flight >= self.hot_key_requests
-            first = self._bounded(key, tiers[0], hot)
+            first = self._bounded(key, tiers[0], self.replicas(len(tiers[0]), key_in_flight, key_share))
         rest = [ranking(key, [w.addr for w in tier]) for tier in tiers[1:]]
         return first + rest[0] + rest[1]
 
@@ -96,14 +106,27 @@ class Router:
         start = next(self._turn) % len(addrs)
         return addrs[start:] + addrs[:start]
 
-    def _bounded(self, key: str, workers: Sequence[WorkerState], hot: bool = False) -> list[str]:
-        """The key's ranking, workers at their bound moved behind the rest (least loaded first). A hot key:
-        no slack, and its two top-ranked workers taken in order of load (both stay warm for it)."""
+    def replicas(self, workers: int, key_in_flight: int = 0, key_share: float = 0.0) -> int:
+        """How many top-ranked workers serve a key: 1, or for a hot key at least 2 and enough that each
+        gets at most `hot_share` of a worker's fair share from it (a tenant sending half the requests
+        to 4 workers, hot_share 0.75: ceil(0.5 x 4 / 0.75) = 3)."""
+        by_share = self.hot_share > 0 and key_share * workers >= self.hot_share
+        by_calls = self.hot_key_requests > 0 and key_in_flight >= self.hot_key_requests
+        if not (by_share or by_calls):
+            return 1
+        wanted = math.ceil(key_share * workers / self.hot_share) if by_share else 2
+        return min(workers, max(2, wanted))
+
+    def _bounded(self, key: str, workers: Sequence[WorkerState], replicas: int = 1) -> list[str]:
+        """The key's ranking, workers at their bound moved behind the rest (least loaded first). A hot key
+        (`replicas` > 1) gets no slack, and its top-ranked `replicas` workers are taken fewest recent
+        tokens first: it fills whichever of them the other keys leave short, and all stay warm for it."""
         load = {w.addr: w.load for w in workers}
-        bound = load_bound(list(load.values()), self.balance, 0 if hot else self.slack)
+        bound = load_bound(list(load.values()), self.balance, 0 if replicas > 1 else self.slack)
         ranked = ranking(key, list(load))
-        if hot:
-            ranked = sorted(ranked[:2], key=lambda addr: load[addr]) + ranked[2:]
+        if replicas > 1:
+            tokens = {w.addr: w.recent_tokens for w in workers}
+            ranked = sorted(ranked[:replicas], key=lambda addr: tokens[addr]) + ranked[replicas:]
         fits = [addr for addr in ranked if load[addr] + 1 <= bound]
         full = sorted((addr for addr in ranked if load[addr] + 1 > bound), key=lambda addr: load[addr])
         return fits + full
