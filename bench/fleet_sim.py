@@ -106,7 +106,8 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
         in_flight = sum(r.tenant == tenant for w in workers for r in w.waiting + w.running)
         key = f"m\x1etenant-{seed}-{tenant}"
         shares.add(key)
-        addr = router.order(key, states, in_flight, shares.share(key, args.share_floor))[0]
+        floor = args.share_floor
+        addr = router.order(key, states, in_flight, shares.share(key, floor), shares.recent(floor))[0]
         worker = next(w for w in workers if w.addr == addr)
         worker.waiting.append(req)
 
@@ -183,21 +184,23 @@ def main() -> None:
     parser.add_argument("--slack", type=int, nargs="*", default=[0])
     parser.add_argument("--hot-key-requests", type=int, nargs="*", default=[0])
     parser.add_argument("--hot-share", type=float, nargs="*", default=[0.0])
+    parser.add_argument("--key-balance", type=float, nargs="*", default=[0.0])
     parser.add_argument("--share-floor", type=float, default=16.0, help="a key's share: of at least this")
     parser.add_argument("--half-life", type=float, default=30.0, help="of fading counts (model seconds)")
     args = parser.parse_args()
-    configs = [("round_robin", 1.0, 0, 0, 0.0)]
+    configs = [("round_robin", 1.0, 0, 0, 0.0, 0.0)]
     configs += [
-        ("cache_aware", b, s, h, f)
+        ("cache_aware", b, s, h, f, k)
         for b in args.balance
         for s in args.slack
         for h in args.hot_key_requests
         for f in args.hot_share
+        for k in args.key_balance
     ]
-    for policy, balance, slack, hot, share in configs:
+    for policy, balance, slack, hot, share, key_balance in configs:
         runs = []
         for i in range(args.repeats):
-            router = Router(policy, balance, slack, hot, share)
+            router = Router(policy, balance, slack, hot, share, key_balance)
             runs.append(simulate(args, router, f"{args.seed}-{i}"))
         hit = statistics.median(r["hit"] for r in runs)
         ttft = statistics.median(r["ttft"] for r in runs)
@@ -205,8 +208,8 @@ def main() -> None:
         largest = [max(r["shares"]) for r in runs]
         smallest = [min(r["shares"]) for r in runs]
         print(
-            f"{policy:12s} b {balance:.2f} slack {slack} hot {hot} share {share:.2f}: hit {hit:.0%} "
-            f"TTFT {ttft:.2f} tok/s {tok:.1f} largest {statistics.median(largest):.0%} "
+            f"{policy:12s} b {balance:.2f} slack {slack} hot {hot} share {share:.2f} keys {key_balance:.2f}: "
+            f"hit {hit:.0%} TTFT {ttft:.2f} tok/s {tok:.1f} largest {statistics.median(largest):.0%} "
             f"(at most {max(largest):.0%}) smallest {statistics.median(smallest):.0%}"
         )
 

@@ -130,6 +130,7 @@ class WorkerPool:
             self.routing.slack,
             self.routing.hot_key_requests,
             self.routing.hot_share,
+            self.routing.key_balance,
         )
         self.key_calls: Counter[str] = Counter()  # routing key -> this gateway's calls of it, open now
         self.key_shares = DecayedShares(self.routing.half_life_s)  # routing key -> its recent requests here
@@ -170,8 +171,9 @@ class WorkerPool:
             raise unavailable(f"No worker serves the model {request.model!r}")
         key = routing_key(request, self.routing.prefix_chars, user if self.routing.session_affinity else None)
         self.key_shares.add(key)
-        share = self.key_shares.share(key, at_least=HOT_SHARE_MIN_REQUESTS)
-        order = self.router.order(key, [r.state() for r in replicas.values()], self.key_calls[key], share)
+        recent = self.key_shares.recent(at_least=HOT_SHARE_MIN_REQUESTS)
+        states = [r.state() for r in replicas.values()]
+        order = self.router.order(key, states, self.key_calls[key], recent.get(key, 0.0), recent)
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
         last_error: APIError | None = None
         self.key_calls[key] += 1  # counted from now, so that requests of a key arriving together see it

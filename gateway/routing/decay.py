@@ -65,6 +65,12 @@ class DecayedShares:
         total = max(self.total.value(), at_least)
         return count.value() / total if count is not None and total > 0 else 0.0
 
+    def recent(self, at_least: float = 0.0) -> dict[str, float]:
+        """Every name counted lately (its count not faded below `forget_below`), with its share."""
+        total = max(self.total.value(), at_least)
+        counts = {name: count.value() for name, count in self._counts.items()}
+        return {name: value / total for name, value in counts.items() if value >= self.forget_below}
+
     def __len__(self) -> int:
         return len(self._counts)
 

@@ -10,7 +10,7 @@ import pytest
 from common.gen import worker_pb2
 from gateway.routing.decay import Decayed, DecayedShares
 from gateway.routing.key import routing_key
-from gateway.routing.router import Router, WorkerState, load_bound, ranking
+from gateway.routing.router import Router, WorkerState, capped_owner, key_cap, load_bound, ranking
 
 WORKERS = [f"127.0.0.{i}:50051" for i in range(1, 5)]
 KEYS = [f"model\x1etenant-{i}" for i in range(4000)]
@@ -174,8 +174,10 @@ def test_the_slack_settings_reach_the_router(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("GATEWAY_ROUTING_HOT_KEY_REQUESTS", "3")
     monkeypatch.setenv("GATEWAY_ROUTING_HOT_SHARE", "0.5")
     monkeypatch.setenv("GATEWAY_ROUTING_HALF_LIFE_S", "12")
+    monkeypatch.setenv("GATEWAY_ROUTING_KEY_BALANCE", "0")
     config = GatewaySettings().routing_config()
     assert (config.slack, config.hot_key_requests, config.hot_share, config.half_life_s) == (5, 3, 0.5, 12.0)
+    assert config.key_balance == 0.0
     monkeypatch.setenv("GATEWAY_ROUTING_SLACK", "-1")
     with pytest.raises(ValueError):
         GatewaySettings()
@@ -256,3 +258,54 @@ def test_short_prefixes_are_keyed_per_conversation_and_user_affinity_overrides()
     assert routing_key(ids) == routing_key(
         worker_pb2.GenerateRequest(model="m", token_ids=worker_pb2.TokenIds(ids=[*range(256), 9]))
     )
+
+
+def crowded_keys(addrs: list[str], count: int = 12, crowd: int = 6) -> list[str]:
+    """`count` keys of which `crowd` or more rank the same worker first (as a fifth of 12-key sets do)."""
+    for start in range(0, 100_000, count):
+        keys = [f"model\x1etenant-{start + i}" for i in range(count)]
+        if max(Counter(ranking(k, addrs)[0] for k in keys).values()) >= crowd:
+            return keys
+    raise AssertionError("no crowded key set found")
+
+
+def test_a_worker_owns_at_most_its_cap_of_the_recent_keys_and_only_the_excess_moves() -> None:
+    assert key_cap(12, 4, 1.25) == 4, "one over the mean of 3 (1.25 x 3 is less)"
+    assert key_cap(100, 4, 1.25) == 32 and key_cap(2, 4, 1.25) == 2
+    keys = crowded_keys(WORKERS)
+    plain = {k: ranking(k, WORKERS)[0] for k in keys}
+    capped = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
+    assert max(Counter(plain.values()).values()) >= 6
+    assert max(Counter(capped.values()).values()) <= 4
+    crowded = {a for a, n in Counter(plain.values()).items() if n > 4}
+    assert all(capped[k] == plain[k] for k in keys if plain[k] not in crowded), "others keep their owner"
+    moved = [k for k in keys if capped[k] != plain[k]]
+    assert len(moved) == sum(n - 4 for n in Counter(plain.values()).values() if n > 4)
+    shuffled = list(reversed(keys))
+    assert {k: capped_owner(k, list(reversed(WORKERS)), shuffled, 1.25) for k in keys} == capped, (
+        "the same owners whatever order the keys and workers come in (two gateways agree)"
+    )
+    one_more = [*keys, "model\x1ea newcomer"]
+    again = {k: capped_owner(k, WORKERS, one_more, 1.25) for k in keys}
+    assert sum(again[k] != capped[k] for k in keys) <= 2, "a new key moves few others"
+
+
+def test_the_router_sends_a_key_to_its_capped_owner_and_keeps_hot_keys_out_of_the_count() -> None:
+    keys = crowded_keys(WORKERS)
+    plain = {k: ranking(k, WORKERS)[0] for k in keys}
+    capped = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
+    moved = next(k for k in keys if capped[k] != plain[k])
+    recent = dict.fromkeys(keys, 1 / len(keys))
+    router = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=1.25)
+    assert router.order(moved, idle(WORKERS), recent=recent)[0] == capped[moved]
+    unbounded = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=0)
+    assert unbounded.order(moved, idle(WORKERS), recent=recent)[0] == plain[moved]
+    assert router.order(moved, idle(WORKERS))[0] == plain[moved], "no recent keys known: the ring alone"
+    # the same keys but one tenant sends most requests: it is hot, spread by shares, and not counted, so
+    # the cap is over 11 keys
+    hot = next(k for k in keys if k != moved)
+    skewed = dict.fromkeys(keys, 0.5 / (len(keys) - 1)) | {hot: 0.5}
+    cold = [k for k in keys if k != hot]
+    assert router.order(moved, idle(WORKERS), recent=skewed)[0] == capped_owner(moved, WORKERS, cold, 1.25)
+    with pytest.raises(ValueError, match="key_balance"):
+        Router("cache_aware", key_balance=0.5)

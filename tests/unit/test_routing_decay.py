@@ -43,7 +43,9 @@ def test_shares_follow_the_recent_requests_and_old_names_are_forgotten() -> None
     for _ in range(3):
         shares.add("b")
     assert shares.share("b") == pytest.approx((1 / 8 + 3) / (4 / 8 + 3))
+    assert shares.recent() == {"a": shares.share("a"), "b": shares.share("b")}
     clock.now += 200
+    assert shares.recent() == {}, "faded below forget_below: not recent"
     for _ in range(256):  # a forgetting pass runs every 256 adds
         shares.add("c")
     assert len(shares) == 1 and shares.share("c") == pytest.approx(1.0)
