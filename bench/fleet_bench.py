@@ -35,8 +35,12 @@ from gateway.routing.router import ranking
 from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
 
 POLICIES = ("round_robin", "cache_aware")
-VARIANTS = {  # --policies beside those two, as gateway settings: cache_aware without a later rule, to compare
-    "cache_aware_no_hot_share": {"GATEWAY_ROUTING": "cache_aware", "GATEWAY_ROUTING_HOT_SHARE": "0"},
+VARIANTS = {  # more --policies, as gateway settings: cache_aware without its later rules, to compare
+    "cache_aware_before": {
+        "GATEWAY_ROUTING": "cache_aware",
+        "GATEWAY_ROUTING_HOT_SHARE": "0",
+        "GATEWAY_ROUTING_KEY_BALANCE": "0",
+    },
 }
 CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
 BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
