@@ -304,10 +304,11 @@ def commands(results: list[RunResult]) -> str:
         runs = [r for r in results if (r.workers, r.kv_blocks) == (workers, kv_blocks)]
         rounds = len({r.round for r in runs if r.mix == "uniform"})
         skewed = len({r.round for r in runs if r.mix == "skewed"})
+        policies = [p for p in (*POLICIES, *VARIANTS) if any(r.policy == p for r in runs)]
         out.append(
             f"`.venv/bin/python -m bench.fleet_bench --fleet {workers}:{kv_blocks} --rounds {rounds} "
             f"--skew-rounds {skewed} --tenants {first.tenants} --requests {first.requests} "
-            f"--seed {first.seed}`"
+            f"--seed {first.seed} --policies {' '.join(policies)}`"
         )
     return ", ".join(out) + " (then `--report-only --write-docs`)"
 
@@ -328,8 +329,11 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
         f"(GATEWAY_ROUTING_BALANCE={routing.balance:g}, GATEWAY_ROUTING_SLACK={routing.slack}, "
         f"GATEWAY_ROUTING_HOT_KEY_REQUESTS={routing.hot_key_requests}, "
         f"GATEWAY_ROUTING_HOT_SHARE={routing.hot_share:g}, "
+        f"GATEWAY_ROUTING_KEY_BALANCE={routing.key_balance:g}, "
         f"GATEWAY_ROUTING_HALF_LIFE_S={routing.half_life_s:g}), "
-        "which were tuned on another load (fleet notes below). Every fleet holds about "
+        "which were tuned on another load (fleet notes below); cache_aware_before: the same without the "
+        "bounds on a key's share and on keys per worker (GATEWAY_ROUTING_HOT_SHARE=0, "
+        "GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them. Every fleet holds about "
         f"{first.workers * first.kv_blocks} KV blocks in all (WORKER_NUM_KV_BLOCKS per worker in each row, "
         f"16-token blocks) against the {first.tenants * (first.prompt_tokens // BLOCK + 1)} the tenants' "
         "prompts need, about the issue's ratio (800 against 496), so from two workers on the prompts outgrow "
