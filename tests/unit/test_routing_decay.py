@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from common.gen import worker_pb2
+from gateway.routing import metrics
 from gateway.routing.decay import Decayed, DecayedShares
 from gateway.routing.replica import WorkerReplica
 
@@ -68,5 +70,8 @@ async def test_a_replica_counts_the_tokens_its_reports_add_and_skips_a_restart()
         report(120)  # the worker restarted: its counter began again
         report(420)
         assert replica.state().recent_tokens == pytest.approx(1100)
+        metrics.observe_load(replica)
+        labels = {"model": "", "worker": replica.addr}
+        assert REGISTRY.get_sample_value("llmserve_gateway_worker_recent_prompt_tokens", labels) == 1100
     finally:
         await replica.close()
