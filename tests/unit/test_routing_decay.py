@@ -72,6 +72,8 @@ async def test_a_replica_counts_the_tokens_its_reports_add_and_skips_a_restart()
         assert replica.state().recent_tokens == pytest.approx(1100)
         metrics.observe_load(replica)
         labels = {"model": "", "worker": replica.addr}
-        assert REGISTRY.get_sample_value("llmserve_gateway_worker_recent_prompt_tokens", labels) == 1100
+        assert REGISTRY.get_sample_value(
+            "llmserve_gateway_worker_recent_prompt_tokens", labels
+        ) == pytest.approx(1100)
     finally:
         await replica.close()
