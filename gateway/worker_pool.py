@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 HOT_SHARE_MIN_REQUESTS = 16  # a key's share counts from this many recent requests on (a start is no trend)
+RECENT_KEYS_REFRESH_S = 0.5  # the keys seen lately (for the bound on keys per worker) taken this often
 FIRST_CHUNK_POLL_S = 0.25  # while waiting for a first chunk, look this often whether the worker went stale
 
 
@@ -134,6 +135,8 @@ class WorkerPool:
         )
         self.key_calls: Counter[str] = Counter()  # routing key -> this gateway's calls of it, open now
         self.key_shares = DecayedShares(self.routing.half_life_s)  # routing key -> its recent requests here
+        self._recent: dict[str, float] = {}  # the keys seen lately and their shares, as of _recent_at
+        self._recent_at = float("-inf")
         self._started: asyncio.Task[None] | None = None
         self.lora = LoraAdapters(self)
 
@@ -171,9 +174,12 @@ class WorkerPool:
             raise unavailable(f"No worker serves the model {request.model!r}")
         key = routing_key(request, self.routing.prefix_chars, user if self.routing.session_affinity else None)
         self.key_shares.add(key)
-        recent = self.key_shares.recent(at_least=HOT_SHARE_MIN_REQUESTS)
+        if time.monotonic() - self._recent_at >= RECENT_KEYS_REFRESH_S:  # O(keys): not on every request
+            self._recent = self.key_shares.recent(at_least=HOT_SHARE_MIN_REQUESTS)
+            self._recent_at = time.monotonic()
+        share = self.key_shares.share(key, at_least=HOT_SHARE_MIN_REQUESTS)
         states = [r.state() for r in replicas.values()]
-        order = self.router.order(key, states, self.key_calls[key], recent.get(key, 0.0), recent)
+        order = self.router.order(key, states, self.key_calls[key], share, self._recent)
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
         last_error: APIError | None = None
         self.key_calls[key] += 1  # counted from now, so that requests of a key arriving together see it

@@ -75,20 +75,25 @@ def key_cap(keys: int, workers: int, key_balance: float) -> int:
     return math.ceil(max(key_balance * keys / workers, keys / workers + 1))
 
 
-def capped_owner(key: str, addrs: Sequence[str], recent: Iterable[str], key_balance: float) -> str:
-    """The worker owning `key` once every worker owns at most key_cap(...) of the `recent` keys (and
-    `key`): the keys in a fixed order, each to its highest-ranked worker with room. Keys placed after
-    `key` do not matter to it, so the walk stops there."""
-    ordered = sorted({*recent, key}, key=_place)
+def assign(
+    keys: Iterable[str], addrs: Sequence[str], key_balance: float
+) -> tuple[dict[str, str], dict[str, int], int]:
+    """Every key's owner once each worker owns at most key_cap(...) of them: the keys in a fixed order, each
+    to its highest-ranked worker with room. Also how many each worker owns, and the cap."""
+    ordered = sorted(set(keys), key=_place)
     ring = tuple(sorted(addrs))
     cap = key_cap(len(ordered), len(ring), key_balance)
     owned = dict.fromkeys(ring, 0)
+    owners = {}
     for k in ordered:
-        pick = next(addr for addr in _ranking(k, ring) if owned[addr] < cap)
-        if k == key:
-            return pick
-        owned[pick] += 1
-    raise AssertionError("unreachable: the key is among the ordered keys")
+        owners[k] = next(addr for addr in _ranking(k, ring) if owned[addr] < cap)
+        owned[owners[k]] += 1
+    return owners, owned, cap
+
+
+def capped_owner(key: str, addrs: Sequence[str], recent: Iterable[str], key_balance: float) -> str:
+    """The worker owning `key` under the bound on keys, over the `recent` keys and `key`."""
+    return assign([*recent, key], addrs, key_balance)[0][key]
 
 
 def load_bound(loads: Sequence[int], balance: float, slack: int = 0) -> int:
@@ -126,6 +131,11 @@ class Router:
         if key_balance != 0.0 and key_balance < 1.0:
             raise ValueError("key_balance must be 0 (off) or at least 1.0")
         self.key_balance = key_balance
+        # the last assignment under the bound on keys: for the same `recent` mapping and workers, reused
+        self._assigned: (
+            tuple[Mapping[str, float], tuple[str, ...], dict[str, str], dict[str, int], int] | None
+        )
+        self._assigned = None
         self._turn = itertools.count()
 
     def order(
@@ -146,9 +156,7 @@ class Router:
             replicas = self.replicas(len(tiers[0]), key_in_flight, key_share)
             owner = None
             if replicas == 1 and self.key_balance and recent is not None and len(tiers[0]) > 1:
-                n = len(tiers[0])
-                cold = (k for k, share in recent.items() if self.replicas(n, 0, share) == 1)
-                owner = capped_owner(key, [w.addr for w in tiers[0]], cold, self.key_balance)
+                owner = self._capped_owner(key, tuple(sorted(w.addr for w in tiers[0])), recent)
             first = self._bounded(key, tiers[0], replicas, owner)
         rest = [ranking(key, [w.addr for w in tier]) for tier in tiers[1:]]
         return first + rest[0] + rest[1]
@@ -170,6 +178,20 @@ class Router:
             return 1
         wanted = math.ceil(key_share * workers / self.hot_share) if by_share else 2
         return min(workers, max(2, wanted))
+
+    def _capped_owner(self, key: str, ring: tuple[str, ...], recent: Mapping[str, float]) -> str:
+        """The key's owner under the bound on keys. The assignment of the cold `recent` keys is computed
+        once per `recent` mapping (a caller refreshes it now and then, so a request costs a lookup); a key
+        it does not hold yet goes to its highest-ranked worker below the cap."""
+        cached = self._assigned
+        if cached is None or cached[0] is not recent or cached[1] != ring:
+            cold = [k for k, share in recent.items() if self.replicas(len(ring), 0, share) == 1]
+            cached = self._assigned = (recent, ring, *assign(cold, ring, self.key_balance))
+        _, _, owners, owned, cap = cached
+        if key in owners:
+            return owners[key]
+        ranked = _ranking(key, ring)
+        return next((addr for addr in ranked if owned[addr] < cap), ranked[0])
 
     def _bounded(
         self, key: str, workers: Sequence[WorkerState], replicas: int = 1, owner: str | None = None

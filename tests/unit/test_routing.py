@@ -309,3 +309,22 @@ def test_the_router_sends_a_key_to_its_capped_owner_and_keeps_hot_keys_out_of_th
     assert router.order(moved, idle(WORKERS), recent=skewed)[0] == capped_owner(moved, WORKERS, cold, 1.25)
     with pytest.raises(ValueError, match="key_balance"):
         Router("cache_aware", key_balance=0.5)
+
+
+def test_a_key_newer_than_the_recent_keys_goes_to_its_best_worker_below_the_cap() -> None:
+    """The recent keys come as a mapping refreshed now and then; between refreshes a new key is not in it,
+    and takes its highest-ranked worker that owns fewer keys than the cap (a full owner passes it on)."""
+    keys = crowded_keys(WORKERS)
+    recent = dict.fromkeys(keys, 1 / len(keys))
+    owners = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
+    full = Counter(owners.values()).most_common(1)[0][0]
+    assert Counter(owners.values())[full] == key_cap(len(keys), len(WORKERS), 1.25)
+    router = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=1.25)
+    newcomers = [f"model\x1enew-{i}" for i in range(200)]
+    to_full = next(k for k in newcomers if ranking(k, WORKERS)[0] == full)
+    assert router.order(to_full, idle(WORKERS), recent=recent)[0] == ranking(to_full, WORKERS)[1]
+    owned = Counter(owners.values())
+    roomy = {a for a in WORKERS if owned[a] < key_cap(len(keys), len(WORKERS), 1.25)}
+    elsewhere = next(k for k in newcomers if ranking(k, WORKERS)[0] in roomy)
+    assert router.order(elsewhere, idle(WORKERS), recent=recent)[0] == ranking(elsewhere, WORKERS)[0]
+    assert all(router.order(k, idle(WORKERS), recent=recent)[0] == owners[k] for k in keys)
