@@ -182,14 +182,15 @@ class Router:
     def _capped_owner(self, key: str, ring: tuple[str, ...], recent: Mapping[str, float]) -> str:
         """The key's owner under the bound on keys. The assignment of the cold `recent` keys is computed
         once per `recent` mapping (a caller refreshes it now and then, so a request costs a lookup); a key
-        it does not hold yet goes to its highest-ranked worker below the cap."""
+        it does not hold yet goes to its highest-ranked worker below the cap, counting that key."""
         cached = self._assigned
         if cached is None or cached[0] is not recent or cached[1] != ring:
             cold = [k for k, share in recent.items() if self.replicas(len(ring), 0, share) == 1]
             cached = self._assigned = (recent, ring, *assign(cold, ring, self.key_balance))
-        _, _, owners, owned, cap = cached
+        _, _, owners, owned, _ = cached
         if key in owners:
             return owners[key]
+        cap = key_cap(len(owners) + 1, len(ring), self.key_balance)  # the new key counted
         ranked = _ranking(key, ring)
         return next((addr for addr in ranked if owned[addr] < cap), ranked[0])
 

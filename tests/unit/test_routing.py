@@ -313,18 +313,30 @@ def test_the_router_sends_a_key_to_its_capped_owner_and_keeps_hot_keys_out_of_th
 
 def test_a_key_newer_than_the_recent_keys_goes_to_its_best_worker_below_the_cap() -> None:
     """The recent keys come as a mapping refreshed now and then; between refreshes a new key is not in it,
-    and takes its highest-ranked worker that owns fewer keys than the cap (a full owner passes it on)."""
+    and takes its highest-ranked worker that owns fewer keys than the cap over the recent keys and itself
+    (a full owner passes it on); the recent keys keep their assigned owners."""
+    pair = WORKERS[:2]
+    mine = [k for k in KEYS if ranking(k, pair)[0] == pair[0]]
+    recent = dict.fromkeys(mine[:3], 0.1)  # cap over 3 keys: 3, all three on pair[0]
+    router = Router("cache_aware", 1.25, slack=4, key_balance=1.25)
+    assert key_cap(4, 2, 1.25) == 3, "a fourth key: still 3, so pair[0] is full"
+    assert router.order(mine[3], idle(pair), recent=recent)[0] == pair[1]
+    theirs = next(k for k in KEYS if ranking(k, pair)[0] == pair[1])
+    assert router.order(theirs, idle(pair), recent=recent)[0] == pair[1]
+    assert all(router.order(k, idle(pair), recent=recent)[0] == pair[0] for k in mine[:3])
     keys = crowded_keys(WORKERS)
-    recent = dict.fromkeys(keys, 1 / len(keys))
+    crowded = dict.fromkeys(keys, 1 / len(keys))
     owners = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
-    full = Counter(owners.values()).most_common(1)[0][0]
-    assert Counter(owners.values())[full] == key_cap(len(keys), len(WORKERS), 1.25)
-    router = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=1.25)
-    newcomers = [f"model\x1enew-{i}" for i in range(200)]
-    to_full = next(k for k in newcomers if ranking(k, WORKERS)[0] == full)
-    assert router.order(to_full, idle(WORKERS), recent=recent)[0] == ranking(to_full, WORKERS)[1]
-    owned = Counter(owners.values())
-    roomy = {a for a in WORKERS if owned[a] < key_cap(len(keys), len(WORKERS), 1.25)}
-    elsewhere = next(k for k in newcomers if ranking(k, WORKERS)[0] in roomy)
-    assert router.order(elsewhere, idle(WORKERS), recent=recent)[0] == ranking(elsewhere, WORKERS)[0]
-    assert all(router.order(k, idle(WORKERS), recent=recent)[0] == owners[k] for k in keys)
+    four = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=1.25)
+    assert all(four.order(k, idle(WORKERS), recent=crowded)[0] == owners[k] for k in keys)
+
+
+def test_a_new_key_counts_itself_in_the_cap() -> None:
+    """Two workers, two recent keys both owned by the same worker (the cap over two keys is 2): a third key
+    of that worker arriving before the next refresh makes three keys, cap 3, so it stays there too."""
+    pair = WORKERS[:2]
+    keys = [k for k in KEYS if ranking(k, pair)[0] == pair[0]][:3]
+    router = Router("cache_aware", 1.25, slack=4, key_balance=1.25)
+    recent = dict.fromkeys(keys[:2], 0.1)
+    assert key_cap(2, 2, 1.25) == 2 and key_cap(3, 2, 1.25) == 3
+    assert router.order(keys[2], idle(pair), recent=recent)[0] == pair[0]
