@@ -91,6 +91,7 @@ bench: test-scenarios
 	$(PY) -m bench.quant_kernels --rows 1,8,16,32,128,512 --write-docs
 	$(PY) -m bench.quant_study --repeats 3 --write-docs
 	$(PY) -m bench.fleet_bench --fresh --write-docs
+	$(PY) -m bench.fleet_faults --runs 3 --write-docs
 	$(PY) -m bench.lora_peer_bench --write-docs
 
 # Containers (docs/OPERATIONS.md): images built from Debian's packages with nothing pulled from Docker Hub,

@@ -10,7 +10,7 @@ order, with fresh prompts each run (salted per run), so no run hits what another
 `--fleet WORKERS:KV_BLOCKS` is one set of workers; every run appends to a results file, and the docs
 section (`fleet`) and the plot are written from all the runs in it, so a set can be run on its own.
 
-    .venv/bin/python -m bench.fleet_bench [--fleet 2:160 --fleet 4:80 ...] [--rounds 3] [--skew-rounds 3]
+    .venv/bin/python -m bench.fleet_bench [--fleet 2:300 --fleet 4:150 ...] [--rounds 3] [--skew-rounds 3]
         [--tenants 12] [--seed measure] [--fresh] [--write-docs] [--report-only]
 """
 
@@ -35,7 +35,15 @@ from gateway.routing.router import ranking
 from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
 
 POLICIES = ("round_robin", "cache_aware")
+VARIANTS = {  # more --policies, as gateway settings: cache_aware without its later rules, to compare
+    "cache_aware_before": {
+        "GATEWAY_ROUTING": "cache_aware",
+        "GATEWAY_ROUTING_HOT_SHARE": "0",
+        "GATEWAY_ROUTING_KEY_BALANCE": "0",
+    },
+}
 CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
+BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
 RESULTS = ROOT / ".run" / "fleet_bench" / "results.jsonl"
 PLOT = ROOT / "docs" / "bench" / "fleet" / "fleet-routing.png"
@@ -64,6 +72,7 @@ class RunResult:
     tokens_per_s: float
     shares: list[float]  # each worker's share of looked-up tokens
     wall_s: float
+    attainable: float = 0.0  # the hit rate with every tenant's prompt cached after its first request
 
 
 def system_prompt(salt: str, tenant: int, words: int) -> str:
@@ -120,6 +129,20 @@ async def one_request(
     return (ttft if ttft is not None else time.perf_counter() - start), tokens
 
 
+def shared_tokens(url: str, system: str) -> int:
+    """Tokens of the rendered chat that every request of this tenant shares, whole blocks only (what a
+    prefix cache can hit): the common start of two renderings that differ in the question."""
+    rendered = []
+    for question in ("Question 1: a?", "Question 2: b?"):
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        }
+        rendered.append(httpx.post(f"{url}/tokenize", json=body, timeout=60).json()["tokens"])
+    common = next((i for i, (a, b) in enumerate(zip(*rendered, strict=False)) if a != b), 0)
+    return common // BLOCK * BLOCK
+
+
 def tenant_order(seed: str, args: argparse.Namespace, skewed: bool) -> list[int]:
     """The tenants of the requests in order; skewed: tenant 0 sends half of them."""
     rng = random.Random(seed)
@@ -166,11 +189,14 @@ def measure(
     order_seed = f"{args.seed}-{len(addrs)}w-{mix}-r{round_index}"  # the same order for both policies
     order = tenant_order(order_seed, args, mix == "skewed")
     before = worker_stats(addrs)
-    ttfts, tokens, wall = asyncio.run(run_load(url, f"{order_seed}-{policy}", order, args))
+    salt = f"{order_seed}-{policy}"
+    ttfts, tokens, wall = asyncio.run(run_load(url, salt, order, args))
     after = worker_stats(addrs)
     queries = [a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True)]
     hits = [a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)]
     total = max(sum(queries), 1)
+    shared = {t: shared_tokens(url, system_prompt(salt, t, args.prompt_words)) for t in set(order)}
+    attainable = sum(shared[t] for t in order) - sum(shared.values())  # each tenant's first misses
     return RunResult(
         policy,
         len(addrs),
@@ -186,6 +212,7 @@ def measure(
         tokens / wall,
         [q / total for q in queries],
         wall,
+        attainable / total,
     )
 
 
@@ -222,6 +249,7 @@ def summary(runs: list[RunResult]) -> dict[str, float | list[float] | int]:
         "hit_rate": median([r.hit_rate for r in runs]),
         "ttft": median([r.ttft_p50_s for r in runs]),
         "speed": median([r.tokens_per_s for r in runs]),
+        "attainable": median([r.attainable for r in runs]),
         "largest": median([max(r.shares) for r in runs]),
         "smallest": median([min(r.shares) for r in runs]),
         "shares": shares,
@@ -276,10 +304,11 @@ def commands(results: list[RunResult]) -> str:
         runs = [r for r in results if (r.workers, r.kv_blocks) == (workers, kv_blocks)]
         rounds = len({r.round for r in runs if r.mix == "uniform"})
         skewed = len({r.round for r in runs if r.mix == "skewed"})
+        policies = [p for p in (*POLICIES, *VARIANTS) if any(r.policy == p for r in runs)]
         out.append(
             f"`.venv/bin/python -m bench.fleet_bench --fleet {workers}:{kv_blocks} --rounds {rounds} "
             f"--skew-rounds {skewed} --tenants {first.tenants} --requests {first.requests} "
-            f"--seed {first.seed}`"
+            f"--seed {first.seed} --policies {' '.join(policies)}`"
         )
     return ", ".join(out) + " (then `--report-only --write-docs`)"
 
@@ -298,28 +327,38 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
         f"order at concurrency {args.concurrency}, {args.max_tokens} output tokens "
         "each, one gateway per policy over the same workers; cache_aware with the defaults "
         f"(GATEWAY_ROUTING_BALANCE={routing.balance:g}, GATEWAY_ROUTING_SLACK={routing.slack}, "
-        f"GATEWAY_ROUTING_HOT_KEY_REQUESTS={routing.hot_key_requests}), which were tuned on another load "
-        "(fleet notes below). The issue's workload scaled down to fit this machine: prompts half as long and "
-        "the fleet's KV cache halved with them (the issue's 2 x 400 and 4 x 200 blocks hold 800 in all; "
-        "here every fleet holds 320, WORKER_NUM_KV_BLOCKS per row, 16-token blocks), so from two workers on "
-        "the tenants' prompts outgrow one worker. Hit rate: hit tokens / looked-up tokens over all workers "
-        "(their prefix_cache_hits / prefix_cache_queries). Medians over the runs; rounds interleave the "
-        "policies, both policies of a round send the same tenant order, each run with fresh prompts. "
-        "Shares: each worker's share of the looked-up tokens, largest first. Skewed: tenant 0 sends half "
-        "the requests.",
+        f"GATEWAY_ROUTING_HOT_KEY_REQUESTS={routing.hot_key_requests}, "
+        f"GATEWAY_ROUTING_HOT_SHARE={routing.hot_share:g}, "
+        f"GATEWAY_ROUTING_KEY_BALANCE={routing.key_balance:g}, "
+        f"GATEWAY_ROUTING_HALF_LIFE_S={routing.half_life_s:g}), "
+        "which were tuned on another load (fleet notes below); cache_aware_before: the same without the "
+        "bounds on a key's share and on keys per worker (GATEWAY_ROUTING_HOT_SHARE=0, "
+        "GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them. Every fleet holds about "
+        f"{first.workers * first.kv_blocks} KV blocks in all (WORKER_NUM_KV_BLOCKS per worker in each row, "
+        f"16-token blocks) against the {first.tenants * (first.prompt_tokens // BLOCK + 1)} the tenants' "
+        "prompts need, about the issue's ratio (800 against 496), so from two workers on the prompts outgrow "
+        "one worker. Hit rate: hit tokens / looked-up tokens over all workers (their prefix_cache_hits / "
+        "prefix_cache_queries). Attainable: the hit rate if every request but each tenant's first found all "
+        "its tenant's shared whole blocks cached (from /tokenize): the ceiling of any policy on that load. "
+        "Medians over the runs; rounds interleave the policies, both policies of a round send the same "
+        "tenant order, each run with fresh prompts, after a warm-up of the fresh workers. Shares: each "
+        "worker's share of the looked-up tokens, largest first; largest / mean: the largest share over "
+        "1 / workers. Skewed: tenant 0 sends half the requests.",
         "",
-        "| workers x KV blocks | mix | policy | runs | fleet hit rate | TTFT p50 | output tok/s | shares |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workers x KV blocks | mix | policy | runs | fleet hit rate | attainable | TTFT p50 | output tok/s "
+        "| shares | largest / mean |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (workers, kv_blocks, mix), by_policy in groups(results).items():
-        for policy in POLICIES:
+        for policy in (*POLICIES, *VARIANTS):
             if policy not in by_policy:
                 continue
             s = summary(by_policy[policy])
             shares = " / ".join(f"{x:.0%}" for x in s["shares"])  # type: ignore[union-attr]
             lines.append(
                 f"| {workers} x {kv_blocks} | {mix} | {policy} | {s['runs']} | {s['hit_rate']:.0%} | "
-                f"{s['ttft']:.2f} s | {s['speed']:.1f} | {shares} |"
+                f"{s['attainable']:.0%} | {s['ttft']:.2f} s | {s['speed']:.1f} | {shares} | "
+                f"{s['largest'] * workers:.2f}x |"
             )
     path = plot(results)
     if path is not None:
@@ -337,19 +376,28 @@ def run_fleet(workers: int, kv_blocks: int, args: argparse.Namespace) -> None:
         started = [start_worker(f"fleet-worker-{i}", log_dir, **env) for i in range(workers)]
         services += started
         addrs = [w.addr for w in started]
+        policies = tuple(args.policies)
         gateways = {
-            p: start_gateway(f"fleet-gateway-{p}", log_dir, ",".join(addrs), ready=True, GATEWAY_ROUTING=p)
-            for p in POLICIES
+            p: start_gateway(
+                f"fleet-gateway-{p}",
+                log_dir,
+                ",".join(addrs),
+                ready=True,
+                **VARIANTS.get(p, {"GATEWAY_ROUTING": p}),
+            )
+            for p in policies
         }
         services += gateways.values()
         count = httpx.post(
-            f"{gateways['cache_aware'].addr}/tokenize",
+            f"{gateways[policies[0]].addr}/tokenize",
             json={"model": MODEL_NAME, "prompt": system_prompt("x", 0, args.prompt_words)},
             timeout=60,
         ).json()["count"]
+        for policy in policies:  # a fresh worker's first steps are slow: not part of any run
+            asyncio.run(run_load(gateways[policy].addr, f"warm-up-{policy}", list(range(workers)) * 2, args))
         plan = [("uniform", r) for r in range(args.rounds)] + [("skewed", r) for r in range(args.skew_rounds)]
         for index, (mix, round_index) in enumerate(plan):
-            for policy in POLICIES if index % 2 == 0 else tuple(reversed(POLICIES)):
+            for policy in policies if index % 2 == 0 else tuple(reversed(policies)):
                 fleet = (kv_blocks, count)
                 result = measure(policy, gateways[policy].addr, addrs, fleet, mix, round_index, args)
                 print(result, flush=True)
@@ -363,15 +411,16 @@ def run_fleet(workers: int, kv_blocks: int, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--fleet", action="append", help="WORKERS:KV_BLOCKS, repeatable (2:160 4:80 1:320 3:107)"
+        "--fleet", action="append", help="WORKERS:KV_BLOCKS, repeatable (2:300 4:150 1:600 3:200)"
     )
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=[*POLICIES, *VARIANTS])
     parser.add_argument("--rounds", type=int, default=3, help="uniform-mix rounds per fleet")
     parser.add_argument("--skew-rounds", type=int, default=3, help="skewed-mix rounds per fleet")
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--tenants", type=int, default=12)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--prompt-words", type=int, default=215)
+    parser.add_argument("--prompt-words", type=int, default=435)  # about 460 tokens, as the issue's 480
     parser.add_argument("--seed", default="measure")
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
     parser.add_argument("--report-only", action="store_true", help="write the section from the results file")
@@ -381,7 +430,7 @@ def main() -> None:
     if args.fresh and RESULTS.exists():
         RESULTS.unlink()
     if not args.report_only:
-        for spec in args.fleet or ["2:160", "4:80", "1:320", "3:107"]:
+        for spec in args.fleet or ["2:300", "4:150", "1:600", "3:200"]:
             workers, kv_blocks = (int(x) for x in spec.split(":"))
             run_fleet(workers, kv_blocks, args)
     results = load_results()

@@ -13,7 +13,7 @@ fault and 10 s after it ended, and semantic-cache hits among the requests that s
 KV blocks still held on each worker. Writes the `fleet-faults`
 section of docs/BENCHMARKS.md.
 
-    .venv/bin/python -m bench.fleet_faults [--write-docs]
+    .venv/bin/python -m bench.fleet_faults [--runs 3] [--write-docs]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import grpc
 import httpx
 
 from bench.fleet_bench import CPU_NOTE
-from bench.report import publish
+from bench.report import median, publish
 from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import (
     MODEL_NAME,
@@ -179,26 +179,63 @@ def tok_s(t: Timeline, start: float, end: float) -> float:
     return sum(1 for x in t.token_times if start <= x < end) / (end - start)
 
 
-def fault_row(name: str, t: Timeline, begin: str, end: str) -> str:
+FAULTS = (  # (name, first mark, last mark); the restarts' names get their down time from the run
+    ("SIGKILL a worker (restarted after 10 s)", "kill", "kill_end"),
+    ("SIGSTOP a worker for 15 s", "stop", "stop_end"),
+    ("restart a gateway (SIGTERM, drain, start)", "gateway", "gateway_end"),
+    ("restart the cache service", "cache", "cache_end"),
+    ("restart Redis, emptied", "redis", "redis_end"),
+)
+
+
+def fault_figures(t: Timeline, begin: str, end: str) -> dict:
+    """One fault of one run: failed requests (their stream begun before it / begun during it or the 12 s
+    after), the slowest failed stream's end from the fault, tok/s and cache hits 10 s before and after."""
     at, done = t.marks[begin], t.marks[end]
     during = [o for o in t.outcomes if o.ended >= at and o.started <= done + 12]
     failed_running = [o for o in during if not o.ok and o.started < at]
     failed_new = [o for o in during if not o.ok and o.started >= at]
     ends = [o.ended - at for o in failed_running if o.ended >= at]
-    worst = f"{max(ends):.1f} s" if ends else "-"
-    before, after = tok_s(t, at - 10, at), tok_s(t, done, done + 10)
-    codes = sorted({o.error for o in failed_running + failed_new})
-    hits = f"{cache_hits(t, at - 10, at)}, {cache_hits(t, done, done + 10)}"
+    return {
+        "failed_running": len(failed_running),
+        "failed_new": len(failed_new),
+        "stream_end_s": max(ends) if ends else None,
+        "tok_s_before": tok_s(t, at - 10, at),
+        "tok_s_after": tok_s(t, done, done + 10),
+        "hits_before": cache_hits(t, at - 10, at),
+        "hits_after": cache_hits(t, done, done + 10),
+        "codes": sorted({o.error for o in failed_running + failed_new}),
+        "down_s": done - at,
+    }
+
+
+def fault_row(name: str, runs: list[dict]) -> str:
+    """Medians over the runs; failures also as their largest, since one failed request is one too many."""
+
+    def mid(key: str, fmt: str = ".1f") -> str:
+        return format(median([r[key] for r in runs]), fmt)
+
+    def counts(key: str) -> str:
+        values = [r[key] for r in runs]
+        return f"{median(values):g} (at most {max(values)})"
+
+    ends = [r["stream_end_s"] for r in runs if r["stream_end_s"] is not None]
+    worst = f"{median(ends):.1f} s (at most {max(ends):.1f} s)" if ends else "-"
+    codes = sorted({c for r in runs for c in r["codes"]})
+    hits = ", ".join(
+        f"{median([r[k][0] for r in runs]):g}/{median([r[k][1] for r in runs]):g}"
+        for k in ("hits_before", "hits_after")
+    )
     return (
-        f"| {name} | {len(failed_running)} | {len(failed_new)} | {worst} | {before:.1f} | {after:.1f} | "
-        f"{hits} | {', '.join(codes) or '-'} |"
+        f"| {name} | {counts('failed_running')} | {counts('failed_new')} | {worst} | {mid('tok_s_before')} | "
+        f"{mid('tok_s_after')} | {hits} | {', '.join(codes) or '-'} |"
     )
 
 
-def cache_hits(t: Timeline, start: float, end: float) -> str:
-    """Semantic-cache hits among the requests started in [start, end), of those that got an answer."""
+def cache_hits(t: Timeline, start: float, end: float) -> tuple[int, int]:
+    """Semantic-cache hits among the requests started in [start, end), and how many of those got an answer."""
     started = [o for o in t.outcomes if start <= o.started < end and o.cache]
-    return f"{sum(o.cache == 'hit' for o in started)}/{len(started)}"
+    return sum(o.cache == "hit" for o in started), len(started)
 
 
 def kv_blocks_held(workers: list[Service]) -> list[int]:
@@ -224,14 +261,8 @@ async def run(
     return t, found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--pace", type=float, default=1.0, help="scale the scenario's waits (a check: 0.2)")
-    parser.add_argument("--clients", type=int, default=CONCURRENCY)
-    args = parser.parse_args()
-    global PACE, CLIENTS
-    PACE, CLIENTS = args.pace, args.clients
+def one_run() -> dict:
+    """Start the fleet, run the scenario under load, stop everything; the run's figures."""
     log_dir = ROOT / ".run" / "fleet_faults"
     log_dir.mkdir(parents=True, exist_ok=True)
     workers: list[Service] = []
@@ -254,15 +285,34 @@ def main() -> None:
             if service.proc is not None and service.proc.poll() is None:
                 os.kill(service.proc.pid, signal.SIGCONT)
             service.stop()
-    lines = [
+    return {
+        "requests": len(t.outcomes),
+        "faults": [fault_figures(t, begin, end) for _, begin, end in FAULTS],
+        "out_of_routing_s": found["out_of_routing_s"],
+        "held": held,
+        "clients": CLIENTS,
+        "pace": PACE,
+    }
+
+
+def report(runs: list[dict]) -> list[str]:
+    faults = [[r["faults"][i] for r in runs] for i in range(len(FAULTS))]
+    names = [
+        f"{name} (down {median([f['down_s'] for f in fault]):.1f} s)" if begin in ("cache", "redis") else name
+        for (name, begin, _), fault in zip(FAULTS, faults, strict=True)
+    ]
+    out_of_routing = [r["out_of_routing_s"] for r in runs]
+    return [
         "## Fleet faults under load",
         "",
-        f"`.venv/bin/python -m bench.fleet_faults --write-docs` on {CPU_NOTE}. 2 gateways "
+        f"`.venv/bin/python -m bench.fleet_faults --runs {len(runs)} --write-docs` on {CPU_NOTE}. 2 gateways "
         "(GATEWAY_ROUTING=cache_aware, GATEWAY_STREAM_STALL_S=10, the semantic cache on: one cache service "
-        f"over one Redis) over 3 workers (WORKER_NUM_THREADS=1); {CLIENTS} clients stream chat "
+        f"over one Redis) over 3 workers (WORKER_NUM_THREADS=1); {runs[0]['clients']} clients stream chat "
         f"completions of {MAX_TOKENS} tokens through both gateways in turn, retrying on the other gateway "
         "when one cannot be reached; every other request repeats one of 8 questions, the rest are new. "
-        f"{len(t.outcomes)} requests in all. Failed: requests whose stream had begun before the fault / "
+        f"{len(runs)} runs, each on a fresh fleet, of "
+        f"{', '.join(str(r['requests']) for r in runs)} requests; each figure is the median over the runs "
+        "(failures also the most in any run). Failed: requests whose stream had begun before the fault / "
         "requests started during the fault or the 12 s after it. Stream end: the slowest of the failed "
         "streams, from the fault to its error event. tok/s: the 10 s before the fault and the 10 s after "
         "it ended; cache hits: semantic-cache hits among the requests started in those 10 s.",
@@ -270,16 +320,28 @@ def main() -> None:
         "| fault | failed, started before | failed, started after | stream end | tok/s before | tok/s after "
         "| cache hits before, after | error codes |",
         "|---|---|---|---|---|---|---|---|",
-        fault_row("SIGKILL a worker (restarted after 10 s)", t, "kill", "kill_end"),
-        fault_row("SIGSTOP a worker for 15 s", t, "stop", "stop_end"),
-        fault_row("restart a gateway (SIGTERM, drain, start)", t, "gateway", "gateway_end"),
-        fault_row(f"restart the cache service (down {found['cache_down_s']:.1f} s)", t, "cache", "cache_end"),
-        fault_row(f"restart Redis, emptied (down {found['redis_down_s']:.1f} s)", t, "redis", "redis_end"),
+        *(fault_row(name, fault) for name, fault in zip(names, faults, strict=True)),
         "",
-        f"The stopped worker was out of routing on both gateways {found['out_of_routing_s']:.1f} s after "
-        f"SIGSTOP. KV blocks held at the end, per worker: {held}.",
+        f"The stopped worker was out of routing on both gateways {median(out_of_routing):.1f} s after "
+        f"SIGSTOP (the runs: {', '.join(f'{x:.1f}' for x in out_of_routing)} s). KV blocks held at the "
+        f"end, per worker, per run: {', '.join(str(r['held']) for r in runs)}.",
     ]
-    publish("fleet-faults", lines, args.write_docs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--pace", type=float, default=1.0, help="scale the scenario's waits (a check: 0.2)")
+    parser.add_argument("--clients", type=int, default=CONCURRENCY)
+    parser.add_argument("--runs", type=int, default=3, help="runs, each on a fresh fleet (medians reported)")
+    args = parser.parse_args()
+    global PACE, CLIENTS
+    PACE, CLIENTS = args.pace, args.clients
+    runs = []
+    for _ in range(args.runs):
+        runs.append(one_run())
+        print(json.dumps(runs[-1]), flush=True)
+    publish("fleet-faults", report(runs), args.write_docs)
 
 
 if __name__ == "__main__":

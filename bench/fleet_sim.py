@@ -19,6 +19,7 @@ import statistics
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from gateway.routing.decay import Decayed, DecayedShares
 from gateway.routing.router import Router, WorkerState
 
 BLOCK = 16
@@ -40,6 +41,7 @@ class Request:
 class Worker:
     addr: str
     capacity: int  # KV blocks
+    tokens: Decayed
     cache: OrderedDict = field(default_factory=OrderedDict)  # (tenant, block) -> None, LRU first
     waiting: list[Request] = field(default_factory=list)
     running: list[Request] = field(default_factory=list)
@@ -51,26 +53,42 @@ class Worker:
     def load(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def admit(self, req: Request, prompt_blocks: int) -> None:
-        """Look the prompt up (longest cached prefix of the tenant's blocks), then hold its blocks."""
+    def look_up(self, req: Request, prompt_blocks: int) -> None:
+        """When scheduled: the longest cached prefix of the tenant's blocks (only blocks already computed,
+        so two requests of a tenant starting together on a cold worker both miss)."""
         n = 0
         while n < prompt_blocks and (req.tenant, n) in self.cache:
+            self.cache.move_to_end((req.tenant, n))
             n += 1
         req.cached = min(n * BLOCK, req.prompt - 1)
         req.prefilled = req.cached
         self.queries += req.prompt
         self.hits += req.cached
-        for b in range(prompt_blocks):  # touched: most recent, head last so the tail goes first
-            self.cache[(req.tenant, prompt_blocks - 1 - b)] = None
-            self.cache.move_to_end((req.tenant, prompt_blocks - 1 - b))
-        private = len(self.running) * 3  # each running request's own question and output blocks
-        while len(self.cache) + private > self.capacity:
+        self.tokens.add(req.prompt)
+        self._evict()
+
+    def computed(self, req: Request, prompt_blocks: int) -> None:
+        """Prefill done: its prompt blocks are cached (touched tail first, so the tail is evicted first)."""
+        for b in range(prompt_blocks - 1, -1, -1):
+            self.cache[(req.tenant, b)] = None
+            self.cache.move_to_end((req.tenant, b))
+        self._evict()
+
+    def _evict(self) -> None:
+        private = sum(3 + (r.prompt - r.cached) // BLOCK for r in self.running)  # uncached prompt + own
+        while self.cache and len(self.cache) + private > self.capacity:
             self.cache.popitem(last=False)
 
 
 def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
     rng = random.Random(seed)
-    workers = [Worker(f"10.0.0.{i + 1}:50051", args.kv_blocks) for i in range(args.workers)]
+    now = 0.0
+    clock = lambda: now  # noqa: E731
+    workers = [
+        Worker(f"10.0.0.{i + 1}:50051", args.kv_blocks, Decayed(args.half_life, clock))
+        for i in range(args.workers)
+    ]
+    shares = DecayedShares(args.half_life, clock)
     prompt_tokens = args.prompt_tokens + args.question_tokens
     prompt_blocks = args.prompt_tokens // BLOCK
 
@@ -81,15 +99,16 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
 
     jobs = [tenant_of(i) for i in range(args.requests)]
     done: list[Request] = []
-    now = 0.0
 
     def send(tenant: int) -> None:
         req = Request(tenant, now, prompt_tokens)
-        states = [WorkerState(w.addr, w.load) for w in workers]
+        states = [WorkerState(w.addr, w.load, 0, w.tokens.value()) for w in workers]
         in_flight = sum(r.tenant == tenant for w in workers for r in w.waiting + w.running)
-        addr = router.order(f"m\x1etenant-{seed}-{tenant}", states, in_flight)[0]
+        key = f"m\x1etenant-{seed}-{tenant}"
+        shares.add(key)
+        floor = args.share_floor
+        addr = router.order(key, states, in_flight, shares.share(key, floor), shares.recent(floor))[0]
         worker = next(w for w in workers if w.addr == addr)
-        worker.admit(req, prompt_blocks)
         worker.waiting.append(req)
 
     for _ in range(args.concurrency):
@@ -100,7 +119,9 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
         slow = max(1.0, busy / args.cores)
         for w in workers:  # start a step on every idle worker with work
             if w.busy_until is None and w.load:
-                w.running += w.waiting
+                for req in w.waiting:
+                    w.running.append(req)
+                    w.look_up(req, prompt_blocks)
                 w.waiting = []
                 budget, cost = CHUNK, args.step_s
                 for req in w.running:
@@ -124,6 +145,7 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
                 if req.prefilled >= req.prompt:
                     req.ttft = now - req.sent
                     req.decoded = 1
+                    w.computed(req, prompt_blocks)
             else:
                 req.decoded += 1
             if req.decoded >= args.max_tokens:
@@ -161,22 +183,34 @@ def main() -> None:
     parser.add_argument("--balance", type=float, nargs="*", default=[1.0, 1.25, 1.5, 2.0])
     parser.add_argument("--slack", type=int, nargs="*", default=[0])
     parser.add_argument("--hot-key-requests", type=int, nargs="*", default=[0])
+    parser.add_argument("--hot-share", type=float, nargs="*", default=[0.0])
+    parser.add_argument("--key-balance", type=float, nargs="*", default=[0.0])
+    parser.add_argument("--share-floor", type=float, default=16.0, help="a key's share: of at least this")
+    parser.add_argument("--half-life", type=float, default=30.0, help="of fading counts (model seconds)")
     args = parser.parse_args()
-    configs = [("round_robin", 1.0, 0, 0)]
-    hots = args.hot_key_requests
-    configs += [("cache_aware", b, s, h) for b in args.balance for s in args.slack for h in hots]
-    for policy, balance, slack, hot in configs:
+    configs = [("round_robin", 1.0, 0, 0, 0.0, 0.0)]
+    configs += [
+        ("cache_aware", b, s, h, f, k)
+        for b in args.balance
+        for s in args.slack
+        for h in args.hot_key_requests
+        for f in args.hot_share
+        for k in args.key_balance
+    ]
+    for policy, balance, slack, hot, share, key_balance in configs:
         runs = []
         for i in range(args.repeats):
-            router = Router(policy, balance, slack, hot)
+            router = Router(policy, balance, slack, hot, share, key_balance)
             runs.append(simulate(args, router, f"{args.seed}-{i}"))
         hit = statistics.median(r["hit"] for r in runs)
         ttft = statistics.median(r["ttft"] for r in runs)
         tok = statistics.median(r["tok_s"] for r in runs)
         largest = [max(r["shares"]) for r in runs]
+        smallest = [min(r["shares"]) for r in runs]
         print(
-            f"{policy:12s} balance {balance:.2f} slack {slack} hot {hot}: hit {hit:.0%} TTFT {ttft:.2f} s "
-            f"tok/s {tok:.1f} largest share {statistics.median(largest):.0%} (at most {max(largest):.0%})"
+            f"{policy:12s} b {balance:.2f} slack {slack} hot {hot} share {share:.2f} keys {key_balance:.2f}: "
+            f"hit {hit:.0%} TTFT {ttft:.2f} tok/s {tok:.1f} largest {statistics.median(largest):.0%} "
+            f"(at most {max(largest):.0%}) smallest {statistics.median(smallest):.0%}"
         )
 
 

@@ -26,6 +26,10 @@ class GatewaySettings(BaseSettings):
     gateway_routing_balance: float = Field(default=1.25, ge=1.0)  # a worker's load bound over the mean
     gateway_routing_slack: int = Field(default=4, ge=0)  # or the least-loaded worker plus this, if more
     gateway_routing_hot_key_requests: int = Field(default=2, ge=0)  # a key this busy: no slack (0: never)
+    # a key with this part of a worker's fair share of recent requests is hot: spread over more workers
+    gateway_routing_hot_share: float = Field(default=0.75, ge=0.0, le=1.0)
+    gateway_routing_key_balance: float = Field(default=1.25, ge=0.0)  # keys per worker over the mean (0: off)
+    gateway_routing_half_life_s: float = Field(default=30.0, gt=0)  # of key shares and workers' tokens
     gateway_routing_prefix_chars: int = Field(default=1024, ge=1)  # leading characters in the routing key
     gateway_routing_session_affinity: bool = False  # route by `user` when the request names one
     gateway_worker_stale_s: float = Field(default=3.0, gt=0)  # no load report for this long: not routed
@@ -73,6 +77,9 @@ class GatewaySettings(BaseSettings):
             balance=self.gateway_routing_balance,
             slack=self.gateway_routing_slack,
             hot_key_requests=self.gateway_routing_hot_key_requests,
+            hot_share=self.gateway_routing_hot_share,
+            key_balance=self.gateway_routing_key_balance,
+            half_life_s=self.gateway_routing_half_life_s,
             prefix_chars=self.gateway_routing_prefix_chars,
             session_affinity=self.gateway_routing_session_affinity,
             stale_after_s=self.gateway_worker_stale_s,

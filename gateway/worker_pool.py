@@ -28,6 +28,7 @@ from gateway.request_id import grpc_metadata
 from gateway.routing import metrics
 from gateway.routing.addresses import parse_worker_addr
 from gateway.routing.config import RoutingConfig
+from gateway.routing.decay import DecayedShares
 from gateway.routing.key import routing_key
 from gateway.routing.membership import Membership
 from gateway.routing.replica import WorkerReplica
@@ -36,6 +37,8 @@ from gateway.routing.router import Router
 log = logging.getLogger(__name__)
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+HOT_SHARE_MIN_REQUESTS = 16  # a key's share counts from this many recent requests on (a start is no trend)
+RECENT_KEYS_REFRESH_S = 0.5  # the keys seen lately (for the bound on keys per worker) taken this often
 FIRST_CHUNK_POLL_S = 0.25  # while waiting for a first chunk, look this often whether the worker went stale
 
 
@@ -117,12 +120,23 @@ class WorkerPool:
         self.routing = routing or RoutingConfig()
         self.request_timeout_s = request_timeout_s
         self.membership = Membership(
-            parse_worker_addr(addrs), self.routing.stale_after_s, self.routing.resolve_interval_s
+            parse_worker_addr(addrs),
+            self.routing.stale_after_s,
+            self.routing.resolve_interval_s,
+            self.routing.half_life_s,
         )
         self.router = Router(
-            self.routing.policy, self.routing.balance, self.routing.slack, self.routing.hot_key_requests
+            self.routing.policy,
+            self.routing.balance,
+            self.routing.slack,
+            self.routing.hot_key_requests,
+            self.routing.hot_share,
+            self.routing.key_balance,
         )
         self.key_calls: Counter[str] = Counter()  # routing key -> this gateway's calls of it, open now
+        self.key_shares = DecayedShares(self.routing.half_life_s)  # routing key -> its recent requests here
+        self._recent: dict[str, float] = {}  # the keys seen lately and their shares, as of _recent_at
+        self._recent_at = float("-inf")
         self._started: asyncio.Task[None] | None = None
         self.lora = LoraAdapters(self)
 
@@ -159,7 +173,13 @@ class WorkerPool:
         if not replicas:
             raise unavailable(f"No worker serves the model {request.model!r}")
         key = routing_key(request, self.routing.prefix_chars, user if self.routing.session_affinity else None)
-        order = self.router.order(key, [r.state() for r in replicas.values()], self.key_calls[key])
+        self.key_shares.add(key)
+        if time.monotonic() - self._recent_at >= RECENT_KEYS_REFRESH_S:  # O(keys): not on every request
+            self._recent = self.key_shares.recent(at_least=HOT_SHARE_MIN_REQUESTS)
+            self._recent_at = time.monotonic()
+        share = self.key_shares.share(key, at_least=HOT_SHARE_MIN_REQUESTS)
+        states = [r.state() for r in replicas.values()]
+        order = self.router.order(key, states, self.key_calls[key], share, self._recent)
         deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
         last_error: APIError | None = None
         self.key_calls[key] += 1  # counted from now, so that requests of a key arriving together see it

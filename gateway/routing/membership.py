@@ -14,9 +14,16 @@ log = logging.getLogger(__name__)
 
 
 class Membership:
-    def __init__(self, targets: list[WorkerTarget], stale_after_s: float, resolve_interval_s: float) -> None:
+    def __init__(
+        self,
+        targets: list[WorkerTarget],
+        stale_after_s: float,
+        resolve_interval_s: float,
+        half_life_s: float = 30.0,
+    ) -> None:
         self.targets = targets
         self.stale_after_s = stale_after_s
+        self.half_life_s = half_life_s
         self.resolve_interval_s = resolve_interval_s
         self.replicas: dict[str, WorkerReplica] = {}
         self.retired: list[WorkerReplica] = []
@@ -40,7 +47,7 @@ class Membership:
         for addr, model in wanted.items():
             if addr not in self.replicas:
                 log.info("worker %s joined%s", addr, f" (model {model})" if model else "")
-                replica = WorkerReplica(addr, model, self.stale_after_s)
+                replica = WorkerReplica(addr, model, self.stale_after_s, self.half_life_s)
                 replica.start()
                 self.replicas[addr] = replica
         for addr in [a for a in self.replicas if a not in wanted]:

@@ -39,7 +39,13 @@ WORKER_ROUTABLE = Gauge(
     "1 while a worker takes new requests (fresh load reports, not draining), else 0.",
     ["model", "worker"],
 )
-_GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE, WORKER_ROUTABLE)
+WORKER_RECENT_TOKENS = Gauge(
+    "llmserve_gateway_worker_recent_prompt_tokens",
+    "Prompt tokens a worker looked up lately (fading, GATEWAY_ROUTING_HALF_LIFE_S), from its load reports: "
+    "the load a hot key is spread by.",
+    ["model", "worker"],
+)
+_GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE, WORKER_ROUTABLE, WORKER_RECENT_TOKENS)
 _labels: dict[str, str] = {}  # worker -> the model label its gauges carry
 
 
@@ -53,6 +59,7 @@ def observe_load(replica: WorkerReplica) -> None:
     WORKER_WAITING.labels(model, replica.addr).set(report.num_waiting if report else 0)
     WORKER_KV_USAGE.labels(model, replica.addr).set(report.kv_cache_usage if report else 0.0)
     WORKER_ROUTABLE.labels(model, replica.addr).set(1 if replica.tier() == 0 else 0)
+    WORKER_RECENT_TOKENS.labels(model, replica.addr).set(replica.recent_tokens.value())
 
 
 def forget_worker(addr: str) -> None:

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from common.gen import worker_pb2, worker_pb2_grpc
 from gateway.routing import metrics
+from gateway.routing.decay import Decayed
 from gateway.routing.router import WorkerState
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ WATCH_RETRY_S = (0.2, 2.0)  # reconnect backoff of the watcher: first, most
 
 
 class WorkerReplica:
-    def __init__(self, addr: str, pinned_model: str | None, stale_after_s: float = 3.0) -> None:
+    def __init__(
+        self, addr: str, pinned_model: str | None, stale_after_s: float = 3.0, half_life_s: float = 30.0
+    ) -> None:
         self.addr = addr
         self.pinned_model = pinned_model
         self.stale_after_s = stale_after_s
@@ -43,6 +46,7 @@ class WorkerReplica:
         self.reported_at = 0.0
         self.watch_unsupported = False  # a worker without WatchLoad: routed on this gateway's calls only
         self.in_flight = 0  # calls this gateway has open there
+        self.recent_tokens = Decayed(half_life_s)  # prompt tokens it looked up lately, from its reports
         self.down_until = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -82,7 +86,14 @@ class WorkerReplica:
         return 0
 
     def state(self) -> WorkerState:
-        return WorkerState(self.addr, self.load, self.tier())
+        return WorkerState(self.addr, self.load, self.tier(), self.recent_tokens.value())
+
+    def _count_tokens(self, report: worker_pb2.LoadReport) -> None:
+        """Add the prompt tokens looked up since the last report (none on the first report of a stream, or
+        when the counter went back: a restarted worker)."""
+        last = self.report
+        if last is not None and report.prefix_cache_queries >= last.prefix_cache_queries:
+            self.recent_tokens.add(report.prefix_cache_queries - last.prefix_cache_queries)
 
     @property
     def ready(self) -> bool:
@@ -143,6 +154,7 @@ class WorkerReplica:
                     return
                 if self.report is None:
                     log.info("worker %s serves %s: load reports started", self.addr, report.model_name)
+                self._count_tokens(report)
                 self.report, self.reported_at, warned = report, time.monotonic(), False
                 metrics.observe_load(self)
         finally:

@@ -8,8 +8,9 @@ from collections import Counter
 import pytest
 
 from common.gen import worker_pb2
+from gateway.routing.decay import Decayed, DecayedShares
 from gateway.routing.key import routing_key
-from gateway.routing.router import Router, WorkerState, load_bound, ranking
+from gateway.routing.router import Router, WorkerState, capped_owner, key_cap, load_bound, ranking
 
 WORKERS = [f"127.0.0.{i}:50051" for i in range(1, 5)]
 KEYS = [f"model\x1etenant-{i}" for i in range(4000)]
@@ -92,8 +93,9 @@ def test_slack_keeps_a_key_on_its_owner_until_it_is_that_far_above_the_least_loa
 
 def test_a_hot_key_gets_the_relative_bound_alone() -> None:
     """Two calls of the key already open: the owner holding them spills the third, though the slack would
-    have let it hold more; a key without open calls stays on the same owner. A hot key takes the less
-    loaded of its two top-ranked workers, the owner on a tie."""
+    have let it hold more; a key without open calls stays on the same owner. A hot key takes whichever of
+    its two top-ranked workers looked up fewer prompt tokens lately (the owner on a tie), whatever the
+    request counts within the bound."""
     key = KEYS[5]
     owner, second, *_ = ranking(key, WORKERS)
     workers = [WorkerState(a, 2 if a == owner else 0) for a in WORKERS]
@@ -104,11 +106,65 @@ def test_a_hot_key_gets_the_relative_bound_alone() -> None:
     never_hot = Router("cache_aware", 1.25, slack=4, hot_key_requests=0)
     assert never_hot.order(key, workers, key_in_flight=9)[0] == owner
 
-    def hot(owner_load: int, second_load: int) -> str:  # all within the relative bound (7)
-        loads = [WorkerState(a, {owner: owner_load, second: second_load}.get(a, 5)) for a in WORKERS]
-        return router.order(key, loads, key_in_flight=2)[0]
+    def hot(owner_tokens: float, second_tokens: float) -> str:  # loads all 5, within the relative bound
+        tokens = {owner: owner_tokens, second: second_tokens}
+        states = [WorkerState(a, 5, 0, tokens.get(a, 0.0)) for a in WORKERS]
+        return router.order(key, states, key_in_flight=2)[0]
 
-    assert hot(5, 5) == owner and hot(4, 5) == owner and hot(5, 4) == second
+    assert hot(500, 500) == owner and hot(400, 500) == owner and hot(500, 400) == second
+    assert hot(500, 499) == second, "the other two workers (0 tokens) are not the hot key's"
+
+
+def test_a_key_with_a_large_share_is_spread_over_as_many_workers_as_its_share_needs() -> None:
+    """hot_share 0.75 over 4 workers: a key is hot from 0.75 / 4 = 18.75% of the requests; it then gets
+    ceil(share x 4 / 0.75) of its top-ranked workers (at least 2), and each request goes to the one of
+    those with the fewest recent tokens. Below the threshold the key keeps its owner."""
+    router = Router("cache_aware", 1.25, slack=4, hot_key_requests=0, hot_share=0.75)
+    shares = (0.0, 0.18, 0.19, 0.375, 0.38, 0.5, 0.6, 1.0)
+    assert [router.replicas(4, key_share=s) for s in shares] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert router.replicas(2, key_share=0.5) == 2 and router.replicas(1, key_share=1.0) == 1
+    assert router.replicas(4, key_in_flight=9, key_share=0.0) == 1, "hot_key_requests 0: calls never count"
+    assert Router("cache_aware", hot_key_requests=2).replicas(4, key_in_flight=2) == 2
+    assert Router("cache_aware").replicas(4, key_share=1.0) == 1, "hot_share 0: off"
+    key = KEYS[7]
+    ranked = ranking(key, WORKERS)
+    fewest_last = {addr: 100.0 * (4 - i) for i, addr in enumerate(ranked)}  # the owner has the most
+    states = [WorkerState(a, 0, 0, fewest_last[a]) for a in WORKERS]
+    assert router.order(key, states, key_share=0.1)[0] == ranked[0], "not hot: its owner"
+    assert router.order(key, states, key_share=0.3)[0] == ranked[1], "2 workers: the second has fewer"
+    assert router.order(key, states, key_share=0.5)[0] == ranked[2], "3 workers"
+    assert router.order(key, states, key_share=0.9)[0] == ranked[3], "4 workers"
+    with pytest.raises(ValueError, match="hot_share"):
+        Router("cache_aware", hot_share=1.5)
+
+
+def test_a_hot_tenant_fills_the_workers_the_others_leave_short() -> None:
+    """One tenant sends half the requests, eleven others the rest, keyed onto 4 workers: with the share
+    rule every worker's tokens stay within 1.5x of the mean and each cold tenant keeps one worker; without
+    it the hot tenant's owner takes more than 1.5x. (Counts stand in for the workers' token reports.)"""
+    rng = random.Random(11)
+
+    def run(router: Router) -> tuple[float, dict[str, set[str]]]:
+        now = [0.0]
+        shares = DecayedShares(30.0, clock=lambda: now[0])
+        tokens = {a: Decayed(30.0, clock=lambda: now[0]) for a in WORKERS}
+        total: Counter[str] = Counter()
+        placed: dict[str, set[str]] = {}
+        for i in range(400):
+            now[0] = i * 0.5
+            key = "hot" if rng.random() < 0.5 else f"cold-{rng.randrange(11)}"
+            shares.add(key)
+            states = [WorkerState(a, 0, 0, tokens[a].value()) for a in WORKERS]
+            addr = router.order(key, states, 0, shares.share(key, at_least=16))[0]
+            tokens[addr].add(300)
+            total[addr] += 300
+            placed.setdefault(key, set()).add(addr)
+        return max(total.values()) / (sum(total.values()) / len(WORKERS)), placed
+
+    spread, placed = run(Router("cache_aware", 1.25, slack=4, hot_share=0.75))
+    assert spread <= 1.5, spread
+    assert len(placed["hot"]) >= 3 and all(len(v) == 1 for k, v in placed.items() if k != "hot"), placed
+    assert run(Router("cache_aware", 1.25, slack=4))[0] > 1.5
 
 
 def test_the_slack_settings_reach_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,8 +172,12 @@ def test_the_slack_settings_reach_the_router(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setenv("GATEWAY_ROUTING_SLACK", "5")
     monkeypatch.setenv("GATEWAY_ROUTING_HOT_KEY_REQUESTS", "3")
+    monkeypatch.setenv("GATEWAY_ROUTING_HOT_SHARE", "0.5")
+    monkeypatch.setenv("GATEWAY_ROUTING_HALF_LIFE_S", "12")
+    monkeypatch.setenv("GATEWAY_ROUTING_KEY_BALANCE", "0")
     config = GatewaySettings().routing_config()
-    assert (config.slack, config.hot_key_requests) == (5, 3)
+    assert (config.slack, config.hot_key_requests, config.hot_share, config.half_life_s) == (5, 3, 0.5, 12.0)
+    assert config.key_balance == 0.0
     monkeypatch.setenv("GATEWAY_ROUTING_SLACK", "-1")
     with pytest.raises(ValueError):
         GatewaySettings()
@@ -198,3 +258,85 @@ def test_short_prefixes_are_keyed_per_conversation_and_user_affinity_overrides()
     assert routing_key(ids) == routing_key(
         worker_pb2.GenerateRequest(model="m", token_ids=worker_pb2.TokenIds(ids=[*range(256), 9]))
     )
+
+
+def crowded_keys(addrs: list[str], count: int = 12, crowd: int = 6) -> list[str]:
+    """`count` keys of which `crowd` or more rank the same worker first (as a fifth of 12-key sets do)."""
+    for start in range(0, 100_000, count):
+        keys = [f"model\x1etenant-{start + i}" for i in range(count)]
+        if max(Counter(ranking(k, addrs)[0] for k in keys).values()) >= crowd:
+            return keys
+    raise AssertionError("no crowded key set found")
+
+
+def test_a_worker_owns_at_most_its_cap_of_the_recent_keys_and_only_the_excess_moves() -> None:
+    assert key_cap(12, 4, 1.25) == 4, "one over the mean of 3 (1.25 x 3 is less)"
+    assert key_cap(100, 4, 1.25) == 32 and key_cap(2, 4, 1.25) == 2
+    keys = crowded_keys(WORKERS)
+    plain = {k: ranking(k, WORKERS)[0] for k in keys}
+    capped = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
+    assert max(Counter(plain.values()).values()) >= 6
+    assert max(Counter(capped.values()).values()) <= 4
+    crowded = {a for a, n in Counter(plain.values()).items() if n > 4}
+    assert all(capped[k] == plain[k] for k in keys if plain[k] not in crowded), "others keep their owner"
+    moved = [k for k in keys if capped[k] != plain[k]]
+    assert len(moved) == sum(n - 4 for n in Counter(plain.values()).values() if n > 4)
+    shuffled = list(reversed(keys))
+    assert {k: capped_owner(k, list(reversed(WORKERS)), shuffled, 1.25) for k in keys} == capped, (
+        "the same owners whatever order the keys and workers come in (two gateways agree)"
+    )
+    one_more = [*keys, "model\x1ea newcomer"]
+    again = {k: capped_owner(k, WORKERS, one_more, 1.25) for k in keys}
+    assert sum(again[k] != capped[k] for k in keys) <= 2, "a new key moves few others"
+
+
+def test_the_router_sends_a_key_to_its_capped_owner_and_keeps_hot_keys_out_of_the_count() -> None:
+    keys = crowded_keys(WORKERS)
+    plain = {k: ranking(k, WORKERS)[0] for k in keys}
+    capped = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
+    moved = next(k for k in keys if capped[k] != plain[k])
+    recent = dict.fromkeys(keys, 1 / len(keys))
+    router = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=1.25)
+    assert router.order(moved, idle(WORKERS), recent=recent)[0] == capped[moved]
+    unbounded = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=0)
+    assert unbounded.order(moved, idle(WORKERS), recent=recent)[0] == plain[moved]
+    assert router.order(moved, idle(WORKERS))[0] == plain[moved], "no recent keys known: the ring alone"
+    # the same keys but one tenant sends most requests: it is hot, spread by shares, and not counted, so
+    # the cap is over 11 keys
+    hot = next(k for k in keys if k != moved)
+    skewed = dict.fromkeys(keys, 0.5 / (len(keys) - 1)) | {hot: 0.5}
+    cold = [k for k in keys if k != hot]
+    assert router.order(moved, idle(WORKERS), recent=skewed)[0] == capped_owner(moved, WORKERS, cold, 1.25)
+    with pytest.raises(ValueError, match="key_balance"):
+        Router("cache_aware", key_balance=0.5)
+
+
+def test_a_key_newer_than_the_recent_keys_goes_to_its_best_worker_below_the_cap() -> None:
+    """The recent keys come as a mapping refreshed now and then; between refreshes a new key is not in it,
+    and takes its highest-ranked worker that owns fewer keys than the cap over the recent keys and itself
+    (a full owner passes it on); the recent keys keep their assigned owners."""
+    pair = WORKERS[:2]
+    mine = [k for k in KEYS if ranking(k, pair)[0] == pair[0]]
+    recent = dict.fromkeys(mine[:3], 0.1)  # cap over 3 keys: 3, all three on pair[0]
+    router = Router("cache_aware", 1.25, slack=4, key_balance=1.25)
+    assert key_cap(4, 2, 1.25) == 3, "a fourth key: still 3, so pair[0] is full"
+    assert router.order(mine[3], idle(pair), recent=recent)[0] == pair[1]
+    theirs = next(k for k in KEYS if ranking(k, pair)[0] == pair[1])
+    assert router.order(theirs, idle(pair), recent=recent)[0] == pair[1]
+    assert all(router.order(k, idle(pair), recent=recent)[0] == pair[0] for k in mine[:3])
+    keys = crowded_keys(WORKERS)
+    crowded = dict.fromkeys(keys, 1 / len(keys))
+    owners = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
+    four = Router("cache_aware", 1.25, slack=4, hot_share=0.75, key_balance=1.25)
+    assert all(four.order(k, idle(WORKERS), recent=crowded)[0] == owners[k] for k in keys)
+
+
+def test_a_new_key_counts_itself_in_the_cap() -> None:
+    """Two workers, two recent keys both owned by the same worker (the cap over two keys is 2): a third key
+    of that worker arriving before the next refresh makes three keys, cap 3, so it stays there too."""
+    pair = WORKERS[:2]
+    keys = [k for k in KEYS if ranking(k, pair)[0] == pair[0]][:3]
+    router = Router("cache_aware", 1.25, slack=4, key_balance=1.25)
+    recent = dict.fromkeys(keys[:2], 0.1)
+    assert key_cap(2, 2, 1.25) == 2 and key_cap(3, 2, 1.25) == 3
+    assert router.order(keys[2], idle(pair), recent=recent)[0] == pair[0]
