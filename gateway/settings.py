@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.routing.config import RoutingConfig
@@ -61,6 +61,13 @@ class GatewaySettings(BaseSettings):
     # a load reads a path from the request body on the workers' disks.
     gateway_allow_runtime_lora_updating: bool = False
     gateway_admin_key: str | None = None  # those routes' bearer key; unset: API_KEY
+
+    @field_validator("gateway_routing_key_balance")
+    @classmethod
+    def _key_balance_off_or_a_bound(cls, value: float) -> float:
+        if 0.0 < value < 1.0:
+            raise ValueError("GATEWAY_ROUTING_KEY_BALANCE must be 0 (off) or at least 1.0")
+        return value
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> GatewaySettings:

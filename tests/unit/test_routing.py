@@ -178,6 +178,10 @@ def test_the_slack_settings_reach_the_router(monkeypatch: pytest.MonkeyPatch) ->
     config = GatewaySettings().routing_config()
     assert (config.slack, config.hot_key_requests, config.hot_share, config.half_life_s) == (5, 3, 0.5, 12.0)
     assert config.key_balance == 0.0
+    monkeypatch.setenv("GATEWAY_ROUTING_KEY_BALANCE", "0.5")
+    with pytest.raises(ValueError, match="GATEWAY_ROUTING_KEY_BALANCE"):
+        GatewaySettings()  # refused at start, not when the router is built
+    monkeypatch.setenv("GATEWAY_ROUTING_KEY_BALANCE", "1")
     monkeypatch.setenv("GATEWAY_ROUTING_SLACK", "-1")
     with pytest.raises(ValueError):
         GatewaySettings()
