@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 
+from cache_service.pair_checks import NEGATORS
+
 # Function words of English (a closed class): articles, pronouns, auxiliaries, modals, prepositions,
 # conjunctions, common adverbs of degree and discourse.
 FUNCTION = frozenset(
@@ -60,7 +62,6 @@ WEAK = frozenset(
     kindness patience advance knows terms nutshell short brief briefly layman layman's plain few""".split()
 )
 # Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
-NEGATORS = frozenset("not no never without none nobody nothing neither nor cannot".split())
 KEEP = NEGATORS | frozenset(
     """what which who whom whose when where why how whether before after above below up down more less
     most least than versus vs over under upper lower higher left right top bottom early late earlier
