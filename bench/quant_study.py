@@ -103,6 +103,7 @@ def all_rows() -> dict[str, Row]:
         "bfloat16": Row("bfloat16", "engine", "bfloat16"),
         "int8": Row("int8", "engine", "float32", "int8"),  # what WORKER_QUANTIZATION=auto runs on this CPU
         "int4": Row("int4", "engine", "float32", "int4"),
+        "w8a8": Row("w8a8", "engine", "bfloat16", "w8a8"),  # int8 weights x int8 activations (model/w8a8.py)
         "llama-q4_1": Row("llama-q4_1", "llama", gguf=GGUF_Q4_1),
         "llama-q8_0": Row("llama-q8_0", "llama", gguf=LLAMA_DIR / "model-q8_0.gguf"),
     }

@@ -10,6 +10,7 @@ import torch
 from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import native_cpu_bfloat16
+from worker.model.smoothing import CALIBRATION_TEXT, smooth
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,16 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def resolve_dtype(name: str, device: str, quantization: str = "none", kind: str | None = None) -> str:
-    """`auto`: on CUDA bfloat16 (float16 without bf16 support); on CPU with quantized weights float32 (the
-    native kernels read float32 rows and the fused decode step is the float32 layer: a bfloat16 model around
-    them measured slower at every batch size); else what worker/model/cpu_kind.py's table picks for this CPU's
+    """`auto`: on CUDA bfloat16 (float16 without bf16 support); on CPU with weight-only quantized weights
+    float32 (the native kernels read float32 rows and the fused decode step is the float32 layer: a bfloat16
+    model around them measured slower at every batch size); else (w8a8 included: its rows are quantized to
+    8 bits whatever their dtype) what worker/model/cpu_kind.py's table picks for this CPU's
     kind (bfloat16 where it is native: AVX512-BF16, AMX; float32 where it is emulated)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if quantization != "none":
+    if quantization in ("int8", "int4"):
         return "float32"
     chosen = auto_choice(kind or cpu_info().kind).dtype
     return chosen or ("bfloat16" if native_cpu_bfloat16() else "float32")
@@ -115,6 +117,8 @@ def load_model(
     quantization: str = "none",
 ) -> LlamaForPagedAttention:
     hf_model = load_hf_model(path, dtype, device)
+    if quantization == "w8a8":  # move the activations' outliers into the weights first (model/smoothing.py)
+        smooth(hf_model, load_tokenizer(path).encode(CALIBRATION_TEXT.read_text()))
     int4_groups = gguf_int4_groups(path, hf_model) if quantization == "int4" else {}
     model = LlamaForPagedAttention(hf_model, max_positions, linear_backend, quantization, int4_groups)
     missing = model.missing_forward_features()

@@ -37,7 +37,7 @@ FORWARD_FEATURES: frozenset[str] = frozenset(
 )
 
 # RMSNorms that scale by (1 + weight) (Gemma's); folded into plain weights at load.
-_UNIT_OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
+UNIT_OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
 
 
 @dataclass
@@ -60,7 +60,7 @@ class LayerWeights:
 def _norm_weight(norm: torch.nn.Module) -> torch.Tensor:
     """The multiplier of an RMSNorm's normalized input: its weight, or 1 + weight for Gemma's."""
     weight = norm.weight.detach()
-    if type(norm).__name__ in _UNIT_OFFSET_NORMS:
+    if type(norm).__name__ in UNIT_OFFSET_NORMS:
         return (1.0 + weight.float()).to(weight.dtype)
     return weight
 
@@ -125,10 +125,12 @@ class LlamaForPagedAttention:
             self.embed = self.embed * embed_scale.to(self.embed.dtype)  # a copy: the LM head stays unscaled
         self.final_norm = _norm_weight(inner.norm)
         self.quantization = quantization
-        # The LM head is 8-bit in both quantized modes, as llama.cpp's Q4_1 file keeps it (Q8_0).
-        head_quantization = "none" if quantization == "none" else "int8"
+        # The LM head is 8-bit with weight-only quantization, as llama.cpp's Q4_1 file keeps it (Q8_0). With
+        # w8a8 it stays unquantized: 8-bit rows into it cost the 135M model 1% of perplexity on their own
+        # (docs/STUDY_LOG.md), and it sees only the rows whose logits are wanted.
+        head_quantization = {"none": "none", "w8a8": "none"}.get(quantization, "int8")
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
-        if head_quantization != "none":
+        if head_quantization == "int8":
             # It sees one row per sequence, where dequantizing its 28M weights each step costs more than the
             # native kernel's whole product (32 rows: 6.6 ms on its panel GEMM).
             self.lm_head.dequantize_from = None

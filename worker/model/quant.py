@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from common.linear import Linear
 from worker.engine.config import QUANTIZATIONS
 from worker.kernels import native_op
+from worker.model.w8a8 import W8A8Linear
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
 # From this many rows a native layer on a CPU with native bfloat16 dequantizes its weights and runs one oneDNN
@@ -240,12 +241,14 @@ def quantized_linear(
     bias: torch.Tensor | None,
     quantization: str,
     int4_groups: Int4Groups | None = None,
-) -> Int8Linear | Int4Linear:
-    """The quantized layer for `quantization` ("int8" or "int4"), with the `Linear` call interface."""
+) -> Int8Linear | Int4Linear | W8A8Linear:
+    """The quantized layer for `quantization` ("int8", "int4" or "w8a8"), with the `Linear` call interface."""
     if quantization == "int8":
         return Int8Linear(weight, bias)
     if quantization == "int4":
         return Int4Linear(weight, bias, int4_groups)
+    if quantization == "w8a8":
+        return W8A8Linear(weight, bias)
     raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
 
 

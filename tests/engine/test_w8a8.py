@@ -1,0 +1,84 @@
+"""int8 weights x int8 activations (worker/model/w8a8.py) and the smoothing in front of them
+(worker/model/smoothing.py), on small random layers and a tiny random Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.factories import tiny_llama
+from worker.model.model import LlamaForPagedAttention
+from worker.model.smoothing import activation_ranges, factors, smooth
+from worker.model.w8a8 import ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
+
+pytestmark = pytest.mark.skipif(not w8a8_available(torch.device("cpu")), reason="no oneDNN int8 linear")
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm())
+
+
+def test_rows_quantize_to_symmetric_codes_with_one_scale_each():
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [300.0, 3.0, -300.0]])
+    codes, scales = quantize_rows(x)
+    assert codes.dtype == torch.uint8 and scales.shape == (3, 1)
+    signed = codes.int() - ZERO_POINT
+    assert signed.abs().max() <= 127
+    assert signed[0].tolist() == [64, -127, 32]  # -2 is the row's largest: -127; 1 -> 63.5 -> 64 (even)
+    assert signed[1].tolist() == [0, 0, 0]  # an all-zero row stays zero (no division by zero)
+    assert signed[2].tolist() == [127, 1, -127]
+    torch.testing.assert_close(signed.float() * scales, x, atol=float(scales.max()) / 2, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_w8a8_layer_is_its_integer_products_and_close_to_the_float_layer(rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 160, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(rows, 160, generator=gen)
+    layer = W8A8Linear(weight, bias)
+    got = layer(x)
+    # The integer sums are exact; only float32 scaling differs from the float64 reference.
+    torch.testing.assert_close(got.double(), layer.reference(x), rtol=1e-5, atol=1e-4)
+    assert relative_error(got, x @ weight.T + bias) < 0.02  # two 8-bit roundings
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_smoothing_keeps_a_float32_model_unchanged_and_narrows_the_activations():
+    """The rescaling is exact in real numbers (norm, v rows and up rows divided; columns multiplied), so a
+    float32 model's logits stay; the largest activation per row, against the row's typical one, shrinks."""
+    hf = tiny_llama(num_attention_heads=4, num_key_value_heads=2)
+    with torch.no_grad():  # outlier channels, as trained models have: a few norm weights far larger
+        for layer in hf.model.layers:
+            layer.input_layernorm.weight[:3] = 40.0
+            layer.post_attention_layernorm.weight[5:7] = 25.0
+    ids = [(7 * i + 3) % 250 + 1 for i in range(40)]
+    before = hf(input_ids=torch.tensor([ids])).logits
+    spread_before = _spread(activation_ranges(hf, ids))
+    smooth(hf, ids)
+    after = hf(input_ids=torch.tensor([ids])).logits
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    assert _spread(activation_ranges(hf, ids)) < spread_before / 2
+
+
+def _spread(ranges: dict) -> float:
+    """Largest over typical channel range of the q/k/v and gate/up inputs, the worst layer."""
+    return max(float(r.max() / r.median()) for (_, role), r in ranges.items() if role in ("qkv", "gate_up"))
+
+
+def test_factors_balance_activation_and_weight_ranges():
+    s = factors(torch.tensor([100.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 2.0]))
+    torch.testing.assert_close(s, torch.tensor([10.0, 1.0, 1.0]))  # a channel that never moved stays
+
+
+def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_to_float():
+    hf = tiny_llama()
+    float_model = LlamaForPagedAttention(hf, 64)
+    quantized = LlamaForPagedAttention(hf, 64, quantization="w8a8")
+    roles = ("qkv", "o_proj", "gate_up", "down")
+    assert all(type(getattr(layer, role)) is W8A8Linear for layer in quantized.layers for role in roles)
+    assert not isinstance(quantized.lm_head, W8A8Linear)  # the head stays unquantized
+    hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    for role in roles:
+        layer_f, layer_q = getattr(float_model.layers[0], role), getattr(quantized.layers[0], role)
+        x = hidden.repeat(1, layer_f.in_features // 64 + 1)[:, : layer_f.in_features]
+        assert relative_error(layer_q(x), layer_f(x)) < 0.03
