@@ -12,9 +12,10 @@ Two designs, each at a false-hit budget (1%, 2%, 5% of traps):
   budget (cache_service/calibration.json, written by --write-calibration);
 - plain cosine (what GPTCache and RedisVL's SemanticCache ship): the exact key, then the nearest entry by
   cosine of the whole user text, at the threshold that meets the same budget.
-Both thresholds are set on the `tune` split only (looked up among tune entries alone). The frozen splits
-(test, external, fresh, writers) are only measured, and pooled for the headline. The perturbation suite
-(tools/cache/perturb.py) perturbs the frozen questions and their traps, looked up in the same index.
+Both thresholds are set on the `tune` split only (looked up among tune entries alone), each where the
+one-sided 95% upper bound of its false-hit rate is within the budget (tools/cache/ceiling.py). The frozen
+splits (test, external, fresh, writers) are only measured, and pooled for the headline. The perturbation
+suite (tools/cache/perturb.py) perturbs the frozen questions and their traps, looked up in the same index.
 
     .venv/bin/python -m tools.cache.evaluate [--write-docs] [--write-calibration]
     .venv/bin/python -m tools.cache.evaluate --quick [--suite-from tune]   # iterate: a minute, no tables
@@ -49,7 +50,7 @@ from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MO
 from cache_service.keys import ParsedKey, normalize_text, parse_key
 from cache_service.vetoes import veto
 from common.gen import cache_pb2
-from tools.cache import perturb
+from tools.cache import ceiling, perturb
 
 HERE = Path(__file__).parent
 DATA = HERE / "data" / "cache_pairs.jsonl"
@@ -59,7 +60,7 @@ LEGACY_TOPIC = "v1:"
 HIT_KINDS = ("paraphrase", "near_repeat", "conversation_same")
 FROZEN = ("test", "external", "fresh", "writers")
 REPORT_BUDGETS = (0.01, 0.02, 0.05)
-KIND_LIMIT = 1.5  # no trap kind above 1.5x the budget (3% at the default 2%), on the tune split
+KIND_LIMIT = 1.5  # no trap kind's upper bound above 1.5x the budget (3% at the default 2%), on the tune split
 GRID = [round(0.5 + 0.0025 * i, 4) for i in range(201)]
 
 
@@ -299,14 +300,15 @@ def tally(rows: list[dict], lookups: list[Lookup], decide) -> Tally:
 
 
 def calibrate(rows: list[dict], lookups: list[Lookup], decide_at, budget: float, per_kind: bool) -> float:
-    """The lowest threshold on GRID whose false hits on `rows` are within `budget` pooled (and, with
-    `per_kind`, within KIND_LIMIT x budget for every trap kind); 1.0 when none is."""
+    """The lowest threshold on GRID at which the one-sided 95% upper bound of the false-hit rate on `rows` is
+    within `budget` pooled (and, with `per_kind`, within KIND_LIMIT x budget for every trap kind of at
+    least 30 rows): the budget is a ceiling (tools/cache/ceiling.py). 1.0 when no threshold is."""
     for threshold in GRID:
         t = tally(rows, lookups, lambda lk, th=threshold: decide_at(lk, th))
-        wrong, traps = t.false_hits()
-        if wrong > budget * traps:
+        if not ceiling.within(*t.false_hits(), budget):
             continue
-        if per_kind and any(c > KIND_LIMIT * budget * n for c, n in t.traps.values() if n >= 30):
+        kinds = [(c, n) for c, n in t.traps.values() if n >= 30] if per_kind else []
+        if not all(ceiling.within(c, n, KIND_LIMIT * budget) for c, n in kinds):
             continue
         return threshold
     return 1.0
@@ -317,8 +319,9 @@ def write_calibration(model: str, thresholds: dict[float, float]) -> None:
     models = old["models"] | {model: {f"{b:g}": t for b, t in sorted(thresholds.items())}}
     about = (
         "cosine thresholds of the semantic tier per false-hit budget, calibrated on the tune split of "
-        "tools/cache/data/cache_pairs.jsonl by tools/cache/evaluate.py (pooled false hits within the budget, "
-        f"every trap kind within {KIND_LIMIT}x it)"
+        "tools/cache/data/cache_pairs.jsonl by tools/cache/evaluate.py: the lowest threshold at which the "
+        "one-sided 95% Clopper-Pearson upper bound of the false-hit rate is within the budget pooled, and "
+        f"within {KIND_LIMIT}x it for every trap kind"
     )
     CALIBRATION_FILE.write_text(json.dumps({"about": about, "models": models}, indent=1) + "\n")
     calibration._table.cache_clear()
