@@ -13,7 +13,8 @@ evaluation set:
 - comparison and direction words: one side says "more" where the other says "less", "upload" where the
   other says "download", "before" where the other says "after" (OPPOSITES);
 - the same names or numbers in another order around a direction word ("Paris to London" / "London to
-  Paris", "5 km to miles" / "5 miles to km");
+  Paris", "5 km to miles" / "5 miles to km"), or in a question of the same words ("a 65W charger for a
+  90W laptop" / "a 90W charger for a 65W laptop");
 - a detail changed in an otherwise identical question: sharing most content words, one side adds, drops
   or swaps one ("change a flat tire" / "... on a bicycle"): traps are minimal edits, rewordings are not.
 
@@ -145,6 +146,13 @@ def _base(word: str) -> str:
     return word
 
 
+def _same_content_words(a: str, b: str) -> bool:
+    """The same content words, as a multiset: names or numbers in another order are then swapped ("a 65W
+    charger if it came with a 90W one" / the other way round), with or without a direction word."""
+    ca = sorted(_plain(w) for w, _ in _tokens(a) if w.lower() not in FUNCTION_WORDS)
+    return ca == sorted(_plain(w) for w, _ in _tokens(b) if w.lower() not in FUNCTION_WORDS)
+
+
 def direction_veto(a: str, b: str) -> str:
     """Opposite comparison or direction words, or the same names/numbers in another order around a
     direction word."""
@@ -155,7 +163,7 @@ def direction_veto(a: str, b: str) -> str:
             return f"opposite words ({w})"
     if ("too" in wa) != ("too" in wb):
         return "excess on one side"  # "how much water ..." / "how much water is too much ..."
-    if (wa | wb) & DIRECTION_WORDS:
+    if (wa | wb) & DIRECTION_WORDS or _same_content_words(a, b):
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
         if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):
             return "direction differs"

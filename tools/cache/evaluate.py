@@ -514,8 +514,9 @@ def quick(model: str, suite_from: str) -> list[str]:
     frozen = [r for r in rows if r["split"] in FROZEN]
     suite = perturb.suite(tune if suite_from == "tune" else frozen)
     vectors = Vectors(model)
-    vectors.ensure(texts_of(rows) | texts_of(suite))
-    full, tune_index = Index(rows, vectors), Index(tune, vectors)
+    vectors.ensure(texts_of(tune if suite_from == "tune" else rows) | texts_of(suite))
+    tune_index = Index(tune, vectors)
+    full = Index(rows, vectors) if suite_from == "frozen" else tune_index
     th = thresholds_for(model, 0.02)
     lines = [f"threshold at 2%: {th:.4f}; perturbation suite from the {suite_from} questions:"]
     suite_lookups = lookups_for(suite, tune_index if suite_from == "tune" else full)
@@ -524,7 +525,10 @@ def quick(model: str, suite_from: str) -> list[str]:
         t = tally([p[0] for p in pairs], [p[1] for p in pairs], lambda lk: lk.shipped(th))
         served, answered = rate(*t.served()), rate(*t.false_hits())
         lines.append(f"  {kind}: served {served}, perturbed traps answered {answered}")
-    for name, part, index in (("frozen splits pooled", frozen, full), ("tune split", tune, tune_index)):
+    parts = [("tune split", tune, tune_index)]
+    if suite_from == "frozen":  # with --suite-from tune, nothing frozen is looked up or printed
+        parts.insert(0, ("frozen splits pooled", frozen, full))
+    for name, part, index in parts:
         t = tally(part, lookups_for(part, index), lambda lk: lk.shipped(th))
         lines.append(f"{name}: served {rate(*t.served())}, false hits {rate(*t.false_hits())}")
         lines += [f"  {kind} (should hit): {rate(*t.hits[kind])}" for kind in sorted(t.hits)]
