@@ -56,6 +56,12 @@ _OPPOSITE_PAIRS = (
     "online offline", "inhale exhale", "import export", "ascending descending", "asc desc",
     "upper lower", "uppercase lowercase", "horizontal vertical", "vertically horizontally",
     "horizontally vertically", "rows columns", "row column",
+    "good bad", "asleep awake", "sleep wake", "include exclude", "including excluding", "same different",
+    "similar different", "similarities differences", "love hate", "like dislike", "remember forget",
+    "pass fail", "cheap expensive", "strong weak", "fast slow", "rich poor", "full empty", "thick thin",
+    "wide narrow", "deep shallow", "loud quiet", "tight loose", "high low", "big small", "long short",
+    "past future", "alive dead", "enter exit", "entrance exit", "teach learn",
+    "attack defend", "natural artificial", "natural synthetic", "manual automatic", "always never",
 )  # fmt: skip
 OPPOSITES: dict[str, set[str]] = {}
 for _pair in _OPPOSITE_PAIRS:

@@ -56,3 +56,18 @@ def test_reordered_keywords_are_no_swap(a: str, b: str) -> None:
 def test_a_year_is_a_lone_four_digit_year() -> None:
     assert years("What changed in 2012, and in the 1990s?") == {"2012", "1990"}
     assert years("2023-05-01, $2000, 2,000 words, 12019 and 1000 miles") == set()
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Is green tea good for your teeth?", "Is green tea bad for your teeth?"),
+        ("How do I stay asleep after a night shift?", "How do I stay awake after a night shift?"),
+        (
+            "Count the weekdays between two dates, including holidays",
+            "Count the weekdays between two dates, excluding holidays",
+        ),
+    ],
+)
+def test_common_antonyms_veto(a: str, b: str) -> None:
+    assert veto(b, a).startswith("opposite words")
