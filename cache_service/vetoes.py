@@ -216,9 +216,20 @@ def _content(words: list[str]) -> set[str]:
     return {w for w in words if w not in FUNCTION_WORDS and not w.replace(".", "").isdigit()}
 
 
+def _one_word_swapped(wa: list[str], wb: list[str]) -> tuple[str, str] | None:
+    """The two content words, when the questions are word for word the same but for one content word."""
+    if len(wa) != len(wb):
+        return None
+    diffs = [(x, y) for x, y in zip(wa, wb, strict=True) if x != y]
+    if len(diffs) != 1 or not all(_content([w]) for w in diffs[0]):
+        return None
+    return diffs[0]
+
+
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
-    "... on a bicycle", "a marathon in miles" / "... in kilometers"): the difference is the point. A
+    "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
+    for one content word, however short, with another one in common): the difference is the point. A
     rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
     (canonical.near_typo)."""
     from cache_service.canonical import canonical_words, typo_pair
@@ -228,6 +239,9 @@ def detail_veto(a: str, b: str) -> str:
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb, cb - ca
+    swapped = _one_word_swapped(wa, wb)
+    if swapped and ca & cb and not typo_pair(*swapped) and not real_word_typo(*swapped):
+        return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
     if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
         return ""
     # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed

@@ -71,3 +71,9 @@ def test_a_year_is_a_lone_four_digit_year() -> None:
 )
 def test_common_antonyms_veto(a: str, b: str) -> None:
     assert veto(b, a).startswith("opposite words")
+
+
+def test_one_content_word_swapped_in_a_short_question_vetoes() -> None:
+    assert veto("What is the cube root of 729?", "What is the square root of 729?") == "a detail differs"
+    assert veto("Why is the sky blue in the colour photo?", "Why is the sky blue in the color photo?") == ""
+    assert veto("Is it suitable for him?", "Is it appropriate for him?") == ""  # nothing else in common
