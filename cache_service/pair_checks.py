@@ -274,6 +274,14 @@ def years(text: str) -> set[str]:
     return set(_YEAR.findall(text))
 
 
+# "no" right before another determiner is never English's "no" ("weigh no the Moon"): "on" mistyped.
+_ON_MISTYPED = re.compile(r"\bno(?=[ \t]+(?:the|a|an|my|your|his|her|our|their|its|this|that|these|those)\b)")
+
+
+def on_mistyped(text: str) -> str:
+    return _ON_MISTYPED.sub("on", text)
+
+
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` can't share an answer ("" when nothing objects); more vetoes: cache_service/vetoes.py.
 

@@ -27,7 +27,7 @@ import itertools
 import re
 
 from cache_service.canonical import MAX_CLAUSES, case_says_nothing, near_typo, strip_wrappers
-from cache_service.pair_checks import dates, expand_contractions, words
+from cache_service.pair_checks import dates, expand_contractions, on_mistyped, words
 from cache_service.pair_checks import veto as number_negation_veto
 
 _OPPOSITE_PAIRS = (
@@ -159,6 +159,20 @@ def _same_content_words(a: str, b: str) -> bool:
     return ca == sorted(_plain(w) for w, _ in _tokens(b) if w.lower() not in FUNCTION_WORDS)
 
 
+def _to_mistyped(a: str, b: str) -> bool:
+    """ "too" where the other side has "to" in the same place ("wait too swim"), or mistyped itself ("ttoo
+    much"): a typo, not an excess."""
+    from cache_service.canonical import canonical_words, typo_pair
+
+    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    pairs = zip(wa, wb, strict=True) if len(wa) == len(wb) else iter(())
+    if any({x, y} == {"to", "too"} for x, y in pairs):
+        return True
+    one, other = (wa, wb) if "too" in wa else (wb, wa)
+    return any(typo_pair("too", w) for w in other if w not in one)
+
+
 def direction_veto(a: str, b: str) -> str:
     """Opposite comparison or direction words, or the same names/numbers in another order around a
     direction word."""
@@ -167,7 +181,7 @@ def direction_veto(a: str, b: str) -> str:
     for w in wa - wb:
         if OPPOSITES.get(w, set()) & wb or OPPOSITES.get(_base(w), set()) & (sb - sa):
             return f"opposite words ({w})"
-    if ("too" in wa) != ("too" in wb):
+    if ("too" in wa) != ("too" in wb) and not _to_mistyped(a, b):
         return "excess on one side"  # "how much water ..." / "how much water is too much ..."
     if (wa | wb) & DIRECTION_WORDS or _same_content_words(a, b):
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
@@ -181,7 +195,10 @@ def veto(a: str, b: str) -> str:
     # Two questions a few mistyped letters apart (canonical.near_typo: numbers and function words other
     # than typos equal) have the same negators and calendar words, mistyped ("withhout", "smmer").
     typos_only = near_typo(a, b)
-    a, b = strip_wrappers(expand_contractions(a)), strip_wrappers(expand_contractions(b))
+    a, b = (
+        on_mistyped(strip_wrappers(expand_contractions(a))),
+        on_mistyped(strip_wrappers(expand_contractions(b))),
+    )
     reason = number_negation_veto(a, b)
     if reason and not (typos_only and reason == "negation differs"):
         return reason
@@ -226,6 +243,22 @@ def _one_word_swapped(wa: list[str], wb: list[str]) -> tuple[str, str] | None:
     return diffs[0]
 
 
+def _aligned_pairs(a: str, b: str) -> set[str]:
+    """The words of either question that are an aligned typo of the other's word in the same place
+    (cache_service/typos.aligned_typo), when the two are word for word the same but for at most two words."""
+    from cache_service.canonical import canonical_words
+    from cache_service.typos import aligned_typo
+
+    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    if len(wa) != len(wb):
+        return set()
+    diffs = [(x, y) for x, y in zip(wa, wb, strict=True) if x != y]
+    if len(diffs) > 2:
+        return set()
+    return {w for x, y in diffs if aligned_typo(x, y) for w in (x, y)}
+
+
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
     "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
@@ -233,20 +266,26 @@ def detail_veto(a: str, b: str) -> str:
     rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
     (canonical.near_typo)."""
     from cache_service.canonical import canonical_words, typo_pair
-    from cache_service.typos import real_word_typo
+    from cache_service.typos import aligned_typo, real_word_typo
 
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb, cb - ca
     swapped = _one_word_swapped(wa, wb)
-    if swapped and ca & cb and not typo_pair(*swapped) and not real_word_typo(*swapped):
+    explained = swapped and (typo_pair(*swapped) or real_word_typo(*swapped) or aligned_typo(*swapped))
+    if swapped and ca & cb and not explained:
         return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
     if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
         return ""
     # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
     wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
-    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) or real_word_typo(x, y) for y in wb)}
-    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) or real_word_typo(x, y) for x in wa)}
+    aligned = _aligned_pairs(a, b)
+    unexplained_a = {
+        x for x in only_a if not any(typo_pair(x, y) or real_word_typo(x, y) for y in wb) and x not in aligned
+    }
+    unexplained_b = {
+        y for y in only_b if not any(typo_pair(x, y) or real_word_typo(x, y) for x in wa) and y not in aligned
+    }
     return "a detail differs" if unexplained_a or unexplained_b else ""
