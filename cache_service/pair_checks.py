@@ -190,9 +190,13 @@ def negating_words(ws: list[str]) -> bool:
     return any(w in NEGATING_WORDS for w in ws) or _phrasal_negator(ws)
 
 
+# "aren'r", "don'y": "n't" mistyped (never a possessive or another contraction: "men's", "John'd", "Ian'm")
+_MISTYPED_NT = re.compile(r"[a-z]+n'[a-ce-ln-ru-z]")
+
+
 def negated(ws: list[str]) -> bool:
     """Odd number of negators ("not", "no", "without", "n't"...): two cancel out."""
-    return sum(1 for w in ws if w in NEGATORS or w.endswith("n't")) % 2 == 1
+    return sum(1 for w in ws if w in NEGATORS or w.endswith("n't") or _MISTYPED_NT.fullmatch(w)) % 2 == 1
 
 
 def dates(ws: list[str]) -> set[str]:

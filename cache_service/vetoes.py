@@ -88,12 +88,12 @@ def _is_name(word: str, sentence_start: bool) -> bool:
         return True  # a code or model: "PS5", "E24", "iOS17"
     if word[1:] != word[1:].lower() and any(c.isupper() for c in word[1:]):
         return True  # "iPhone", "macOS", "USB", "NASA"
-    return word[:1].isupper() and not sentence_start and word != "I"
+    return word[:1].isupper() and not sentence_start and word != "I" and not word.startswith("I'")
 
 
 def _plain(word: str) -> str:
     word = word.lower()
-    return word[:-2] if word.endswith("'s") else word
+    return re.sub(r"'s+$", "", word)  # the possessive, also mistyped ("Kant'ss")
 
 
 def names(text: str) -> set[str]:
@@ -123,7 +123,27 @@ def _unmatched_names(text: str, found: set[str], other_words: set[str], other: s
     for name in [n for n in out if "-" in n and n in text and any(c.isdigit() for c in n)]:
         if any(typo_pair(name, w) for w in other_words):
             out.discard(name)
-    return out
+    return {n for n in out if not any(_retyped_code(n, w) for w in other_words)}
+
+
+def _retyped_code(x: str, y: str) -> bool:
+    """A code or name typed with two letters swapped or one doubled ("25ht" / "25th", "3dd" / "3d",
+    "node.jss" / "node.js"): never another letter or digit, which makes another code ("10kg" / "10km")."""
+    if len(x) < 2 or abs(len(x) - len(y)) > 1 or x == y:
+        return False
+    if len(x) == len(y):
+        diffs = [i for i in range(len(x)) if x[i] != y[i]]
+        return (
+            len(diffs) == 2
+            and diffs[1] == diffs[0] + 1
+            and x[diffs[0]] == y[diffs[1]]
+            and x[diffs[1]] == y[diffs[0]]
+        )
+    longer, shorter = (x, y) if len(x) > len(y) else (y, x)
+    for i in range(1, len(longer)):
+        if longer[i] == longer[i - 1] and longer[:i] + longer[i + 1 :] == shorter:
+            return True
+    return False
 
 
 _CLAUSE = re.compile(r"(?<!\d),|,(?!\d)|;")
@@ -259,21 +279,30 @@ def _aligned_pairs(a: str, b: str) -> set[str]:
     return {w for x, y in diffs if aligned_typo(x, y) for w in (x, y)}
 
 
+def _typed_for(x: str, y: str) -> bool:
+    """Whether one word can be the other mistyped (typos.py), or a code typed with a doubled or swapped
+    letter."""
+    from cache_service.canonical import typo_pair
+    from cache_service.typos import real_word_typo
+
+    return typo_pair(x, y) or real_word_typo(x, y) or _retyped_code(x, y)
+
+
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
     "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
     for one content word, however short, with another one in common): the difference is the point. A
     rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
     (canonical.near_typo)."""
-    from cache_service.canonical import canonical_words, typo_pair
-    from cache_service.typos import aligned_typo, real_word_typo
+    from cache_service.canonical import canonical_words
+    from cache_service.typos import aligned_typo
 
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb, cb - ca
     swapped = _one_word_swapped(wa, wb)
-    explained = swapped and (typo_pair(*swapped) or real_word_typo(*swapped) or aligned_typo(*swapped))
+    explained = swapped and (_typed_for(*swapped) or aligned_typo(*swapped))
     if swapped and ca & cb and not explained:
         return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
     if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
@@ -282,10 +311,6 @@ def detail_veto(a: str, b: str) -> str:
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
     wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
     aligned = _aligned_pairs(a, b)
-    unexplained_a = {
-        x for x in only_a if not any(typo_pair(x, y) or real_word_typo(x, y) for y in wb) and x not in aligned
-    }
-    unexplained_b = {
-        y for y in only_b if not any(typo_pair(x, y) or real_word_typo(x, y) for x in wa) and y not in aligned
-    }
+    unexplained_a = {x for x in only_a if not any(_typed_for(x, y) for y in wb) and x not in aligned}
+    unexplained_b = {y for y in only_b if not any(_typed_for(x, y) for x in wa) and y not in aligned}
     return "a detail differs" if unexplained_a or unexplained_b else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cache_service.pair_checks import negated, words
 from cache_service.typos import aligned_typo
 from cache_service.vetoes import veto
 
@@ -48,3 +49,22 @@ def test_retyped_into_listed_strings_is_no_veto(stored: str, retyped: str) -> No
 )
 def test_what_only_looks_like_a_typo_still_vetoes(stored: str, other: str) -> None:
     assert veto(other, stored) != ""
+
+
+@pytest.mark.parametrize(
+    ("stored", "retyped"),
+    [
+        ("What is the 14th Amendment about?", "What is the 14ht Amendment about?"),  # letters swapped
+        ("How do I print on a 3d printer?", "How do I print on a 3dd printer?"),  # one doubled
+        ("What is Hume's fork?", "What is Hume'ss fork?"),  # a possessive mistyped
+        ("What can I do if I'm 17?", "What can I do if I'mm 17?"),  # "I'm" is no name
+        ("Why aren't my seeds growing?", "Why aren'r my seeds growing?"),  # "n't" mistyped keeps its negation
+    ],
+)
+def test_mistyped_codes_possessives_and_contractions_are_no_veto(stored: str, retyped: str) -> None:
+    assert veto(retyped, stored) == ""
+
+
+def test_another_code_or_a_possessive_is_no_typo() -> None:
+    assert veto("How heavy is a 10km bag?", "How heavy is a 10kg bag?") != ""  # another letter: another unit
+    assert not negated(words("why are men's shoes wider")) and negated(words("why aren'r they wider"))
