@@ -62,6 +62,7 @@ _OPPOSITE_PAIRS = (
     "wide narrow", "deep shallow", "loud quiet", "tight loose", "high low", "big small", "long short",
     "past future", "alive dead", "enter exit", "entrance exit", "teach learn",
     "attack defend", "natural artificial", "natural synthetic", "manual automatic", "always never",
+    "inside outdoors", "inside outdoor", "indoors outside", "indoor outside",
 )  # fmt: skip
 OPPOSITES: dict[str, set[str]] = {}
 for _pair in _OPPOSITE_PAIRS:

@@ -63,6 +63,7 @@ def test_a_year_is_a_lone_four_digit_year() -> None:
     [
         ("Is green tea good for your teeth?", "Is green tea bad for your teeth?"),
         ("How do I stay asleep after a night shift?", "How do I stay awake after a night shift?"),
+        ("When can I put basil plants outside?", "When can I start basil seeds indoors?"),
         (
             "Count the weekdays between two dates, including holidays",
             "Count the weekdays between two dates, excluding holidays",
