@@ -2,9 +2,10 @@
 cosine threshold.
 
 cache_service/calibration.json holds, per embedding model, the lowest cosine threshold at which the whole
-cache (exact, canonical and semantic tiers with their vetoes) answered at most that share of the traps of
-the tune split pooled, and no kind of trap above 1.5 times it (tools/cache/evaluate.py
---write-calibration; the frozen splits are never used). A ceiling between two calibrated budgets takes the
+cache (exact, canonical and semantic tiers with their vetoes), on the tune split, kept the one-sided 95%
+upper confidence bound of its false-hit rate within that budget pooled, and within 1.5 times it for every
+kind of trap (tools/cache/evaluate.py --write-calibration, rule in tools/cache/ceiling.py; the frozen
+splits are never used). A ceiling between two calibrated budgets takes the
 stricter one; below the smallest, the semantic tier is off (exact and canonical hits only).
 """
 

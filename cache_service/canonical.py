@@ -93,20 +93,20 @@ MAX_CLAUSES = 3
 
 @functools.lru_cache(maxsize=16384)
 def strip_wrappers(text: str) -> str:
-    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept):
-    those of the lists above, then any clause or run of function and phatic words
-    (cache_service/phatic.py)."""
+    """The question without greetings, lead-ins and sign-offs at its ends (at least two words are kept): any
+    clause or run of function and phatic words (cache_service/phatic.py), then those of the lists above.
+    Whole clauses go first, so a list's phrase never leaves the rest of its clause behind ("Many" of "Many
+    thanks in advance!", "mate," of "Hey mate,")."""
     text = " ".join(text.split())
     for _ in range(6):
         before = text
+        text = strip_phatic(text)
         for pattern in (_OPENING, _CLOSING):
             shorter = pattern.sub("", text, count=1).strip()
             if len(shorter.split()) >= 2 and shorter != text:
                 text = shorter
         if text == before:
-            text = strip_phatic(text)
-            if text == before:
-                break
+            break
     return text
 
 

@@ -149,21 +149,54 @@ def _value(w: str) -> float | None:
 
 # Verbs and words that negate what follows them ("avoid doing X" asks the opposite of "do X"): a closed
 # class of English, in all their forms.
-_NEGATING_STEMS = ("avoid", "prevent", "refus", "stop", "quit", "fail", "lack", "skip", "opposite")
+_NEGATING_STEMS = (
+    "avoid", "prevent", "refus", "declin", "stop", "quit", "fail", "lack", "skip", "opposite",
+)  # fmt: skip
 _FORMS = ("", "s", "ed", "ing", "e", "es", "ping", "ped")
 NEGATING_WORDS = frozenset(stem + end for stem in _NEGATING_STEMS for end in _FORMS) | frozenset(
     "except unlike instead".split()
 )
 
 
+# Phrasal verbs that refuse, cancel or prevent ("turn down an offer", "rule it out", "keep pipes from
+# freezing"), in all their forms, with their particle up to PARTICLE_REACH words after the verb.
+_PHRASAL_NEGATORS = {
+    "down": "turn turns turned turning",
+    "out": "rule rules ruled ruling opt opts opted opting",
+    "off": "call calls called calling",
+    "up": "give gives gave given giving",
+}
+_PHRASAL_VERBS = {verb: particle for particle, verbs in _PHRASAL_NEGATORS.items() for verb in verbs.split()}
+_KEEP_FROM = frozenset("keep keeps kept keeping".split())
+PARTICLE_REACH = 3
+
+
+def _phrasal_negator(ws: list[str]) -> bool:
+    for i, w in enumerate(ws):
+        ahead = ws[i + 1 : i + 1 + PARTICLE_REACH]
+        if _PHRASAL_VERBS.get(w) in ahead:
+            return True
+        window = ws[i + 1 : i + 2 + PARTICLE_REACH]  # "keep the pipes from freezing"
+        if w in _KEEP_FROM and "from" in window:
+            after = ws[i + 2 + window.index("from") : i + 3 + window.index("from")]
+            if after and after[0].endswith("ing") and len(after[0]) > 4:
+                return True
+    return False
+
+
 def negating_words(ws: list[str]) -> bool:
-    """Whether a negating verb or word ("avoid", "prevent", "stop", "fail", "opposite", "except") is said."""
-    return any(w in NEGATING_WORDS for w in ws)
+    """Whether a negating verb or word ("avoid", "prevent", "stop", "fail", "opposite", "except") or phrasal
+    verb ("turn down", "rule out", "keep ... from doing") is said."""
+    return any(w in NEGATING_WORDS for w in ws) or _phrasal_negator(ws)
+
+
+# "aren'r", "don'y": "n't" mistyped (never a possessive or another contraction: "men's", "John'd", "Ian'm")
+_MISTYPED_NT = re.compile(r"[a-z]+n'[a-ce-ln-ru-z]")
 
 
 def negated(ws: list[str]) -> bool:
     """Odd number of negators ("not", "no", "without", "n't"...): two cancel out."""
-    return sum(1 for w in ws if w in NEGATORS or w.endswith("n't")) % 2 == 1
+    return sum(1 for w in ws if w in NEGATORS or w.endswith("n't") or _MISTYPED_NT.fullmatch(w)) % 2 == 1
 
 
 def dates(ws: list[str]) -> set[str]:
@@ -235,6 +268,24 @@ def counted_swapped(wa: list[str], wb: list[str]) -> bool:
     return False
 
 
+# A year (1800-2099) written alone: not a part of a date ("2023-05-01"), an amount ("$2000", "2,000") or a
+# longer number.
+_YEAR = re.compile(r"(?<![\d$£€.,/-])(?:1[89]|20)\d\d(?!\d|[.,/-]\d)")
+
+
+def years(text: str) -> set[str]:
+    """The years a question names: a year on one side only asks about another time ("as of 2010")."""
+    return set(_YEAR.findall(text))
+
+
+# "no" right before another determiner is never English's "no" ("weigh no the Moon"): "on" mistyped.
+_ON_MISTYPED = re.compile(r"\bno(?=[ \t]+(?:the|a|an|my|your|his|her|our|their|its|this|that|these|those)\b)")
+
+
+def on_mistyped(text: str) -> str:
+    return _ON_MISTYPED.sub("on", text)
+
+
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` can't share an answer ("" when nothing objects); more vetoes: cache_service/vetoes.py.
 
@@ -246,6 +297,8 @@ def veto(a: str, b: str) -> str:
     na, nb = numbers(wa), numbers(wb)
     if na and nb and na != nb:
         return "numbers differ"
+    if bool(years(a)) != bool(years(b)) and not (na and nb):
+        return "a year on one side only"  # "How many time zones does Russia have (in 2012)?"
     if negated(wa) != negated(wb) or prefix_negated(wa, wb) or negating_words(wa) != negating_words(wb):
         return "negation differs"
     if counted_swapped(wa, wb):

@@ -33,7 +33,8 @@ FUNCTION = frozenset(
     he she it we they them us him i myself yourself ourselves is am are was were be been being do does did
     doing done have has had having can could will would shall should may might must to of in on at by for
     from with about into onto as and or but so if then because while there here just also too very really
-    quite still again already anyway though even only much many lot lots bit little such""".split()
+    quite still again already anyway though even only much many lot lots bit little such one something
+    anything everything another""".split()
 )
 # Strong phatic words: greeting, thanking, apologising, pleading, hedging a question. One of them makes a
 # clause of function words a wrapper.
@@ -44,7 +45,7 @@ PHATIC = frozenset(
     wondered wonder curious curiosity question questions quick quickly help helping assistance advice
     advise anyone anybody someone somebody everyone everybody folks guys hope hoping ok okay um uh hmm
     erm oh btw fyi lol haha bye goodbye worries grateful ta alright thankyou thnx thnks tyvm obliged
-    sup hola aloha ciao xo xoxo ttyl urgent urgently asap y'all yall""".split()
+    sup hola aloha ciao xo xoxo ttyl urgent urgently asap y'all yall reply replies""".split()
 )
 # Weak phatic words: at home in a greeting or a sign-off ("good morning", "have a nice day", "thanks so
 # much for your time"), but alone they may be the question's point.
@@ -59,7 +60,8 @@ WEAK = frozenset(
     insights feedback clarify clarification understand figure trying tried appreciative cordially warmly
     soon respond responding replies message note interested keen eager puzzled lost beginner newbie noob
     total complete forum community group thread people peeps dude bro fam gang legend lifesaver hero
-    kindness patience advance knows terms nutshell short brief briefly layman layman's plain few""".split()
+    kindness patience advance knows terms nutshell short brief briefly layman layman's plain few words
+    honest long first lurker posting poster chance""".split()
 )
 # Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
 KEEP = NEGATORS | frozenset(
@@ -81,10 +83,20 @@ _CLOSING = frozenset(
     """thanks thank thanx thx ty tia cheers please pls plz kindly appreciate appreciated regards lol
     haha asap urgent urgently thankyou thnx thnks tyvm anyone anybody someone somebody guys folks
     everyone btw fyi bye hmm sincerely respectfully grateful obliged worries sorry apologies hope hoping
-    wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation""".split()
+    wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation chance something anything
+    whatever""".split()
 )
-_MANNER = frozenset("terms nutshell short brief layman layman's simple plain few".split())
-_BEFORE_CLOSING = frozenset("any some so very really much many a an the".split())  # "... so much"
+_MANNER = frozenset("terms nutshell short brief layman layman's simple plain few words".split())
+# Whom the answer is for, when it changes only its wording ("... for a beginner"): after "for" at the end.
+_AUDIENCE = frozenset("beginner beginners newbie newbies noob noobs dummies layman laymen".split())
+# "... so much", "... or something", "... by any chance", "... kind regards", "... I would appreciate it"
+_BEFORE_CLOSING = frozenset(
+    "any some so very really much many a an the or by kind best warm warmest would i i'd we".split()
+)
+# Discourse markers: a leading clause of nothing else says nothing ("So basically, ...", "Well, actually,")
+_DISCOURSE = frozenset(
+    "so well ok okay basically honestly seriously actually anyway anyways alright um uh".split()
+)
 # Asked for after "any" only ("... any ideas?"): alone they can be the question ("What should I advise?").
 _ASKED_FOR = frozenset("ideas idea thoughts tips suggestions advice help pointers input".split())
 _OBJECTS = frozenset(
@@ -95,6 +107,8 @@ MIN_CORE_WORDS = 3
 _QUOTE = re.compile(r"['\"‘’“”]\B|\B['\"‘’“”]")  # a quotation mark (not an apostrophe inside a word)
 _WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*|\d+(?:[.,]\d+)*")
 # Sentence and clause ends (a point or comma inside a number is none), dashes between spaces, brackets.
+_SENTENCE_END = re.compile(r"[.!?:\n]")  # a clause standing alone as a sentence ("Hi, | newbie here. | ...")
+_LEAD_IN_END = re.compile(r"[!:]")  # "Evening all! ...", "Asking for a friend: ..."
 _BOUNDARY = re.compile(r"[!?;:\n()]+|(?<!\d)[.,]|[.,](?!\d)|\s[-–—]+\s|\.\.\.")
 
 
@@ -111,10 +125,13 @@ def _word_class(word: str) -> str:
     return "content"
 
 
-def _droppable(words: list[str], trailing: bool, quoted: bool = False) -> bool:
-    """A clause of function and phatic words with a strong phatic word. A name after its first word is
-    the writer's or the reader's ("Hi John", "Thanks, Sam"); a negator is part of a phatic phrase ("no
-    worries if not", "sorry if this isn't clear") when strong phatic words are at least as many."""
+def _droppable(words: list[str], trailing: bool, quoted: bool = False, next_to_wrapper: bool = False) -> bool:
+    """A clause of function and phatic words with a strong phatic word, or with none when it is a sentence
+    of its own next to a clause already dropped as a wrapper ("Hi, | newbie here.", "? Let me know, |
+    thanks!") or a leading exclamation or lead-in ("Evening all! ...", "Asking for a friend: ..."). A name
+    after its first word is the writer's or the reader's ("Hi John", "Thanks, Sam"); a negator is part of a
+    phatic phrase ("no worries if not", "sorry if this isn't clear") when strong phatic words are at least as
+    many."""
     if not words:
         return True
     if quoted:
@@ -125,6 +142,8 @@ def _droppable(words: list[str], trailing: bool, quoted: bool = False) -> bool:
     ]
     strong, negators = classes.count("strong"), classes.count("negator")
     negation_ok = negators <= strong or negators % 2 == 0  # "no worries if not": two cancel out
+    if next_to_wrapper and not negators:  # a name here is the question's ("Hi! | In Monopoly, ...")
+        return all(_word_class(w) in ("strong", "weak") for w in words)
     return strong > 0 and negation_ok and all(c in ("strong", "weak", "negator") for c in classes)
 
 
@@ -150,25 +169,35 @@ def _segments(text: str) -> list[tuple[int, int]]:
 def _strip_clauses(text: str) -> str:
     segments = _segments(text)
     lo, hi = 0, len(segments)
+    after_wrapper = False  # a clause with words was dropped at this end: its neighbour needs no strong word
     while lo < hi - 1:
         s, e = segments[lo]
         rest = text[segments[lo + 1][0] :]
-        if not _droppable(_WORD.findall(text[s:e]), False, _QUOTE.search(text[s:e])) or not _core_ok(rest):
+        quoted = bool(_QUOTE.search(text[s:e]))
+        words = _WORD.findall(text[s:e])
+        boundary = text[e : segments[lo + 1][0]]
+        alone = bool(_LEAD_IN_END.search(boundary)) or after_wrapper and bool(_SENTENCE_END.search(boundary))
+        alone = alone or bool(words) and all(w.lower() in _DISCOURSE for w in words)
+        if not _droppable(words, False, quoted, alone) or not _core_ok(rest):
             break
+        after_wrapper = after_wrapper or bool(words)
         lo += 1
+    after_wrapper = False
     while hi - 1 > lo:
         s, e = segments[hi - 1]
         words = _WORD.findall(text[s:e])
         drop = 1
+        alone = after_wrapper and bool(_SENTENCE_END.search(text[segments[hi - 2][1] : s]))
         if _is_signature(words) and hi - 2 > lo:
             before = _WORD.findall(text[segments[hi - 2][0] : segments[hi - 2][1]])
             if before and _droppable(before, True, bool(_QUOTE.search(text[segments[hi - 2][0] : s]))):
                 drop = 2
-        elif not _droppable(words, True, bool(_QUOTE.search(text[s:e]))):
+        elif not _droppable(words, True, bool(_QUOTE.search(text[s:e])), alone):
             break
         core = text[segments[lo][0] : segments[hi - 1 - drop][1]] if hi - drop > lo else ""
         if not _core_ok(core):
             break
+        after_wrapper = after_wrapper or bool(words)
         hi -= drop
     if lo == 0 and hi == len(segments):
         return text
@@ -181,10 +210,12 @@ def _strip_clauses(text: str) -> str:
 
 
 def _run_classes(matches: list[re.Match[str]]) -> list[str]:
-    """Word classes in a run; a function word capitalized inside the text is a name ("in the US", "IT")."""
+    """Word classes in a run; a function word in capitals inside the text is a name ("in the US", "IT"),
+    one with a capital first letter starts an unpunctuated sentence ("... flashing Would appreciate any
+    help")."""
     return [
         "content"
-        if i > 0 and m.group() != "I" and m.group()[:1].isupper() and m.group().lower() in FUNCTION
+        if i > 0 and m.group() != "I" and m.group().isupper() and m.group().lower() in FUNCTION
         else _word_class(m.group())
         for i, m in enumerate(matches)
     ]
@@ -196,7 +227,12 @@ def _strip_runs(text: str) -> str:
     classes = _run_classes(matches)
     cut = -1  # the last word of the leading run to drop
     for i, (m, c) in enumerate(zip(matches, classes, strict=True)):
-        addressee = 0 <= cut == i - 1 and m.group().lower() not in FUNCTION and m.group()[:1].isupper()
+        addressee = (
+            0 <= cut == i - 1
+            and m.group().lower() not in FUNCTION
+            and m.group()[:1].isupper()
+            and c not in ("keep", "negator")
+        )
         if c not in ("strong", "weak") and not addressee:  # "Hi Sarah how do I ..."
             break
         if addressee:
@@ -230,7 +266,8 @@ def _strip_runs(text: str) -> str:
         # a condition on answering ("... if possible", "... if you know") or the manner of the answer ("...
         # in simple terms"), of function and phatic words only
         manner = word == "in" and any(w in _MANNER for w in run[i + 1 :])
-        if word == "if" or manner:
+        audience = word == "for" and any(w in _AUDIENCE for w in run[i + 1 :])
+        if word == "if" or manner or audience:
             start = run_start + i if start is None else min(start, run_start + i)
             break
     quoted = start is not None and _QUOTE.search(text[max(matches[start].start() - 1, 0) :])

@@ -136,3 +136,21 @@ def real_word_typo(x: str, y: str) -> bool:
         and not plural
         and osa(x, y, 1) == 1
     )
+
+
+ALIGNED_FREQUENCY_GAP = 1.0  # an aligned real-word typo: the typed word at least this much rarer (10 times)
+_INFLECTIONS = ("s", "es", "d", "ed", "ing", "er", "est", "ly", "n", "en")
+
+
+def aligned_typo(x: str, y: str) -> bool:
+    """Two words one edit apart in the same place of two questions otherwise word for word the same, the
+    typed one at least ten times rarer ("des" / "does", "wa" / "way", "orf" / "for"): a word of its own in
+    another language or an abbreviation, but no English question's. Never an inflection ("cup" / "cups",
+    "walk" / "walked": one thing or several, now or then), never two function words ("on" / "of"), never
+    two words of like frequency ("win" / "won", "bay" / "baby")."""
+    if not (x.isalpha() and y.isalpha()) or osa(x, y, 1) != 1 or (x in CLOSED_CLASS and y in CLOSED_CLASS):
+        return False
+    short, long = sorted((x, y), key=len)
+    if long.startswith(short) and long[len(short) :] in _INFLECTIONS:
+        return False
+    return abs(_zipf(x) - _zipf(y)) >= ALIGNED_FREQUENCY_GAP

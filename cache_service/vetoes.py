@@ -13,7 +13,8 @@ evaluation set:
 - comparison and direction words: one side says "more" where the other says "less", "upload" where the
   other says "download", "before" where the other says "after" (OPPOSITES);
 - the same names or numbers in another order around a direction word ("Paris to London" / "London to
-  Paris", "5 km to miles" / "5 miles to km");
+  Paris", "5 km to miles" / "5 miles to km"), or in a question of the same words ("a 65W charger for a
+  90W laptop" / "a 90W charger for a 65W laptop");
 - a detail changed in an otherwise identical question: sharing most content words, one side adds, drops
   or swaps one ("change a flat tire" / "... on a bicycle"): traps are minimal edits, rewordings are not.
 
@@ -26,7 +27,7 @@ import itertools
 import re
 
 from cache_service.canonical import MAX_CLAUSES, case_says_nothing, near_typo, strip_wrappers
-from cache_service.pair_checks import dates, expand_contractions, words
+from cache_service.pair_checks import dates, expand_contractions, on_mistyped, words
 from cache_service.pair_checks import veto as number_negation_veto
 
 _OPPOSITE_PAIRS = (
@@ -55,6 +56,13 @@ _OPPOSITE_PAIRS = (
     "online offline", "inhale exhale", "import export", "ascending descending", "asc desc",
     "upper lower", "uppercase lowercase", "horizontal vertical", "vertically horizontally",
     "horizontally vertically", "rows columns", "row column",
+    "good bad", "asleep awake", "sleep wake", "include exclude", "including excluding", "same different",
+    "similar different", "similarities differences", "love hate", "like dislike", "remember forget",
+    "pass fail", "cheap expensive", "strong weak", "fast slow", "rich poor", "full empty", "thick thin",
+    "wide narrow", "deep shallow", "loud quiet", "tight loose", "high low", "big small", "long short",
+    "past future", "alive dead", "enter exit", "entrance exit", "teach learn",
+    "attack defend", "natural artificial", "natural synthetic", "manual automatic", "always never",
+    "inside outdoors", "inside outdoor", "indoors outside", "indoor outside",
 )  # fmt: skip
 OPPOSITES: dict[str, set[str]] = {}
 for _pair in _OPPOSITE_PAIRS:
@@ -81,12 +89,12 @@ def _is_name(word: str, sentence_start: bool) -> bool:
         return True  # a code or model: "PS5", "E24", "iOS17"
     if word[1:] != word[1:].lower() and any(c.isupper() for c in word[1:]):
         return True  # "iPhone", "macOS", "USB", "NASA"
-    return word[:1].isupper() and not sentence_start and word != "I"
+    return word[:1].isupper() and not sentence_start and word != "I" and not word.startswith("I'")
 
 
 def _plain(word: str) -> str:
     word = word.lower()
-    return word[:-2] if word.endswith("'s") else word
+    return re.sub(r"'s+$", "", word)  # the possessive, also mistyped ("Kant'ss")
 
 
 def names(text: str) -> set[str]:
@@ -116,7 +124,27 @@ def _unmatched_names(text: str, found: set[str], other_words: set[str], other: s
     for name in [n for n in out if "-" in n and n in text and any(c.isdigit() for c in n)]:
         if any(typo_pair(name, w) for w in other_words):
             out.discard(name)
-    return out
+    return {n for n in out if not any(_retyped_code(n, w) for w in other_words)}
+
+
+def _retyped_code(x: str, y: str) -> bool:
+    """A code or name typed with two letters swapped or one doubled ("25ht" / "25th", "3dd" / "3d",
+    "node.jss" / "node.js"): never another letter or digit, which makes another code ("10kg" / "10km")."""
+    if len(x) < 2 or abs(len(x) - len(y)) > 1 or x == y:
+        return False
+    if len(x) == len(y):
+        diffs = [i for i in range(len(x)) if x[i] != y[i]]
+        return (
+            len(diffs) == 2
+            and diffs[1] == diffs[0] + 1
+            and x[diffs[0]] == y[diffs[1]]
+            and x[diffs[1]] == y[diffs[0]]
+        )
+    longer, shorter = (x, y) if len(x) > len(y) else (y, x)
+    for i in range(1, len(longer)):
+        if longer[i] == longer[i - 1] and longer[:i] + longer[i + 1 :] == shorter:
+            return True
+    return False
 
 
 _CLAUSE = re.compile(r"(?<!\d),|,(?!\d)|;")
@@ -145,6 +173,27 @@ def _base(word: str) -> str:
     return word
 
 
+def _same_content_words(a: str, b: str) -> bool:
+    """The same content words, as a multiset: names or numbers in another order are then swapped ("a 65W
+    charger if it came with a 90W one" / the other way round), with or without a direction word."""
+    ca = sorted(_plain(w) for w, _ in _tokens(a) if w.lower() not in FUNCTION_WORDS)
+    return ca == sorted(_plain(w) for w, _ in _tokens(b) if w.lower() not in FUNCTION_WORDS)
+
+
+def _to_mistyped(a: str, b: str) -> bool:
+    """ "too" where the other side has "to" in the same place ("wait too swim"), or mistyped itself ("ttoo
+    much"): a typo, not an excess."""
+    from cache_service.canonical import canonical_words, typo_pair
+
+    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    pairs = zip(wa, wb, strict=True) if len(wa) == len(wb) else iter(())
+    if any({x, y} == {"to", "too"} for x, y in pairs):
+        return True
+    one, other = (wa, wb) if "too" in wa else (wb, wa)
+    return any(typo_pair("too", w) for w in other if w not in one)
+
+
 def direction_veto(a: str, b: str) -> str:
     """Opposite comparison or direction words, or the same names/numbers in another order around a
     direction word."""
@@ -153,9 +202,9 @@ def direction_veto(a: str, b: str) -> str:
     for w in wa - wb:
         if OPPOSITES.get(w, set()) & wb or OPPOSITES.get(_base(w), set()) & (sb - sa):
             return f"opposite words ({w})"
-    if ("too" in wa) != ("too" in wb):
+    if ("too" in wa) != ("too" in wb) and not _to_mistyped(a, b):
         return "excess on one side"  # "how much water ..." / "how much water is too much ..."
-    if (wa | wb) & DIRECTION_WORDS:
+    if (wa | wb) & DIRECTION_WORDS or _same_content_words(a, b):
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
         if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):
             return "direction differs"
@@ -167,7 +216,10 @@ def veto(a: str, b: str) -> str:
     # Two questions a few mistyped letters apart (canonical.near_typo: numbers and function words other
     # than typos equal) have the same negators and calendar words, mistyped ("withhout", "smmer").
     typos_only = near_typo(a, b)
-    a, b = strip_wrappers(expand_contractions(a)), strip_wrappers(expand_contractions(b))
+    a, b = (
+        on_mistyped(strip_wrappers(expand_contractions(a))),
+        on_mistyped(strip_wrappers(expand_contractions(b))),
+    )
     reason = number_negation_veto(a, b)
     if reason and not (typos_only and reason == "negation differs"):
         return reason
@@ -202,23 +254,64 @@ def _content(words: list[str]) -> set[str]:
     return {w for w in words if w not in FUNCTION_WORDS and not w.replace(".", "").isdigit()}
 
 
+def _one_word_swapped(wa: list[str], wb: list[str]) -> tuple[str, str] | None:
+    """The two content words, when the questions are word for word the same but for one content word."""
+    if len(wa) != len(wb):
+        return None
+    diffs = [(x, y) for x, y in zip(wa, wb, strict=True) if x != y]
+    if len(diffs) != 1 or not all(_content([w]) for w in diffs[0]):
+        return None
+    return diffs[0]
+
+
+def _aligned_pairs(a: str, b: str) -> set[str]:
+    """The words of either question that are an aligned typo of the other's word in the same place
+    (cache_service/typos.aligned_typo), when the two are word for word the same but for at most two words."""
+    from cache_service.canonical import canonical_words
+    from cache_service.typos import aligned_typo
+
+    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    if len(wa) != len(wb):
+        return set()
+    diffs = [(x, y) for x, y in zip(wa, wb, strict=True) if x != y]
+    if len(diffs) > 2:
+        return set()
+    return {w for x, y in diffs if aligned_typo(x, y) for w in (x, y)}
+
+
+def _typed_for(x: str, y: str) -> bool:
+    """Whether one word can be the other mistyped (typos.py), or a code typed with a doubled or swapped
+    letter."""
+    from cache_service.canonical import typo_pair
+    from cache_service.typos import real_word_typo
+
+    return typo_pair(x, y) or real_word_typo(x, y) or _retyped_code(x, y)
+
+
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
-    "... on a bicycle", "a marathon in miles" / "... in kilometers"): the difference is the point. A
+    "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
+    for one content word, however short, with another one in common): the difference is the point. A
     rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
     (canonical.near_typo)."""
-    from cache_service.canonical import canonical_words, typo_pair
-    from cache_service.typos import real_word_typo
+    from cache_service.canonical import canonical_words
+    from cache_service.typos import aligned_typo
 
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb, cb - ca
+    swapped = _one_word_swapped(wa, wb)
+    explained = swapped and (_typed_for(*swapped) or aligned_typo(*swapped))
+    if swapped and ca & cb and not explained:
+        return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
     if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
         return ""
     # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
     wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
-    unexplained_a = {x for x in only_a if not any(typo_pair(x, y) or real_word_typo(x, y) for y in wb)}
-    unexplained_b = {y for y in only_b if not any(typo_pair(x, y) or real_word_typo(x, y) for x in wa)}
+    aligned = _aligned_pairs(a, b)
+    unexplained_a = {x for x in only_a if not any(_typed_for(x, y) for y in wb) and x not in aligned}
+    unexplained_b = {y for y in only_b if not any(_typed_for(x, y) for x in wa) and y not in aligned}
     return "a detail differs" if unexplained_a or unexplained_b else ""

@@ -20,7 +20,11 @@ entries stored at once. Three splits, by topic (never by pair):
 - `writers`, frozen, only evaluated: four out-of-style writers (a hurried customer on a phone, a non-native
   speaker, a support agent pasting tickets, a student; data/writers/NAME/, copied unchanged, each with its
   README.md), frozen before the redesigned cache (canonical tier, vetoes) was measured on them. Their rows
-  carry the writer's name in `writer`.
+  carry the writer's name in `writer`;
+- `writers2`, frozen, only evaluated: three more out-of-style writers (a retiree, a software developer, a
+  shopkeeper; data/writers/NAME/ as above, their seeds, conversations and README.md copied unread; their
+  generator scripts left out), frozen (2026-12-04) after the calibration rule and the near-repeat and veto
+  changes of that session were decided and before anything was measured on them.
 
     .venv/bin/python -m tools.cache.build_pairs
 """
@@ -36,6 +40,7 @@ from cache_service.keys import normalize_text
 HERE = Path(__file__).parent / "data"
 WRITERS = HERE / "writers"
 WRITER_NAMES = ("phone", "nonnative", "agent", "student")
+WRITERS2_NAMES = ("retiree", "dev", "shopkeeper")
 
 # (seed files, topic prefix, split: None = by topic hash)
 SINGLE_SOURCES = (
@@ -86,10 +91,10 @@ def read_seeds(files: tuple[str, ...]) -> list[dict]:
     return [json.loads(line) for f in files for line in (HERE / f).read_text().splitlines() if line.strip()]
 
 
-def writer_rows() -> list[dict]:
-    """The out-of-style writers' seeds and conversations, split `writers`, each row marked with its writer."""
+def writer_rows(names: tuple[str, ...] = WRITER_NAMES, split: str = "writers") -> list[dict]:
+    """The out-of-style writers' seeds and conversations, split `split`, each row marked with its writer."""
     rows: list[dict] = []
-    for name in WRITER_NAMES:
+    for name in names:
         folder = WRITERS / name
         for file, make, prefix in (
             ("seeds.jsonl", single_pairs, "ws"),
@@ -98,8 +103,7 @@ def writer_rows() -> list[dict]:
             lines = [line for line in (folder / file).read_text().splitlines() if line.strip()]
             for n, line in enumerate(lines):
                 rows += [
-                    {**r, "writer": name}
-                    for r in make(json.loads(line), f"{prefix}-{name}-{n:03d}", "writers")
+                    {**r, "writer": name} for r in make(json.loads(line), f"{prefix}-{name}-{n:03d}", split)
                 ]
     return rows
 
@@ -227,6 +231,7 @@ def build() -> list[dict]:
             for n, seed in enumerate(read_seeds(files)):
                 rows += make(seed, f"{prefix}{n:03d}", split)
     rows += writer_rows()
+    rows += writer_rows(WRITERS2_NAMES, "writers2")
     rows += legacy_pairs()
     rows = without_frozen_texts(rows)
     for i, r in enumerate(rows):

@@ -1,0 +1,55 @@
+"""The false-hit budget is a ceiling: the calibration accepts a threshold only where the one-sided 95%
+upper bound of the tune split's false-hit rate is within it (tools/cache/ceiling.py), never where the point
+estimate just meets it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.cache.ceiling import upper_bound, within
+from tools.cache.evaluate import Lookup, calibrate
+
+
+def test_the_bound_is_clopper_pearsons() -> None:
+    assert upper_bound(0, 100) == pytest.approx(1 - 0.05 ** (1 / 100))  # none seen: the closed form
+    assert upper_bound(1, 100) == pytest.approx(0.0466, abs=1e-4)
+    assert upper_bound(20, 1000) == pytest.approx(0.0291, abs=2e-4)
+    assert upper_bound(0, 0) == 1.0 and upper_bound(5, 5) == 1.0
+    bounds = [upper_bound(k, 500) for k in range(10)]
+    assert bounds == sorted(bounds) and all(b > k / 500 for k, b in enumerate(bounds))
+
+
+def test_a_point_estimate_at_the_budget_is_not_within_it() -> None:
+    assert 20 / 1000 <= 0.02 and not within(20, 1000, 0.02)
+    assert within(10, 1000, 0.02)
+
+
+def traps_answered_above(cosines: list[float], kind: str = "scope") -> tuple[list[dict], list[Lookup]]:
+    """One trap per cosine, each with a wrong neighbour at that cosine (answered at any lower threshold)."""
+    rows = [{"should_hit": False, "kind": kind, "b_group": f"g{i}:trap"} for i in range(len(cosines))]
+    lookups = [Lookup(None, None, [(c, f"g{i}", False)]) for i, c in enumerate(cosines)]
+    return rows, lookups
+
+
+def decide(lk: Lookup, threshold: float):
+    return lk.shipped(threshold)
+
+
+def test_calibration_keeps_the_bound_within_the_budget() -> None:
+    # 1,000 traps: the i-th is answered by thresholds at or below 0.5 + i / 2000 (cosines 0.5 .. 0.9995)
+    rows, lookups = traps_answered_above([0.5 + i / 2000 for i in range(1000)])
+    threshold = calibrate(rows, lookups, decide, 0.02, per_kind=False)
+    answered = sum(c >= threshold for c, _, _ in (lk.semantic[0] for lk in lookups))
+    assert within(answered, 1000, 0.02)
+    assert answered < 20  # the point-estimate rule would have spent the whole budget (20 answered)
+    lower = max(t for t in (0.5 + 0.0025 * i for i in range(201)) if t < threshold - 1e-9)
+    assert not within(sum(lk.semantic[0][0] >= lower for lk in lookups), 1000, 0.02)
+
+
+def test_a_trap_kind_too_small_to_show_its_ceiling_turns_the_tier_off() -> None:
+    """40 traps of a kind, none answered above 0.6: their bound (7.2%) is above 1.5 x 1%, so no threshold
+    passes and the semantic tier stays off (1.0); pooled with 1,000 more, the pooled bound alone passes."""
+    rows, lookups = traps_answered_above([0.6] * 40, kind="negation")
+    more_rows, more_lookups = traps_answered_above([0.6] * 1000)
+    assert calibrate(rows + more_rows, lookups + more_lookups, decide, 0.01, per_kind=True) == 1.0
+    assert calibrate(rows + more_rows, lookups + more_lookups, decide, 0.01, per_kind=False) == 0.6025
