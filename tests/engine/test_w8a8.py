@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.engine.factories import tiny_llama
+from worker.kernels import native_op
 from worker.model.model import LlamaForPagedAttention
 from worker.model.smoothing import activation_ranges, factors, smooth
 from worker.model.w8a8 import ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
@@ -82,3 +83,19 @@ def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_
         layer_f, layer_q = getattr(float_model.layers[0], role), getattr(quantized.layers[0], role)
         x = hidden.repeat(1, layer_f.in_features // 64 + 1)[:, : layer_f.in_features]
         assert relative_error(layer_q(x), layer_f(x)) < 0.03
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_row_quantization_and_rescale_equal_the_torch_steps(dtype):
+    ops = native_op("quantize_rows_u8")
+    if ops is None:
+        pytest.skip("native kernels not built (make kernels)")
+    x = (torch.randn(37, 200, generator=torch.Generator().manual_seed(3)) * 5).to(dtype)
+    x[4] = 0.0
+    codes, scales = torch.empty(x.shape, dtype=torch.uint8), torch.empty(37)
+    ops.quantize_rows_u8(x, codes, scales)
+    expected_codes, expected_scales = quantize_rows(x)
+    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales[:, 0])
+    y, out = torch.randn(37, 50), torch.empty(37, 50, dtype=dtype)
+    ops.scale_rows(y, scales, out)
+    assert torch.equal(out, (y * scales[:, None]).to(dtype))

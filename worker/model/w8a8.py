@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from worker.kernels import native_op
+
 ZERO_POINT = 128  # q_x + 128 in uint8: oneDNN's u8 x s8 integer GEMM, symmetric codes unchanged
 
 
@@ -61,20 +63,29 @@ class W8A8Linear:
         self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
+        self.native = native_op("quantize_rows_u8")  # None before `make kernels`: the same steps in torch ops
         self(torch.zeros(1, self.in_features))  # fail at load, not on a request
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        codes, scales = quantize_rows(x)
+        native = self.native if x.dtype in (torch.float32, torch.bfloat16) else None
+        if native is not None:  # the same codes and scales in one pass per row (worker/kernels/fused_ops.cpp)
+            x = x.contiguous()
+            codes, scales = torch.empty(x.shape, dtype=torch.uint8), torch.empty(x.shape[0])
+            native.quantize_rows_u8(x, codes, scales)
+        else:
+            codes, scales = quantize_rows(x)
         # The weight scales are applied by oneDNN with the sums; the row scales after (oneDNN takes one
         # activation scale per call). Bias after the row scale, so it is added unscaled.
         y = torch.ops.onednn.qlinear_pointwise(
             codes, 1.0, ZERO_POINT, self.weight, self.weight_scales, self.zero_points,
             None, 1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
-        y.mul_(scales)
-        if self.bias is not None:
-            y.add_(self.bias)
-        return y.to(x.dtype)
+        if native is not None:
+            out = torch.empty(y.shape, dtype=x.dtype)
+            native.scale_rows(y, scales, out)
+        else:
+            out = y.mul_(scales).to(x.dtype)
+        return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same integers multiplied in float64: what `__call__` computes, up to float32 rounding."""
