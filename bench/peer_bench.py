@@ -414,7 +414,7 @@ def main() -> None:
         "--servers",
         nargs="+",
         default=["ours", "vllm"],
-        choices=["ours", "ours-none", "ours-int8", "ours-int4", "vllm"],
+        choices=["ours", "ours-none", "ours-int8", "ours-int4", "ours-w8a8", "vllm"],
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="rounds of every server in turn; the table shows medians"

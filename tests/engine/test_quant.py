@@ -70,6 +70,8 @@ def test_auto_quantization_is_int8_on_a_cpu_without_native_bf16_with_the_kernel_
 def test_quantized_weights_run_float32_activations_on_cpu_unless_asked_otherwise():
     assert resolve_dtype("auto", "cpu", "int8") == "float32"
     assert resolve_dtype("auto", "cpu", "int4") == "float32"
+    # w8a8 quantizes its rows whatever their dtype: the kind's own dtype, as unquantized weights
+    assert resolve_dtype("auto", "cpu", "w8a8") == resolve_dtype("auto", "cpu", "none")
     assert resolve_dtype("auto", "cpu", "none") == ("bfloat16" if native_cpu_bfloat16() else "float32")
     assert resolve_dtype("bfloat16", "cpu", "int8") == "bfloat16"  # an explicit choice stands
 

@@ -11,6 +11,7 @@ from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import native_cpu_bfloat16
 from worker.model.smoothing import CALIBRATION_TEXT, smooth
+from worker.model.w8a8 import w8a8_available
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,11 @@ def resolve_quantization(name: str, device: str, kind: str | None = None) -> str
     none. GPUs serve the unquantized weights."""
     if name != "auto":
         return name
-    if device.startswith("cuda") or auto_choice(kind or cpu_info().kind).quantization == "none":
+    chosen = auto_choice(kind or cpu_info().kind).quantization
+    if device.startswith("cuda") or chosen == "none":
         return "none"
+    if chosen == "w8a8":
+        return "w8a8" if w8a8_available(torch.device(device)) else "none"
     from worker.kernels import native_ops
 
     ops = native_ops()

@@ -47,7 +47,7 @@ def activation_ranges(hf_model: torch.nn.Module, token_ids: list[int]) -> dict[t
             handles.append(module.register_forward_hook(record))
     try:
         ids = torch.tensor([token_ids], device=hf_model.device)
-        hf_model(input_ids=ids, use_cache=False)
+        hf_model.model(input_ids=ids, use_cache=False)  # the decoder only: the head's logits are not needed
     finally:
         for handle in handles:
             handle.remove()

@@ -1,10 +1,10 @@
-"""int8 weights x int8 activations (`WORKER_QUANTIZATION=w8a8`): the products themselves run in 8-bit integers.
+"""int8 weights x int8 activations (`WORKER_QUANTIZATION=w8a8`): the products run in 8-bit integers.
 
 The weight-only layers (quant.py) still multiply in floating point, so under load, where a step is many rows
-and compute-bound, they are no faster than bfloat16. Here each step's activation rows are quantized on the fly,
-one symmetric scale per row (per token, as vLLM's W8A8 and llama.cpp's q8 activations do), and oneDNN runs the
-int8 GEMM on the CPU's integer dot-product instructions (VNNI: 64 int8 products per 512-bit instruction, twice
-bfloat16's 32; AMX-INT8 tiles where present) over a weight re-laid out once at load time.
+and compute-bound, they are no faster than bfloat16. Here each step's activation rows are quantized on
+the fly, one symmetric scale per row (per token, as vLLM's W8A8 and llama.cpp's q8 activations do), and
+oneDNN runs the int8 GEMM on the CPU's integer dot-product instructions (VNNI: 64 int8 products per 512-bit
+instruction, twice bfloat16's 32; AMX-INT8 tiles where present) over a weight re-laid out once at load time.
 
     y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] q_w[n, k]   (+ b[n])
 
