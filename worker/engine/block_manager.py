@@ -91,6 +91,16 @@ class BlockManager:
             parent = block_hash
         return hits
 
+    def chain_hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """The chained hashes of the request's first `num_blocks` full blocks, cached or not."""
+        hashes: list[int] = []
+        parent = chain_seed(request)
+        tokens = request.all_token_ids
+        for i in range(num_blocks):
+            parent = hash_block(parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
+            hashes.append(parent)
+        return hashes
+
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_query_tokens
         self.prefix_hits += num_hit_tokens
