@@ -155,12 +155,16 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references. Tail blocks go first into the free queue, so they are
-        evicted before the shared prefix blocks that other requests are more likely to hit."""
+        evicted before the shared prefix blocks that other requests are more likely to hit; a block
+        without a hash (a partly filled last block) can never be hit, so it goes to the front, to be
+        handed out before any block that could still be."""
         for block_id in reversed(request.block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_queue[block_id] = None
+                if block.block_hash is None:
+                    self.free_queue.move_to_end(block_id, last=False)
         request.block_ids = []
         request.num_computed_tokens = 0
         self._request_hashes.pop(request.request_id, None)
