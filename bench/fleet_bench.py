@@ -41,6 +41,8 @@ VARIANTS = {  # more --policies, as gateway settings: cache_aware without its la
         "GATEWAY_ROUTING_HOT_SHARE": "0",
         "GATEWAY_ROUTING_KEY_BALANCE": "0",
     },
+    # the default before GATEWAY_ROUTING_HOT_KEY_REQUESTS went from 2 to 3
+    "cache_aware_hot2": {"GATEWAY_ROUTING": "cache_aware", "GATEWAY_ROUTING_HOT_KEY_REQUESTS": "2"},
 }
 CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
 BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
