@@ -44,6 +44,12 @@ VARIANTS = {  # more --policies, as gateway settings: cache_aware without its la
     # the default before GATEWAY_ROUTING_HOT_KEY_REQUESTS went from 2 to 3
     "cache_aware_hot2": {"GATEWAY_ROUTING": "cache_aware", "GATEWAY_ROUTING_HOT_KEY_REQUESTS": "2"},
 }
+VARIANT_NOTES = {
+    "cache_aware_before": "cache_aware_before: the same without the bounds on a key's share and on keys per "
+    "worker (GATEWAY_ROUTING_HOT_SHARE=0, GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them",
+    "cache_aware_hot2": "cache_aware_hot2: the same with GATEWAY_ROUTING_HOT_KEY_REQUESTS=2, the default "
+    "before it became 3",
+}
 CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
 BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
@@ -348,9 +354,9 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
         f"GATEWAY_ROUTING_HOT_SHARE={routing.hot_share:g}, "
         f"GATEWAY_ROUTING_KEY_BALANCE={routing.key_balance:g}, "
         f"GATEWAY_ROUTING_HALF_LIFE_S={routing.half_life_s:g}), "
-        "which were tuned on another load (fleet notes below); cache_aware_before: the same without the "
-        "bounds on a key's share and on keys per worker (GATEWAY_ROUTING_HOT_SHARE=0, "
-        "GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them. Every fleet holds about "
+        "which were tuned on another load (fleet notes below)"
+        + "".join(f"; {VARIANT_NOTES[v]}" for v in VARIANTS if any(r.policy == v for r in results))
+        + ". Every fleet holds about "
         f"{first.workers * first.kv_blocks} KV blocks in all (WORKER_NUM_KV_BLOCKS per worker in each row, "
         f"16-token blocks) against the {first.tenants * (first.prompt_tokens // BLOCK + 1)} the tenants' "
         "prompts need, about the issue's ratio (800 against 496), so from two workers on the prompts outgrow "
