@@ -41,11 +41,21 @@ VARIANTS = {  # more --policies, as gateway settings: cache_aware without its la
         "GATEWAY_ROUTING_HOT_SHARE": "0",
         "GATEWAY_ROUTING_KEY_BALANCE": "0",
     },
+    # the default before GATEWAY_ROUTING_HOT_KEY_REQUESTS went from 2 to 3
+    "cache_aware_hot2": {"GATEWAY_ROUTING": "cache_aware", "GATEWAY_ROUTING_HOT_KEY_REQUESTS": "2"},
+}
+VARIANT_NOTES = {
+    "cache_aware_before": "cache_aware_before: the same without the bounds on a key's share and on keys per "
+    "worker (GATEWAY_ROUTING_HOT_SHARE=0, GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them",
+    "cache_aware_hot2": "cache_aware_hot2: the same with GATEWAY_ROUTING_HOT_KEY_REQUESTS=2, the default "
+    "before it became 3",
 }
 CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
 BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
 RESULTS = ROOT / ".run" / "fleet_bench" / "results.jsonl"
+TRACES = ROOT / ".run" / "fleet_bench" / "traces.jsonl"  # per request: tenant, times, cached tokens
+TRACE: list[dict] = []
 PLOT = ROOT / "docs" / "bench" / "fleet" / "fleet-routing.png"
 WORDS = (
     "account billing invoice customer order refund policy shipping delivery product warranty support ticket "
@@ -102,6 +112,13 @@ def worker_stats(addrs: list[str]) -> list[worker_pb2.Stats]:
     return stats
 
 
+def all_routable(url: str, addrs: list[str]) -> bool:
+    """Whether the gateway takes every worker in routing (load reports from all of them)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith("llmserve_gateway_worker_routable{")]
+    return all(any(f'worker="{a}"' in line and line.endswith(" 1.0") for line in lines) for a in addrs)
+
+
 async def one_request(
     client: httpx.AsyncClient, system: str, question: str, max_tokens: int
 ) -> tuple[float, int]:
@@ -115,7 +132,7 @@ async def one_request(
         "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
-    ttft, tokens = None, 0
+    ttft, tokens, cached = None, 0, 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -126,7 +143,10 @@ async def one_request(
                 ttft = time.perf_counter() - start
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-    return (ttft if ttft is not None else time.perf_counter() - start), tokens
+                cached = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    ttft = ttft if ttft is not None else time.perf_counter() - start
+    TRACE.append({"tenant": hash(system), "start": start, "end": time.perf_counter(), "cached": cached})
+    return ttft, tokens
 
 
 def shared_tokens(url: str, system: str) -> int:
@@ -190,7 +210,10 @@ def measure(
     order = tenant_order(order_seed, args, mix == "skewed")
     before = worker_stats(addrs)
     salt = f"{order_seed}-{policy}"
+    TRACE.clear()
     ttfts, tokens, wall = asyncio.run(run_load(url, salt, order, args))
+    with TRACES.open("a") as out:
+        out.write(json.dumps({"run": f"{salt}-{len(addrs)}w", "requests": TRACE}) + "\n")
     after = worker_stats(addrs)
     queries = [a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True)]
     hits = [a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)]
@@ -331,9 +354,9 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
         f"GATEWAY_ROUTING_HOT_SHARE={routing.hot_share:g}, "
         f"GATEWAY_ROUTING_KEY_BALANCE={routing.key_balance:g}, "
         f"GATEWAY_ROUTING_HALF_LIFE_S={routing.half_life_s:g}), "
-        "which were tuned on another load (fleet notes below); cache_aware_before: the same without the "
-        "bounds on a key's share and on keys per worker (GATEWAY_ROUTING_HOT_SHARE=0, "
-        "GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them. Every fleet holds about "
+        "which were tuned on another load (fleet notes below)"
+        + "".join(f"; {VARIANT_NOTES[v]}" for v in VARIANTS if any(r.policy == v for r in results))
+        + ". Every fleet holds about "
         f"{first.workers * first.kv_blocks} KV blocks in all (WORKER_NUM_KV_BLOCKS per worker in each row, "
         f"16-token blocks) against the {first.tenants * (first.prompt_tokens // BLOCK + 1)} the tenants' "
         "prompts need, about the issue's ratio (800 against 496), so from two workers on the prompts outgrow "
@@ -398,6 +421,11 @@ def run_fleet(workers: int, kv_blocks: int, args: argparse.Namespace) -> None:
         plan = [("uniform", r) for r in range(args.rounds)] + [("skewed", r) for r in range(args.skew_rounds)]
         for index, (mix, round_index) in enumerate(plan):
             for policy in policies if index % 2 == 0 else tuple(reversed(policies)):
+                # A fresh gateway per run: its fading counts of each worker's recent tokens and each key's
+                # share would otherwise start from the run before (another policy's, on these workers).
+                gateways[policy].stop()
+                gateways[policy].start()
+                gateways[policy].wait_until(lambda g=gateways[policy]: all_routable(g.addr, addrs))
                 fleet = (kv_blocks, count)
                 result = measure(policy, gateways[policy].addr, addrs, fleet, mix, round_index, args)
                 print(result, flush=True)

@@ -295,6 +295,12 @@ def one_run() -> dict:
     }
 
 
+def recovery(fault: dict) -> str:
+    """tok/s after the fault over tok/s before it, as text."""
+    before = fault["tok_s_before"]
+    return f"{fault['tok_s_after'] / before:.2f}" if before else "-"
+
+
 def report(runs: list[dict]) -> list[str]:
     faults = [[r["faults"][i] for r in runs] for i in range(len(FAULTS))]
     names = [
@@ -321,6 +327,13 @@ def report(runs: list[dict]) -> list[str]:
         "| cache hits before, after | error codes |",
         "|---|---|---|---|---|---|---|---|",
         *(fault_row(name, fault) for name, fault in zip(names, faults, strict=True)),
+        "",
+        "Throughput back (tok/s in the 10 s after the fault ended over the 10 s before it), per run: "
+        + "; ".join(
+            f"{name.split(' (')[0]} {', '.join(recovery(f) for f in fault)}"
+            for (name, _, _), fault in zip(FAULTS, faults, strict=True)
+        )
+        + ".",
         "",
         f"The stopped worker was out of routing on both gateways {median(out_of_routing):.1f} s after "
         f"SIGSTOP (the runs: {', '.join(f'{x:.1f}' for x in out_of_routing)} s). KV blocks held at the "

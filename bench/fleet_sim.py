@@ -48,6 +48,8 @@ class Worker:
     busy_until: float | None = None
     queries: int = 0
     hits: int = 0
+    seen: set = field(default_factory=set)  # tenants whose prompt this worker computed once
+    missed: dict = field(default_factory=dict)  # why prompt tokens missed -> how many
 
     @property
     def load(self) -> int:
@@ -62,6 +64,14 @@ class Worker:
             n += 1
         req.cached = min(n * BLOCK, req.prompt - 1)
         req.prefilled = req.cached
+        if n < prompt_blocks:  # shared blocks missed: why
+            if any(r.tenant == req.tenant and r.prefilled < r.prompt for r in self.running if r is not req):
+                why = "concurrent"  # its prompt is being computed here right now
+            elif req.tenant in self.seen:
+                why = "evicted"
+            else:
+                why = "cold worker"  # first time here: a tenant's first request, or moved/spread here
+            self.missed[why] = self.missed.get(why, 0) + (prompt_blocks - n) * BLOCK
         self.queries += req.prompt
         self.hits += req.cached
         self.tokens.add(req.prompt)
@@ -69,6 +79,7 @@ class Worker:
 
     def computed(self, req: Request, prompt_blocks: int) -> None:
         """Prefill done: its prompt blocks are cached (touched tail first, so the tail is evicted first)."""
+        self.seen.add(req.tenant)
         for b in range(prompt_blocks - 1, -1, -1):
             self.cache[(req.tenant, b)] = None
             self.cache.move_to_end((req.tenant, b))
@@ -119,10 +130,16 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
         slow = max(1.0, busy / args.cores)
         for w in workers:  # start a step on every idle worker with work
             if w.busy_until is None and w.load:
+                held = []
                 for req in w.waiting:
+                    if args.prefix_wait and any(
+                        r.tenant == req.tenant and r.prefilled < r.prompt and not r.cached for r in w.running
+                    ):  # the worker's scheduler: wait a step for the tenant's prefill in progress
+                        held.append(req)
+                        continue
                     w.running.append(req)
                     w.look_up(req, prompt_blocks)
-                w.waiting = []
+                w.waiting = held
                 budget, cost = CHUNK, args.step_s
                 for req in w.running:
                     if req.prefilled < req.prompt:
@@ -155,7 +172,14 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
                     send(jobs.pop())
     queries = [w.queries for w in workers]
     total = sum(queries)
+    missed: dict[str, float] = {}
+    for w in workers:
+        for why, n in w.missed.items():
+            missed[why] = missed.get(why, 0) + n / total
+    firsts = len({r.tenant for r in done}) * prompt_blocks * BLOCK / total
+    missed["cold worker, not first"] = missed.get("cold worker", 0) - firsts
     return {
+        "missed": missed,
         "hit": sum(w.hits for w in workers) / total,
         "ttft": statistics.median(r.ttft for r in done if r.ttft is not None),
         "tok_s": len(done) * args.max_tokens / now,
@@ -187,6 +211,9 @@ def main() -> None:
     parser.add_argument("--key-balance", type=float, nargs="*", default=[0.0])
     parser.add_argument("--share-floor", type=float, default=16.0, help="a key's share: of at least this")
     parser.add_argument("--half-life", type=float, default=30.0, help="of fading counts (model seconds)")
+    parser.add_argument(
+        "--prefix-wait", action="store_true", help="a request waits for its tenant's prefill in progress"
+    )
     args = parser.parse_args()
     configs = [("round_robin", 1.0, 0, 0, 0.0, 0.0)]
     configs += [
@@ -212,6 +239,10 @@ def main() -> None:
             f"hit {hit:.0%} TTFT {ttft:.2f} tok/s {tok:.1f} largest {statistics.median(largest):.0%} "
             f"(at most {max(largest):.0%}) smallest {statistics.median(smallest):.0%}"
         )
+        whys = sorted({why for r in runs for why in r["missed"]})
+        missed = {why: statistics.median(r["missed"].get(why, 0.0) for r in runs) for why in whys}
+        why_text = ", ".join(f"{k} {v:.1%}" for k, v in missed.items())
+        print(f"    missed (median share of looked-up tokens): {why_text}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,13 @@ from common.sampling import DEFAULTS
 log = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 2.0  # a store embeds the text: slower than a lookup, and nobody waits for it
+# Reconnect within a second or two of the cache service's return: gRPC's default backoff grows to two
+# minutes, and every lookup meanwhile fails fast as a miss.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 
 # The sampling contract's defaults (common/sampling.py): a parameter left unset and one set to its default
 # shape the answer alike, so they fingerprint alike.
@@ -102,7 +109,7 @@ class SemanticCacheClient:
 
     def _get_stub(self) -> cache_pb2_grpc.SemanticCacheStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self._addr)
+            self._channel = grpc.aio.insecure_channel(self._addr, options=CHANNEL_OPTIONS)
             self._stub = cache_pb2_grpc.SemanticCacheStub(self._channel)
         return self._stub
 

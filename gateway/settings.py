@@ -25,7 +25,7 @@ class GatewaySettings(BaseSettings):
     gateway_routing: Literal["round_robin", "cache_aware"] = "cache_aware"
     gateway_routing_balance: float = Field(default=1.25, ge=1.0)  # a worker's load bound over the mean
     gateway_routing_slack: int = Field(default=4, ge=0)  # or the least-loaded worker plus this, if more
-    gateway_routing_hot_key_requests: int = Field(default=2, ge=0)  # a key this busy: no slack (0: never)
+    gateway_routing_hot_key_requests: int = Field(default=3, ge=0)  # a key this busy: no slack (0: never)
     # a key with this part of a worker's fair share of recent requests is hot: spread over more workers
     gateway_routing_hot_share: float = Field(default=0.75, ge=0.0, le=1.0)
     gateway_routing_key_balance: float = Field(default=1.25, ge=0.0)  # keys per worker over the mean (0: off)

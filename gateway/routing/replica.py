@@ -46,6 +46,7 @@ class WorkerReplica:
         self.reported_at = 0.0
         self.watch_unsupported = False  # a worker without WatchLoad: routed on this gateway's calls only
         self.in_flight = 0  # calls this gateway has open there
+        self.in_flight_at_report = 0  # ...as of the last load report
         self.recent_tokens = Decayed(half_life_s)  # prompt tokens it looked up lately, from its reports
         self.down_until = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -70,8 +71,13 @@ class WorkerReplica:
 
     @property
     def load(self) -> int:
-        reported = self.report.num_running + self.report.num_waiting if self.report is not None else 0
-        return max(reported, self.in_flight)  # this gateway's calls count before the next report
+        """The last report, moved by this gateway's calls started and ended since (a report is up to
+        50 ms old: a call that just ended must not count, or a worker busy with one tenant looks fuller
+        than it is and that tenant's next request spills onto a worker without its prompt)."""
+        if self.report is None:
+            return self.in_flight
+        reported = self.report.num_running + self.report.num_waiting
+        return max(reported + self.in_flight - self.in_flight_at_report, self.in_flight)
 
     def tier(self) -> int:
         """0: takes new requests; 1: tried after those (may refuse fast); 2: last resort (may hang)."""
@@ -156,6 +162,7 @@ class WorkerReplica:
                     log.info("worker %s serves %s: load reports started", self.addr, report.model_name)
                 self._count_tokens(report)
                 self.report, self.reported_at, warned = report, time.monotonic(), False
+                self.in_flight_at_report = self.in_flight
                 metrics.observe_load(self)
         finally:
             if read is not None and not read.done():

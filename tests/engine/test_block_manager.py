@@ -77,11 +77,28 @@ def test_freed_blocks_keep_their_hash_until_reused_and_lru_is_evicted_first():
     newer = make_request(prompt=[7, 7, 7, 7, 8])
     _compute(bm, newer, 5)
     bm.free(newer)
-    # Two fresh blocks: the least recently freed ones go first, the newer prefix survives.
-    filler = make_request(prompt=[50] * 8)
-    assert bm.allocate(filler, 8)
+    # Three fresh blocks: the two partly filled ones (never hit) first, then the least recently freed
+    # full one: the newer prefix survives.
+    filler = make_request(prompt=[50] * 12)
+    assert bm.allocate(filler, 12)
     assert bm.find_cached_prefix(make_request(prompt=[7, 7, 7, 7, 8])) != []
     assert bm.find_cached_prefix(make_request(prompt=[1, 2, 3, 4, 5])) == []
+
+
+def test_a_partly_filled_block_is_handed_out_before_a_cached_one_freed_after_it():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    first = make_request(prompt=[1, 2, 3, 4, 5, 6])  # a full block (cached) and a partial one
+    _compute(bm, first, 6)
+    bm.free(first)
+    second = make_request(prompt=[9, 9, 9, 9, 9, 9])
+    _compute(bm, second, 6)
+    partial = second.block_ids[1]
+    bm.free(second)
+    # LRU alone would hand out first's blocks; the partial block of second goes first, as it is never hit.
+    filler = make_request(prompt=[50] * 4)
+    assert bm.allocate(filler, 4) and filler.block_ids == [partial]
+    assert bm.find_cached_prefix(make_request(prompt=[1, 2, 3, 4, 5, 6])) != []
+    assert bm.find_cached_prefix(make_request(prompt=[9, 9, 9, 9, 9, 9])) != []
 
 
 def test_prefix_caching_off_never_hits():

@@ -60,7 +60,11 @@ def _lora_request(lora_id: int, **kwargs):
 def test_a_request_whose_adapter_would_exceed_max_loras_waits_while_others_run():
     scheduler = make_scheduler(num_blocks=64, max_num_seqs=8, max_num_batched_tokens=64)
     scheduler.config.max_loras = 2
-    requests = [_lora_request(i, num_prompt_tokens=6, max_tokens=4) for i in (1, 2, 3, 0, 1)]
+    # Distinct prompts: a request sharing a prompt being prefilled would wait for it (the prefix cache).
+    requests = [
+        _lora_request(i, prompt=[10 * k + j + 1 for j in range(6)], max_tokens=4)
+        for k, i in enumerate((1, 2, 3, 0, 1))
+    ]
     for r in requests:
         scheduler.add_request(r)
     first = scheduler.schedule()

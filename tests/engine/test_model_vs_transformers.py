@@ -147,6 +147,22 @@ def test_outputs_identical_with_and_without_prefix_caching(hf_model):
     assert outs[0] == outs[1]
 
 
+def test_requests_arriving_together_with_one_prompt_hit_the_first_ones_prefill_and_match(hf_model):
+    shared = [(7 * i + 4) % 250 for i in range(40)]
+    outs = []
+    for caching in (True, False):
+        requests = [make_request(prompt=shared + [i + 1] * (i + 1), max_tokens=6) for i in range(3)]
+        logits, _, scheduler = run_collecting_logits(
+            hf_model, requests, block_size=16, num_blocks=64, budget=128, prefix_caching=caching
+        )
+        if caching:  # the later two waited a step for the first's prefill, then found its 32 tokens cached
+            assert [min(logits[r.request_id]) for r in requests] == [0, 32, 32]
+            assert [r.num_prefix_waits for r in requests] == [0, 1, 1]
+        assert_matches_transformers(hf_model, requests, logits)
+        outs.append([r.output_token_ids for r in requests])
+    assert outs[0] == outs[1]
+
+
 def test_preempted_and_resumed_gives_the_same_greedy_output(hf_model):
     outs, preemptions = [], []
     for num_blocks in (256, 16):

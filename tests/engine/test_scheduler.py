@@ -163,3 +163,72 @@ def test_prefix_cache_hits_are_counted_in_tokens():
     assert second.num_cached_tokens == 16
     bm = scheduler.block_manager
     assert (bm.prefix_queries, bm.prefix_hits) == (38, 16)
+
+
+def test_a_request_waits_for_the_prefill_of_the_prompt_it_shares_then_hits_it():
+    scheduler = make_scheduler(block_size=4, max_num_batched_tokens=100)
+    prompt = list(range(1, 21))
+    first, second = make_request(prompt=prompt, max_tokens=2), make_request(prompt=prompt, max_tokens=2)
+    other = make_request(prompt=list(range(50, 60)), max_tokens=2)
+    for r in (first, second, other):
+        scheduler.add_request(r)
+    plan = scheduler.schedule()
+    assert [s.request for s in plan.scheduled] == [first, other]  # the other tenant does not wait
+    assert list(scheduler.waiting) == [second] and second.num_prefix_waits == 1
+    runner = ScriptedRunner()
+    reqs, out = runner.execute(plan)
+    scheduler.update_from_output(plan, dict(zip([r.request_id for r in reqs], out.token_ids, strict=True)))
+    plan = scheduler.schedule()
+    item = next(s for s in plan.scheduled if s.request is second)
+    assert second.num_cached_tokens == 16 and item.num_new_tokens == 4  # (20 - 1) // 4 blocks hit
+    drive(scheduler, runner)
+    assert first.output_token_ids == second.output_token_ids
+    _assert_no_blocks_held(scheduler)
+
+
+def test_no_wait_without_prefix_caching_or_for_a_prompt_only_partly_shared_in_its_first_block():
+    for caching, tail in ((False, [1, 2, 3]), (True, [])):
+        scheduler = make_scheduler(block_size=4, max_num_batched_tokens=100, prefix_caching=caching)
+        first = make_request(prompt=list(range(1, 21)), max_tokens=2)
+        second = make_request(prompt=[1, 2, 3, 99, *range(5, 21), *tail], max_tokens=2)  # block 0 differs
+        scheduler.add_request(first)
+        scheduler.add_request(second)
+        assert [s.request for s in scheduler.schedule().scheduled] == [first, second]
+
+
+def test_waits_for_shared_prefixes_are_bounded_and_change_no_output():
+    """A random workload of tenants sharing prompts, short and chunked: every request finishes, none waits
+    more than MAX_PREFIX_WAITS steps, and the tokens are those of the same load without prefix caching."""
+    from worker.engine.scheduler import MAX_PREFIX_WAITS
+
+    outputs, hits = [], []
+    for caching in (True, False):
+        rng = random.Random(7)
+        scheduler = make_scheduler(
+            num_blocks=60, block_size=4, max_num_seqs=6, max_num_batched_tokens=24, prefix_caching=caching
+        )
+        prefixes = [[rng.randrange(1, 200) for _ in range(rng.choice((8, 20, 45)))] for _ in range(4)]
+        requests = [
+            make_request(prompt=rng.choice(prefixes) + [rng.randrange(1, 200)], max_tokens=rng.randint(1, 6))
+            for _ in range(40)
+        ]
+        runner, step = ScriptedRunner(), 0
+        pending = list(requests)
+        while pending or scheduler.num_unfinished:
+            for _ in range(rng.randint(0, 3)):  # arrivals between steps, often several at once
+                if pending:
+                    scheduler.add_request(pending.pop(0))
+            if scheduler.num_unfinished:
+                plan = scheduler.schedule()
+                reqs, out = runner.execute(plan)
+                ids = [r.request_id for r in reqs]
+                scheduler.update_from_output(plan, dict(zip(ids, out.token_ids, strict=True)))
+            step += 1
+            assert step < 5000
+        assert all(r.status == RequestStatus.FINISHED_LENGTH for r in requests)
+        assert max(r.num_prefix_waits for r in requests) <= MAX_PREFIX_WAITS
+        assert any(r.num_prefix_waits for r in requests) == caching
+        _assert_no_blocks_held(scheduler)
+        outputs.append([r.output_token_ids for r in requests])
+        hits.append(scheduler.block_manager.prefix_hits)
+    assert outputs[0] == outputs[1] and hits[0] > 0

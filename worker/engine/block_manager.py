@@ -91,6 +91,16 @@ class BlockManager:
             parent = block_hash
         return hits
 
+    def chain_hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """The chained hashes of the request's first `num_blocks` full blocks, cached or not."""
+        hashes: list[int] = []
+        parent = chain_seed(request)
+        tokens = request.all_token_ids
+        for i in range(num_blocks):
+            parent = hash_block(parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
+            hashes.append(parent)
+        return hashes
+
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_query_tokens
         self.prefix_hits += num_hit_tokens
@@ -145,12 +155,16 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references. Tail blocks go first into the free queue, so they are
-        evicted before the shared prefix blocks that other requests are more likely to hit."""
+        evicted before the shared prefix blocks that other requests are more likely to hit; a block
+        without a hash (a partly filled last block) can never be hit, so it goes to the front, to be
+        handed out before any block that could still be."""
         for block_id in reversed(request.block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_queue[block_id] = None
+                if block.block_hash is None:
+                    self.free_queue.move_to_end(block_id, last=False)
         request.block_ids = []
         request.num_computed_tokens = 0
         self._request_hashes.pop(request.request_id, None)

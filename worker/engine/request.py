@@ -62,6 +62,7 @@ class Request:
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission; -1: not yet
     block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    num_prefix_waits: int = 0  # steps it waited for another request's prefill of its leading blocks
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

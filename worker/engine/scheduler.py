@@ -6,6 +6,10 @@ and the rest of chunked prefills), so a long prompt never stalls the decodes of 
 budget admits waiting requests in arrival order. When blocks run out, the most recently admitted
 running request is preempted: its blocks are freed and it goes back to the head of the queue, to be
 recomputed (mostly from the prefix cache) later.
+
+A waiting request whose next uncached prompt block another request is prefilling right now (two requests
+of one tenant arriving together) waits for it, for a step or two at most, instead of computing the same
+blocks beside it: once they are cached it hits them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from worker.engine.block_manager import BlockManager
 from worker.engine.config import SchedulerConfig
 from worker.engine.request import Request, RequestStatus
 from worker.engine.speculative import can_speculate, num_accepted, propose_ngram_drafts
+
+# A request waits for another's prefill of its leading blocks for at most this many steps, and only when
+# those blocks are due within this step and the next (so it never starves behind a long chunked prefill).
+MAX_PREFIX_WAITS = 2
 
 
 @dataclass
@@ -143,6 +151,10 @@ class Scheduler:
                 break  # let the first choice fill the shared prompt blocks, then hit them
             # Prompt logprobs need every prompt row's logits: such a prompt runs whole (as vLLM does).
             cached = [] if request.wants_prompt_logprobs else self.block_manager.find_cached_prefix(request)
+            if self._prefix_due(request, len(cached), out):
+                request.num_prefix_waits += 1
+                held_back.append(self.waiting.popleft())
+                continue  # the blocks it would recompute are cached after this step: then it hits them
             num_cached = len(cached) * self.block_manager.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(request, num_new, cached):
@@ -173,6 +185,36 @@ class Scheduler:
             self.config.max_model_len - request.num_tokens - 1,
         )
         return propose_ngram_drafts(request.all_token_ids, room) if room > 0 else []
+
+    def _prefix_due(self, request: Request, num_cached: int, out: SchedulerOutput) -> bool:
+        """Whether the request's first uncached full prompt block is being prefilled by a running request
+        and will be computed by the end of the next step (this step's plan, then at most a full budget);
+        never for a request that waited MAX_PREFIX_WAITS steps already or wants prompt logprobs."""
+        bm = self.block_manager
+        if (
+            not bm.enable_prefix_caching
+            or request.wants_prompt_logprobs
+            or request.num_prefix_waits >= MAX_PREFIX_WAITS
+        ):
+            return False
+        num_full = (request.num_tokens - 1) // bm.block_size  # as find_cached_prefix: never the last token
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        if num_cached >= num_full or not prefilling:
+            return False
+        wanted = bm.chain_hashes(request, num_cached + 1)[-1]
+        planned = {s.request.request_id: s.num_new_tokens for s in out.scheduled}
+        for other in prefilling:
+            index = num_cached  # the same block sits at the same index of a chain with the same hash
+            if (index + 1) * bm.block_size > other.num_prompt_tokens:
+                continue
+            if index < other.num_computed_tokens // bm.block_size:
+                continue  # already computed there, yet not cached: a block owned by a duplicate
+            if bm.chain_hashes(other, index + 1)[-1] != wanted:
+                continue
+            done_after_step = other.num_computed_tokens + planned.get(other.request_id, 0)
+            if (index + 1) * bm.block_size <= done_after_step + self.config.max_num_batched_tokens:
+                return True
+        return False
 
     def _sibling_prefilling(self, request: Request) -> bool:
         if not self.block_manager.enable_prefix_caching or request.group_id == request.request_id:
