@@ -17,6 +17,7 @@ evicted first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from worker.engine.request import Request
@@ -77,29 +78,27 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        tokens = request.all_token_ids
-        max_full = (len(tokens) - 1) // self.block_size
+        max_full = (request.num_tokens - 1) // self.block_size
         hits: list[int] = []
-        parent = chain_seed(request)
-        for i in range(max_full):
-            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
-            block_hash = hash_block(parent, chunk)
+        for block_hash, chunk in self._chain(request, max_full):
             block_id = self.cached_blocks.get(block_hash)
             if block_id is None or self.blocks[block_id].token_ids != chunk:
                 break
             hits.append(block_id)
-            parent = block_hash
         return hits
 
     def chain_hashes(self, request: Request, num_blocks: int) -> list[int]:
         """The chained hashes of the request's first `num_blocks` full blocks, cached or not."""
-        hashes: list[int] = []
+        return [block_hash for block_hash, _ in self._chain(request, num_blocks)]
+
+    def _chain(self, request: Request, num_blocks: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+        """(chained hash, tokens) of the request's first `num_blocks` full blocks, lazily."""
         parent = chain_seed(request)
         tokens = request.all_token_ids
         for i in range(num_blocks):
-            parent = hash_block(parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
-            hashes.append(parent)
-        return hashes
+            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+            parent = hash_block(parent, chunk)
+            yield parent, chunk
 
     def record_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_query_tokens

@@ -128,7 +128,7 @@ class LlamaForPagedAttention:
         # The LM head is 8-bit with weight-only quantization, as llama.cpp's Q4_1 file keeps it (Q8_0). With
         # w8a8 it stays unquantized: 8-bit rows into it cost the 135M model 1% of perplexity on their own
         # (docs/STUDY_LOG.md), and it sees only the rows whose logits are wanted.
-        head_quantization = {"none": "none", "w8a8": "none"}.get(quantization, "int8")
+        head_quantization = "int8" if quantization in ("int8", "int4") else "none"
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         if head_quantization == "int8":
             # It sees one row per sequence, where dequantizing its 28M weights each step costs more than the
