@@ -63,7 +63,7 @@ def clone_pools(pools: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[to
     return [(k.clone(), v.clone()) for k, v in pools]
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8"])
+@pytest.mark.parametrize("quantization", ["int4", "int8", "w8a8"])
 @pytest.mark.parametrize("hf_name", sorted(HF_MODELS))
 @pytest.mark.parametrize("num_seqs", [1, 4])
 def test_decode_steps_match_the_per_layer_native_path(quantization, hf_name, num_seqs, monkeypatch):
@@ -110,7 +110,7 @@ def greedy_outputs(quantization: str, use_decode_layers: bool) -> list[list[int]
     return [r.all_token_ids[r.num_prompt_tokens :] for r in requests]
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8"])
+@pytest.mark.parametrize("quantization", ["int4", "int8", "w8a8"])
 def test_engine_greedy_tokens_are_the_same_with_the_op_and_without(quantization):
     with_op = greedy_outputs(quantization, True)
     assert all(len(tokens) == 12 for tokens in with_op)

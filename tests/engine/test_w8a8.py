@@ -10,7 +10,7 @@ from tests.engine.factories import tiny_llama
 from worker.kernels import native_op
 from worker.model.model import LlamaForPagedAttention
 from worker.model.smoothing import activation_ranges, factors, smooth
-from worker.model.w8a8 import ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
+from worker.model.w8a8 import WEIGHT_ONLY_BELOW, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
 
 pytestmark = pytest.mark.skipif(not w8a8_available(torch.device("cpu")), reason="no oneDNN int8 linear")
 
@@ -31,17 +31,31 @@ def test_rows_quantize_to_symmetric_codes_with_one_scale_each():
     torch.testing.assert_close(signed.float() * scales, x, atol=float(scales.max()) / 2, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("rows", [1, 5, WEIGHT_ONLY_BELOW - 1, WEIGHT_ONLY_BELOW, 64])
 def test_w8a8_layer_is_its_integer_products_and_close_to_the_float_layer(rows):
     gen = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(96, 160, generator=gen), torch.randn(96, generator=gen)
     x = torch.randn(rows, 160, generator=gen)
     layer = W8A8Linear(weight, bias)
     got = layer(x)
-    # The integer sums are exact; only float32 scaling differs from the float64 reference.
+    # The integer sums (or, for few rows, float32 rows against the 8-bit weights) as the float64 reference.
     torch.testing.assert_close(got.double(), layer.reference(x), rtol=1e-5, atol=1e-4)
-    assert relative_error(got, x @ weight.T + bias) < 0.02  # two 8-bit roundings
+    assert relative_error(got, x @ weight.T + bias) < 0.02  # at most two 8-bit roundings
     assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_few_rows_skip_the_activation_rounding_and_many_rows_do_not():
+    """Below WEIGHT_ONLY_BELOW rows only the weights are 8-bit: a row's result does not depend on the
+    other rows. From it the rows are rounded to 8 bits, each on its own scale, so the same row differs."""
+    if native_op("int8_linear") is None:
+        pytest.skip("native kernels not built (make kernels)")
+    gen = torch.Generator().manual_seed(7)
+    layer = W8A8Linear(torch.randn(64, 128, generator=gen))
+    x = torch.randn(WEIGHT_ONLY_BELOW, 128, generator=gen)
+    few, many = layer(x[:1]), layer(x)
+    exact_weights = x[:1].double() @ (layer.codes.double() * layer.weight_scales.double()[:, None]).T
+    torch.testing.assert_close(few.double(), exact_weights, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(many[:1].double(), exact_weights, rtol=1e-5, atol=1e-5)
 
 
 def test_smoothing_keeps_a_float32_model_unchanged_and_narrows_the_activations():

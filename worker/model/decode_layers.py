@@ -3,7 +3,8 @@
 At one stream the 135M model's int4 decode step spent about a third of its time in Python and small torch
 ops between the kernels; the op chains the same kernels in C++, so it gives the same numbers. It covers the
 case it was built for: the plain Llama layer in float32, every linear on one native quantized kernel (all
-int4 or all int8, no bias), decode tokens only. Anything else keeps `_forward_native`'s per-layer loop.
+int4 or all int8, w8a8's few-rows method included; no bias), decode tokens only. Anything else keeps
+`_forward_native`'s per-layer loop.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import torch
 
 from worker.model.attention import AttentionMetadata
 
-# Linear backend -> (weight bits the op is told, the layer's tensors it is given, in order).
+# Linear backend -> (weight bits the op is told, the layer's tensors it is given, in order, the layer's
+# attribute holding the rows from which it leaves the native kernel: None there means never). w8a8 layers
+# keep their int8 codes and scales in the int8 kernel's layout for their few-rows method (model/w8a8.py).
 _NATIVE_LINEARS = {
-    "native-int4": (4, ("weight", "scales", "mins")),
-    "native-int8": (8, ("weight", "scales")),
+    "native-int4": (4, ("weight", "scales", "mins"), "dequantize_from"),
+    "native-int8": (8, ("weight", "scales"), "dequantize_from"),
+    "onednn-w8a8": (8, ("codes", "weight_scales"), "weight_only_below"),
 }
 
 
@@ -57,8 +61,8 @@ class DecodeLayers:
             return None
         if any(linear.bias is not None for linear in linears):
             return None
-        bits, names = _NATIVE_LINEARS[backends.pop()]
-        thresholds = [linear.dequantize_from for linear in linears]
+        bits, names, leaves_at = _NATIVE_LINEARS[backends.pop()]
+        thresholds = [getattr(linear, leaves_at) for linear in linears]
 
         def tensors(role: str) -> list[torch.Tensor]:
             return [getattr(getattr(layer, role), name) for layer in model.layers for name in names]

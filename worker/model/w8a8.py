@@ -12,6 +12,11 @@ with q_w = round(w / s_w) per output channel and q_x = round(x / s_x) per row, b
 integer kernels take the activations unsigned, so the codes travel as q_x + 128 with a zero point of 128
 (exact: the same integers). The sums are exact int32; only the two roundings to 8 bits differ from float.
 Perplexity against the unquantized model is what decides where it serves (bench/quant_study.py).
+
+A few rows are another matter: there a product is bound by reading the weight, not by arithmetic, and oneDNN's
+call (plus quantizing the rows) costs more than the project's weight-only int8 kernel (int8_linear.cpp)
+reading the same int8 codes with float32 rows. Below `WEIGHT_ONLY_BELOW` rows the layer runs that kernel on
+its codes (float32 activations, so no activation rounding at all); from it, oneDNN's integer GEMM.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from worker.kernels import native_op
 
 ZERO_POINT = 128  # q_x + 128 in uint8: oneDNN's u8 x s8 integer GEMM, symmetric codes unchanged
+WEIGHT_ONLY_BELOW = 6  # rows; fewer run the weight-only int8 kernel on the same codes (docs/STUDY_LOG.md)
 
 
 def w8a8_available(device: torch.device) -> bool:
@@ -64,9 +70,18 @@ class W8A8Linear:
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
         self.native = native_op("quantize_rows_u8")  # None before `make kernels`: the same steps in torch ops
-        self(torch.zeros(1, self.in_features))  # fail at load, not on a request
+        self.weight_only = native_op("int8_linear")  # the few-rows kernel; None before `make kernels`
+        self.weight_only_below = WEIGHT_ONLY_BELOW if self.weight_only is not None else None
+        for rows in {1, self.weight_only_below or 1}:  # both methods: fail at load, not on a request
+            self(torch.zeros(rows, self.in_features))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_only_below is not None and x.shape[0] < self.weight_only_below:
+            rows = x.float().contiguous()
+            y = rows.new_empty(rows.shape[0], self.out_features)
+            self.weight_only.int8_linear(rows, self.codes, self.weight_scales, y)
+            y = y.to(x.dtype)
+            return y.add_(self.bias.to(y.dtype)) if self.bias is not None else y
         native = self.native if x.dtype in (torch.float32, torch.bfloat16) else None
         if native is not None:  # the same codes and scales in one pass per row (worker/kernels/fused_ops.cpp)
             x = x.contiguous()
@@ -88,7 +103,11 @@ class W8A8Linear:
         return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The same integers multiplied in float64: what `__call__` computes, up to float32 rounding."""
+        """What `__call__` computes, in float64 (up to float32 rounding): the rows as they are against the
+        8-bit weights below `weight_only_below` rows, the same integers as oneDNN's from it."""
+        if self.weight_only_below is not None and x.shape[0] < self.weight_only_below:
+            y = x.double() @ (self.codes.double() * self.weight_scales.double()[:, None]).T
+            return y + self.bias.double() if self.bias is not None else y
         codes, scales = quantize_rows(x)
         sums = (codes.double() - ZERO_POINT) @ self.codes.double().T
         y = sums * scales.double() * self.weight_scales.double()
