@@ -6,7 +6,7 @@ Prints GEMM throughput at 1, 32 and 512 rows (F.linear and weights prepacked for
 of one-row products over all the model's weights (plain, transposed, prepacked) against a plain read, the
 median decode step of 1 and 32 sequences (128-token prompts) with either linear backend, the top
 operators of a profiled 32-sequence step, and a single-sequence step run on a thread other than the one
-that built the engine. With --quantization (int8 or int4 weights), only the decode steps of 1 and 32
+that built the engine. With --quantization (int8, int4 or w8a8), only the decode steps of 1 and 32
 sequences and the profile of the latter: where a quantized step's time goes next to an unquantized one's.
 """
 
@@ -121,7 +121,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4"])
+    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "w8a8"])
     args = parser.parse_args()
     if args.quantization != "none":
         decode_steps(args.dtype, 1, quantization=args.quantization)

@@ -104,12 +104,16 @@ def test_native_row_quantization_and_rescale_equal_the_torch_steps(dtype):
     ops = native_op("quantize_rows_u8")
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
-    x = (torch.randn(37, 200, generator=torch.Generator().manual_seed(3)) * 5).to(dtype)
+    # 203 columns: the kernel's eight-wide loop and its scalar tail both run
+    x = (torch.randn(37, 203, generator=torch.Generator().manual_seed(3)) * 5).to(dtype)
     x[4] = 0.0
+    x[5] = 0.0  # scale 2: the halves 0.5, 1.5, 2.5, -0.5, -1.5 round to even (0, 2, 2, 0, -2)
+    x[5, :6] = torch.tensor([254.0, 1.0, 3.0, 5.0, -1.0, -3.0])
     codes, scales = torch.empty(x.shape, dtype=torch.uint8), torch.empty(37)
     ops.quantize_rows_u8(x, codes, scales)
     expected_codes, expected_scales = quantize_rows(x)
     assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales[:, 0])
+    assert (codes[5, :6].int() - ZERO_POINT).tolist() == [127, 0, 2, 2, 0, -2]
     y, out = torch.randn(37, 50), torch.empty(37, 50, dtype=dtype)
     ops.scale_rows(y, scales, out)
     assert torch.equal(out, (y * scales[:, None]).to(dtype))

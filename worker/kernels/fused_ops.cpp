@@ -229,10 +229,33 @@ void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Te
         const T* row = x.data_ptr<T>() + r * n;
         uint8_t* out = codes.data_ptr<uint8_t>() + r * n;
         float peak = 0.f;
-        for (int64_t i = 0; i < n; ++i) peak = std::max(peak, std::fabs(static_cast<float>(row[i])));
+        int64_t i = 0;
+#ifdef LLMSERVE_AVX2
+        // Eight at a time: a scalar loop of these (a division and a rounding per value) was a tenth of a
+        // w8a8 decode step. Division and round-half-even are exact in either form, so the codes are the same.
+        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(acc, _mm256_and_ps(llmserve::load8(row + i), magnitude));
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, acc);
+        for (float lane : lanes) peak = std::max(peak, lane);
+#endif
+        for (; i < n; ++i) peak = std::max(peak, std::fabs(static_cast<float>(row[i])));
         const float scale = std::max(peak, 1e-12f) / 127.f;
         scales.data_ptr<float>()[r] = scale;
-        for (int64_t i = 0; i < n; ++i) {
+        i = 0;
+#ifdef LLMSERVE_AVX2
+        const __m256 divisor = _mm256_set1_ps(scale);
+        const __m256i zero_point = _mm256_set1_epi32(128);
+        for (; i + 8 <= n; i += 8) {
+          const __m256 q = _mm256_round_ps(_mm256_div_ps(llmserve::load8(row + i), divisor),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          const __m256i shifted = _mm256_add_epi32(_mm256_cvtps_epi32(q), zero_point);  // 1..255
+          const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256(shifted, 1));
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(words, words));
+        }
+#endif
+        for (; i < n; ++i) {
           out[i] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(static_cast<float>(row[i]) / scale)) + 128);
         }
       });
