@@ -192,7 +192,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"])
+    parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4", "w8a8"])
     parser.add_argument("--num-seqs", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3, help="profiled steps per phase")
     parser.add_argument("--phases", nargs="+", default=["decode", "prefix"], choices=["decode", "prefix"])

@@ -7,12 +7,18 @@ weight once and allowed to re-lay it out into its own blocked format (`_reorder_
 same products faster in float32 and bfloat16 (docs/BENCHMARKS.md, engine notes). The packed weight is
 opaque, so the plain copy stays available to callers that need it (the tied embedding table).
 
+oneDNN compiles a kernel for every row count it meets (2-3 ms a shape at a few hundred rows on an AMX Xeon,
+every layer shape apart), and a serving batch changes its row count from one step to the next; so the onednn
+backend pads the rows up to a bucket (`padded_rows`: exact up to 32, then multiples of 16, of 64 past 512)
+and `warm_up_linears` compiles every bucket of every layer shape once, at start.
+
 Backends: "onednn" (packed, CPU only), "torch" (plain `F.linear`, any device), "auto" (onednn where
 it is available for the weight's device and dtype, else torch).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -21,6 +27,37 @@ import torch.nn.functional as F
 from common.native_kernels import native_op
 
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # onednn: weights prepacked (CPU); torch: plain F.linear
+EXACT_ROWS = 32  # row counts up to this run as they are (decode batches); above, padded to a bucket
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a onednn product of `rows` rows runs at: few shapes, little padding."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 16 if rows <= 512 else 64
+    return -(-rows // step) * step
+
+
+def row_buckets(max_rows: int) -> list[int]:
+    """Every row count `padded_rows` gives for 1..max_rows."""
+    return sorted({padded_rows(r) for r in range(1, max_rows + 1)})
+
+
+# One packed layer per distinct product shape (out, in, dtype, bias or not): oneDNN's kernels are per shape,
+# so warming one layer of a shape warms them all.
+_SHAPES: weakref.WeakValueDictionary[tuple, Linear] = weakref.WeakValueDictionary()
+
+
+def warm_up_linears(max_rows: int) -> int:
+    """Run every onednn layer shape made so far at every row bucket up to `max_rows`, so that no serving step
+    waits for oneDNN to compile a kernel; returns the number of products run."""
+    runs = 0
+    with torch.inference_mode():
+        for layer in list(_SHAPES.values()):
+            for rows in row_buckets(max_rows):
+                layer(torch.zeros(rows, layer.in_features, dtype=layer.dtype))
+                runs += 1
+    return runs
 
 
 def onednn_available(weight: torch.Tensor) -> bool:
@@ -56,15 +93,22 @@ class Linear:
         self.backend = backend
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.dtype = weight.dtype
         if backend == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+            _SHAPES.setdefault((self.out_features, self.in_features, self.dtype, bias is not None), self)
         else:
             self.weight = weight.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "onednn":
+        if self.backend != "onednn":
+            return F.linear(x, self.weight, self.bias)
+        rows = x.shape[0]
+        padded = padded_rows(rows)
+        if padded == rows:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        x = F.pad(x, (0, 0, 0, padded - rows))
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")[:rows]
 
 
 class Bf16WeightLinear:

@@ -4,7 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.linear import Linear, onednn_available, pack_linear_layers
+from common.linear import (
+    Linear,
+    onednn_available,
+    pack_linear_layers,
+    padded_rows,
+    row_buckets,
+    warm_up_linears,
+)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33, 300])
@@ -27,6 +34,32 @@ def test_onednn_matches_f_linear_in_bfloat16():
     got = Linear(weight, backend="onednn")(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), F.linear(x, weight).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_row_counts_are_padded_to_few_buckets_with_little_padding():
+    assert [padded_rows(r) for r in (1, 7, 32, 33, 48, 49, 512, 513)] == [1, 7, 32, 48, 48, 64, 512, 576]
+    buckets = row_buckets(512)
+    assert buckets[:32] == list(range(1, 33)) and buckets[-1] == 512 and len(buckets) == 32 + 30
+    for rows in range(1, 1025):
+        assert rows <= padded_rows(rows) <= max(rows * 1.5, rows + 15) and padded_rows(rows) in row_buckets(1024)
+
+
+@pytest.mark.parametrize("rows", [33, 47, 300])
+def test_padded_products_return_the_rows_asked_for_and_their_values(rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    x = torch.randn(rows, 24, generator=gen)
+    got = Linear(weight, bias, backend="onednn")(x)
+    assert got.shape == (rows, 40)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_warm_up_runs_every_bucket_of_every_live_layer_shape():
+    layers = [Linear(torch.randn(24, 20), backend="onednn"), Linear(torch.randn(24, 20), backend="onednn")]
+    other = Linear(torch.randn(12, 20), torch.randn(12), backend="onednn")
+    runs = warm_up_linears(40)  # one layer of each shape, at 1..32, 48
+    assert runs >= 2 * len(row_buckets(40))
+    del layers, other
 
 
 def test_non_contiguous_input_is_accepted():

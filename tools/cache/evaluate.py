@@ -24,8 +24,8 @@ questions and their traps, looked up in the same index.
 --quick uses the calibrated thresholds of cache_service/calibration.json as they are and prints, at 2%, the
 perturbation suite by kind and the trap kinds of the frozen splits (and of the tune split). With
 `--suite-from tune` the suite is built from the tune split's questions (looked up among tune entries
-alone): the one to look at failing examples of while changing the normalizer; the frozen suite is only
-measured.
+alone, wrapped with the tune side's own vocabulary, data/writers/vocab_tune/): the one to look at failing
+examples of while changing the normalizer; the frozen suite is only measured.
 """
 
 from __future__ import annotations
@@ -550,7 +550,7 @@ def quick(model: str, suite_from: str) -> list[str]:
     rows = load_evaluation_rows()
     tune = [r for r in rows if r["split"] == "tune"]
     frozen = [r for r in rows if r["split"] in FROZEN]
-    suite = perturb.suite(tune if suite_from == "tune" else frozen)
+    suite = perturb.suite(tune if suite_from == "tune" else frozen, side=suite_from)
     vectors = Vectors(model)
     vectors.ensure(texts_of(tune if suite_from == "tune" else rows) | texts_of(suite))
     tune_index = Index(tune, vectors)

@@ -29,6 +29,9 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 VOCAB = HERE / "data" / "writers" / "vocab" / "wrappers.json"
+# The tune side's own wrappers, written apart from the frozen list by another writer: a suite built from the
+# tune split (to iterate on) never sees the frozen vocabulary that measures the normalizer.
+TUNE_VOCAB = HERE / "data" / "writers" / "vocab_tune" / "wrappers.json"
 SAMPLE = HERE.parent.parent / "tests" / "cache" / "data" / "perturbation_sample.jsonl"
 KINDS = ("typo1", "typo2", "wrapper", "clause", "case", "punctuation")
 _ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
@@ -173,15 +176,17 @@ def perturb(text: str, kind: str, vocab: dict[str, list[str]], salt: str = "") -
     return out if out and out != text else None
 
 
-def load_vocab() -> dict[str, list[str]]:
-    return json.loads(VOCAB.read_text())
+def load_vocab(side: str = "frozen") -> dict[str, list[str]]:
+    """The wrapper vocabulary of one side: "frozen" measures, "tune" is for iterating on the tune split."""
+    return json.loads((VOCAB if side == "frozen" else TUNE_VOCAB).read_text())
 
 
-def suite(rows: list[dict], trap_kinds_per_text: int = 2) -> list[dict]:
-    """Perturbed rows from the single-question rows given (frozen splits): every kind on each stored
-    question (should hit its group), `trap_kinds_per_text` kinds (seeded choice) on each trap (must miss).
-    Rows keep split, topic and groups; `kind` becomes the perturbation kind, `trap` the trap's kind."""
-    vocab = load_vocab()
+def suite(rows: list[dict], trap_kinds_per_text: int = 2, side: str = "frozen") -> list[dict]:
+    """Perturbed rows from the single-question rows given (frozen splits, or the tune split with
+    side="tune"): every kind on each stored question (should hit its group), `trap_kinds_per_text` kinds
+    (seeded choice) on each trap (must miss). Rows keep split, topic and groups; `kind` becomes the
+    perturbation kind, `trap` the trap's kind. Wrappers come from `side`'s own vocabulary."""
+    vocab = load_vocab(side)
     out = []
     seen_q: set[str] = set()
     for r in rows:

@@ -3,9 +3,13 @@ engine layer below takes its runner as a parameter, so it is built (and tested) 
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 from transformers import GenerationConfig
 
+from common.linear import warm_up_linears
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
@@ -20,6 +24,8 @@ from worker.model.loader import (
     torch_dtype,
 )
 from worker.model.runner import ModelRunner, kv_bytes_per_block
+
+log = logging.getLogger(__name__)
 
 
 def build_async_engine(config: EngineConfig, **options: object) -> AsyncEngine:
@@ -39,6 +45,10 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)
+    if device == "cpu":  # oneDNN compiles each row count's kernels now, not in the first steps that meet it
+        started = time.perf_counter()
+        runs = warm_up_linears(sched.max_num_batched_tokens)
+        log.info("linear layers warmed up: %d products in %.1f s", runs, time.perf_counter() - started)
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
         * 2**30
