@@ -45,7 +45,8 @@ PHATIC = frozenset(
     wondered wonder curious curiosity question questions quick quickly help helping assistance advice
     advise anyone anybody someone somebody everyone everybody folks guys hope hoping ok okay um uh hmm
     erm oh btw fyi lol haha bye goodbye worries grateful ta alright thankyou thnx thnks tyvm obliged
-    sup hola aloha ciao xo xoxo ttyl urgent urgently asap y'all yall reply replies""".split()
+    sup hola aloha ciao xo xoxo ttyl urgent urgently asap y'all yall reply replies heyo thanking awaiting
+    lmk gracias merci danke grazie obrigado ugh""".split()
 )
 # Weak phatic words: at home in a greeting or a sign-off ("good morning", "have a nice day", "thanks so
 # much for your time"), but alone they may be the question's point.
@@ -61,7 +62,9 @@ WEAK = frozenset(
     soon respond responding replies message note interested keen eager puzzled lost beginner newbie noob
     total complete forum community group thread people peeps dude bro fam gang legend lifesaver hero
     kindness patience advance knows terms nutshell short brief briefly layman layman's plain few words
-    honest long first lurker posting poster chance""".split()
+    honest long first lurker posting poster chance attention earliest query queries genuine expert experts
+    respected yeah tho writing write waiting revert greatly highly deeply blessed muchas needful enquire
+    inquire enquiring inquiring doubt doubts needed serious wishes bruh""".split()
 )
 # Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
 KEEP = NEGATORS | frozenset(
@@ -75,7 +78,8 @@ _CONJUNCTIONS = frozenset("but so and anyway well ok okay".split())  # left at t
 _ASKING = frozenset(
     """hi hello hey heya hiya howdy greetings yo please pls plz kindly sorry apologies pardon excuse
     wondering wondered wonder curious question questions know tell ask asking explain show wanted hmm um
-    uh erm oh btw fyi quick quickly curiosity bother bothering help hope hoping apologise apologize""".split()
+    uh erm oh btw fyi quick quickly curiosity bother bothering help hope hoping apologise apologize
+    enquire inquire enquiring inquiring""".split()
 )
 # Where a trailing run without punctuation may begin: thanking, pleading, laughing ("... please", "...
 # thanks in advance"), never a word that can be the question's own ("okay", "help", "quick").
@@ -84,7 +88,7 @@ _CLOSING = frozenset(
     haha asap urgent urgently thankyou thnx thnks tyvm anyone anybody someone somebody guys folks
     everyone btw fyi bye hmm sincerely respectfully grateful obliged worries sorry apologies hope hoping
     wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation chance something anything
-    whatever""".split()
+    whatever lmk bro dude mate sir madam tho bruh wishes""".split()
 )
 _MANNER = frozenset("terms nutshell short brief layman layman's simple plain few words".split())
 # Whom the answer is for, when it changes only its wording ("... for a beginner"): after "for" at the end.
@@ -102,7 +106,11 @@ _ASKED_FOR = frozenset("ideas idea thoughts tips suggestions advice help pointer
 _OBJECTS = frozenset(
     "me us you all everyone everybody folks guys team there friends people yall y'all".split()
 )
+# The time of day in a greeting ("morning all", "good evening folks"): a leading run of function and phatic
+# words with one of them ends where the question starts with a capital letter ("morning all Who pays ...").
+_TIME_OF_DAY = frozenset("morning afternoon evening day night".split())
 MIN_CORE_WORDS = 3
+_ELONGATED = re.compile(r"(.)\1{2,}")  # "heyyy", "pleeease", "sooo"
 
 _QUOTE = re.compile(r"['\"‘’“”]\B|\B['\"‘’“”]")  # a quotation mark (not an apostrophe inside a word)
 _WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*|\d+(?:[.,]\d+)*")
@@ -112,8 +120,18 @@ _LEAD_IN_END = re.compile(r"[!:]")  # "Evening all! ...", "Asking for a friend: 
 _BOUNDARY = re.compile(r"[!?;:\n()]+|(?<!\d)[.,]|[.,](?!\d)|\s[-–—]+\s|\.\.\.")
 
 
-def _word_class(word: str) -> str:
+def _normal(word: str) -> str:
+    """The word in lower case; one typed with a letter held ("heyyy") as the listed word it stretches."""
     w = word.lower().replace("’", "'")
+    if w not in PHATIC and w not in FUNCTION and w not in WEAK and _ELONGATED.search(w):
+        for short in (_ELONGATED.sub(r"\1", w), _ELONGATED.sub(r"\1\1", w)):
+            if short in PHATIC or short in FUNCTION or short in WEAK:
+                return short
+    return w
+
+
+def _word_class(word: str) -> str:
+    w = _normal(word)
     if w in NEGATORS or w.endswith("n't"):
         return "negator"
     if w in KEEP or w[:1].isdigit():
@@ -187,7 +205,10 @@ def _strip_clauses(text: str) -> str:
         s, e = segments[hi - 1]
         words = _WORD.findall(text[s:e])
         drop = 1
-        alone = after_wrapper and bool(_SENTENCE_END.search(text[segments[hi - 2][1] : s]))
+        between = text[segments[hi - 2][1] : s]
+        # a sentence after the question's own mark that says nothing ("...? Have a great day!", "...? Best,")
+        after_question = "?" in between and (len(words) > 1 or [_normal(w) for w in words] == ["best"])
+        alone = after_question or after_wrapper and bool(_SENTENCE_END.search(between))
         if _is_signature(words) and hi - 2 > lo:
             before = _WORD.findall(text[segments[hi - 2][0] : segments[hi - 2][1]])
             if before and _droppable(before, True, bool(_QUOTE.search(text[segments[hi - 2][0] : s]))):
@@ -226,7 +247,12 @@ def _strip_runs(text: str) -> str:
     matches = list(_WORD.finditer(text))
     classes = _run_classes(matches)
     cut = -1  # the last word of the leading run to drop
+    greeted = False  # the run so far has a greeting, thanks or a time of day in it
     for i, (m, c) in enumerate(zip(matches, classes, strict=True)):
+        if greeted and c in ("strong", "weak", "keep") and m.group()[:1].isupper() and m.group() != "I":
+            cut = i - 1  # an unpunctuated sentence starts here: "hey there What's ...", "morning all Who ..."
+            break
+        greeted = greeted or c == "strong" or _normal(m.group()) in _TIME_OF_DAY
         addressee = (
             0 <= cut == i - 1
             and m.group().lower() not in FUNCTION
@@ -238,9 +264,9 @@ def _strip_runs(text: str) -> str:
         if addressee:
             cut = i
             continue
-        if m.group().lower() in _ASKING:
+        if _normal(m.group()) in _ASKING or m.group().lower() == "but" and cut >= 0:  # "sorry if ... but"
             cut = i
-        elif cut == i - 1 and m.group().lower() in _OBJECTS | _CONJUNCTIONS and cut >= 0:
+        elif cut == i - 1 and _normal(m.group()) in _OBJECTS | _CONJUNCTIONS and cut >= 0:
             cut = i
     if (
         cut >= 0
@@ -256,8 +282,11 @@ def _strip_runs(text: str) -> str:
         if classes[i] not in ("strong", "weak"):
             break
         run_start = i
-        word = matches[i].group().lower()
-        if word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
+        word = _normal(matches[i].group())
+        sentence = i > 0 and matches[i].group()[:1].isupper() and matches[i].group() != "I"
+        if sentence and matches[i - 1].group()[:1].islower() and "strong" in classes[i:]:
+            start = i  # an unpunctuated sentence of its own: "... my throat Any help would be appreciated"
+        elif word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
         start -= 1

@@ -32,6 +32,13 @@ STORED = "How do I descale a kettle?"
         "How do I descale a kettle, in simple words?",
         "How do I descale a kettle for a beginner?",
         "Can I ask, How do I descale a kettle?",  # a question word is never an addressee
+        "helloooo how do I descale a kettle",  # a letter held down
+        "evening folks How do I descale a kettle?",  # an unpunctuated sentence starts at the capital
+        "How do I descale a kettle? Have a lovely weekend!",  # a sentence after the question saying nothing
+        "How do I descale a kettle? Best,",
+        "how do I descale a kettle Any pointers would be really appreciated",
+        "apologies if this is a silly question but how do I descale a kettle?",
+        "I am writing to inquire how do I descale a kettle?",
     ],
 )
 def test_a_wrapped_question_has_the_stored_ones_key(wrapped: str) -> None:
@@ -47,6 +54,8 @@ def test_a_wrapped_question_has_the_stored_ones_key(wrapped: str) -> None:
         ("Sorry if asked before, but can I freeze milk?", "if asked before, but can I freeze milk"),
         ("Hi, not sure. Can I freeze milk?", "not sure. Can I freeze milk"),  # a negator is never a wrapper's
         ("Is a kettle safe? Or not? Thanks", "Is a kettle safe? Or not"),
+        ("Is the pool heated? Always?", "Is the pool heated? Always"),  # one word after "?" may be the question's
+        ("Hi, is it a good day To sail?", "is it a good day To sail"),
     ],
 )
 def test_what_carries_the_question_stays(text: str, kept: str) -> None:

@@ -54,11 +54,14 @@ def test_padded_products_return_the_rows_asked_for_and_their_values(rows):
     torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
-def test_warm_up_runs_every_bucket_of_every_live_layer_shape():
+def test_warm_up_runs_every_bucket_of_each_live_layer_shape_once():
+    from common.linear import _SHAPES
+
     layers = [Linear(torch.randn(24, 20), backend="onednn"), Linear(torch.randn(24, 20), backend="onednn")]
     other = Linear(torch.randn(12, 20), torch.randn(12), backend="onednn")
-    runs = warm_up_linears(40)  # one layer of each shape, at 1..32, 48
-    assert runs >= 2 * len(row_buckets(40))
+    shapes = {(24, 20, torch.float32, False), (12, 20, torch.float32, True)}
+    assert shapes <= set(_SHAPES.keys())
+    assert warm_up_linears(40) == len(_SHAPES) * len(row_buckets(40))  # 1..32 and 48, per shape
     del layers, other
 
 
