@@ -19,7 +19,7 @@ one sequence at a time through SDPA with a causal mask offset by the tokens alre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,23 @@ class PrefillChunk:
     num_tokens: int
     context_len: int  # tokens in the cache after this chunk (start position + num_tokens)
     block_table: torch.Tensor  # [num_blocks_for_context] long
+    _masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def bias(self, window: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[num_tokens, context_len] additive attention mask, 0 where a query sees a key and -inf where it
+        does not: causal from the chunk's place in the context (and within the window). Built once per step,
+        not once per layer, and already in the scores' form (a bool mask is converted on every call)."""
+        mask = self._masks.get((window, dtype, device))
+        if mask is None:
+            n = self.num_tokens
+            rows = torch.arange(n, device=device).unsqueeze(1) + (self.context_len - n)
+            cols = torch.arange(self.context_len, device=device).unsqueeze(0)
+            visible = cols <= rows
+            if window is not None:
+                visible &= cols > rows - window
+            mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
+            self._masks[(window, dtype, device)] = mask
+        return mask
 
 
 @dataclass
@@ -162,10 +179,6 @@ def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, wi
     if fresh and window is None:
         attn = F.scaled_dot_product_attention(q_seq, keys, values, is_causal=True, enable_gqa=group > 1)
     else:
-        rows = torch.arange(n, device=q.device).unsqueeze(1) + (chunk.context_len - n)
-        cols = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
-        visible = cols <= rows
-        if window is not None:
-            visible &= cols > rows - window
-        attn = F.scaled_dot_product_attention(q_seq, keys, values, attn_mask=visible, enable_gqa=group > 1)
+        bias = chunk.bias(window, q.dtype, q.device)
+        attn = F.scaled_dot_product_attention(q_seq, keys, values, attn_mask=bias, enable_gqa=group > 1)
     out[s : s + n] = attn.squeeze(0).transpose(0, 1)
