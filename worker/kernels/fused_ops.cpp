@@ -39,6 +39,13 @@ void rms_norm_row(const T* x, const T* weight, float eps, int64_t n, T* out) {
   for (; i < n; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
   i = 0;
+#ifdef LLMSERVE_AVX512
+  const __m512 inv16 = _mm512_set1_ps(inv);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 normed = llmserve::round_through16(_mm512_mul_ps(llmserve::load16(x + i), inv16), x);
+    llmserve::store16(out + i, _mm512_mul_ps(llmserve::load16(weight + i), normed));
+  }
+#endif
 #ifdef LLMSERVE_AVX2
   const __m256 inv8 = _mm256_set1_ps(inv);
   for (; i + 8 <= n; i += 8) {
@@ -55,6 +62,11 @@ void rms_norm_row(const T* x, const T* weight, float eps, int64_t n, T* out) {
 template <typename T>
 void add_rows(const T* x, T* residual, int64_t n) {
   int64_t i = 0;
+#ifdef LLMSERVE_AVX512
+  for (; i + 16 <= n; i += 16) {
+    llmserve::store16(residual + i, _mm512_add_ps(llmserve::load16(residual + i), llmserve::load16(x + i)));
+  }
+#endif
 #ifdef LLMSERVE_AVX2
   for (; i + 8 <= n; i += 8) {
     llmserve::store8(residual + i, _mm256_add_ps(llmserve::load8(residual + i), llmserve::load8(x + i)));
@@ -136,7 +148,21 @@ void rotary_row(T* row, const T* cos, const T* sin, int64_t num_heads, int64_t d
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < num_heads; ++h) {
     T* x = row + h * dim;
-    for (int64_t i = 0; i < half; ++i) {
+    int64_t i = 0;
+#ifdef LLMSERVE_AVX2
+    using llmserve::load8;
+    using llmserve::round_through;
+    for (; i + 8 <= half; i += 8) {  // the same roundings, eight pairs at a time
+      const __m256 x1 = load8(x + i), x2 = load8(x + i + half);
+      const __m256 a1 = round_through(_mm256_mul_ps(x1, load8(cos + i)), x);
+      const __m256 b1 = round_through(_mm256_mul_ps(_mm256_xor_ps(x2, _mm256_set1_ps(-0.f)), load8(sin + i)), x);
+      const __m256 a2 = round_through(_mm256_mul_ps(x2, load8(cos + i + half)), x);
+      const __m256 b2 = round_through(_mm256_mul_ps(x1, load8(sin + i + half)), x);
+      llmserve::store8(x + i, _mm256_add_ps(a1, b1));
+      llmserve::store8(x + i + half, _mm256_add_ps(a2, b2));
+    }
+#endif
+    for (; i < half; ++i) {
       const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + half]);
       // Each product is rounded to T before the sum, as `x * cos + rotate_half(x) * sin` does.
       const float a1 = static_cast<float>(round_to<T>(x1 * static_cast<float>(cos[i])));
@@ -182,6 +208,15 @@ void silu_and_mul_row(const T* x, int64_t n, T* out) {
   const T* gate = x;
   const T* up = x + n;
   int64_t i = 0;
+#ifdef LLMSERVE_AVX512
+  const __m512 one16 = _mm512_set1_ps(1.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = llmserve::load16(gate + i);
+    const __m512 e = llmserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = llmserve::round_through16(_mm512_div_ps(g, _mm512_add_ps(one16, e)), gate);
+    llmserve::store16(out + i, _mm512_mul_ps(s, llmserve::load16(up + i)));
+  }
+#endif
 #ifdef LLMSERVE_AVX2
   const __m256 one = _mm256_set1_ps(1.f);
   for (; i + 8 <= n; i += 8) {
