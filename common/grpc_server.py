@@ -59,9 +59,7 @@ class GrpcServer:
         for name in ("", self.service_name):
             await self.health.set(name, SERVING if serving else NOT_SERVING)
 
-    def watch(
-        self, check: Check, period_s: float, on_change: Callable[[bool], None] | None = None
-    ) -> None:
+    def watch(self, check: Check, period_s: float, on_change: Callable[[bool], None] | None = None) -> None:
         """Poll `check` every `period_s`; health follows it (an exception counts as not serving)."""
         self._watcher = asyncio.create_task(self._watch(check, period_s, on_change))
 

@@ -54,7 +54,8 @@ def test_a_wrapped_question_has_the_stored_ones_key(wrapped: str) -> None:
         ("Sorry if asked before, but can I freeze milk?", "if asked before, but can I freeze milk"),
         ("Hi, not sure. Can I freeze milk?", "not sure. Can I freeze milk"),  # a negator is never a wrapper's
         ("Is a kettle safe? Or not? Thanks", "Is a kettle safe? Or not"),
-        ("Is the pool heated? Always?", "Is the pool heated? Always"),  # one word after "?" may be the question's
+        # one word after "?" may be the question's own
+        ("Is the pool heated? Always?", "Is the pool heated? Always"),
         ("Hi, is it a good day To sail?", "is it a good day To sail"),
     ],
 )

@@ -41,7 +41,8 @@ def test_row_counts_are_padded_to_few_buckets_with_little_padding():
     buckets = row_buckets(512)
     assert buckets[:32] == list(range(1, 33)) and buckets[-1] == 512 and len(buckets) == 32 + 30
     for rows in range(1, 1025):
-        assert rows <= padded_rows(rows) <= max(rows * 1.5, rows + 15) and padded_rows(rows) in row_buckets(1024)
+        assert rows <= padded_rows(rows) <= max(rows * 1.5, rows + 15)
+        assert padded_rows(rows) in row_buckets(1024)
 
 
 @pytest.mark.parametrize("rows", [33, 47, 300])

@@ -48,7 +48,8 @@ class PrefillChunk:
             visible = cols <= rows
             if window is not None:
                 visible &= cols > rows - window
-            mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
+            mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+            mask.masked_fill_(~visible, float("-inf"))
             self._masks[(window, dtype, device)] = mask
         return mask
 

@@ -27,6 +27,7 @@ from worker.server.proto_inputs import chat_prompt, grammar_spec
 
 log = logging.getLogger(__name__)
 
+
 def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
     kind = request.WhichOneof("prompt")
     if kind == "text":
@@ -252,6 +253,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield report
                 last, sent_at = figures, loop.time()
             await asyncio.sleep(interval)
+
     async def LoadLoraAdapter(self, request, context: grpc.aio.ServicerContext) -> worker_pb2.LoraAdapterList:
         try:
             return await lora_rpc.load(self.engine.lora, self.engine.model_info.model_name, request)
