@@ -34,6 +34,26 @@ void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* ou
 #ifdef LLMSERVE_AVX2
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  if constexpr (R == 1) {
+    // One row (a one-stream decode step): two more sums in flight, so the FMAs' latency does not bound
+    // the read of the weights (two chains read 28 MB of LM head at 9 GB/s on an AMX Xeon). The sums
+    // group differently from 2-4 rows', so a row's float32 rounding depends on its batch, as it already
+    // does from panel_min_rows on.
+    __m256 more[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (; k + 32 <= K; k += 32) {
+      const __m128i* src = reinterpret_cast<const __m128i*>(w + k);
+      const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(src)));
+      const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8))));
+      const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 16))));
+      const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 24))));
+      acc[0][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + k), acc[0][0]);
+      acc[0][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + k + 8), acc[0][1]);
+      more[0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + k + 16), more[0]);
+      more[1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + k + 24), more[1]);
+    }
+    acc[0][0] = _mm256_add_ps(acc[0][0], more[0]);
+    acc[0][1] = _mm256_add_ps(acc[0][1], more[1]);
+  }
   for (; k + 16 <= K; k += 16) {
     const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k))));
     const __m256 w1 =
