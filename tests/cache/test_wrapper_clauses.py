@@ -36,8 +36,8 @@ STORED = "How do I descale a kettle?"
         "evening folks How do I descale a kettle?",  # an unpunctuated sentence starts at the capital
         "How do I descale a kettle? Have a lovely weekend!",  # a sentence after the question saying nothing
         "How do I descale a kettle? Best,",
-        "how do I descale a kettle Any pointers would be really appreciated",
-        "apologies if this is a silly question but how do I descale a kettle?",
+        "how do I descale a kettle Any help would be greatly appreciated",  # a sentence at a capital
+        "sorry if this is a dumb one but how do I descale a kettle",
         "I am writing to inquire how do I descale a kettle?",
     ],
 )

@@ -178,7 +178,7 @@ def perturb(text: str, kind: str, vocab: dict[str, list[str]], salt: str = "") -
 
 def load_vocab(side: str = "frozen") -> dict[str, list[str]]:
     """The wrapper vocabulary of one side: "frozen" measures, "tune" is for iterating on the tune split."""
-    return json.loads((VOCAB if side == "frozen" else TUNE_VOCAB).read_text())
+    return json.loads({"frozen": VOCAB, "tune": TUNE_VOCAB}[side].read_text())
 
 
 def suite(rows: list[dict], trap_kinds_per_text: int = 2, side: str = "frozen") -> list[dict]:
