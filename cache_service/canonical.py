@@ -24,10 +24,11 @@ import functools
 import itertools
 import re
 import unicodedata
+from collections.abc import Iterator
 
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
-from cache_service.phatic import strip_phatic
+from cache_service.phatic import audience_only, strip_phatic
 from cache_service.typos import typo_edits
 
 _GREETINGS = (
@@ -88,7 +89,21 @@ _CLOSING = re.compile(
 _TOKEN = re.compile(r"(?:(?<!\w)-(?=\d))?\w+(?:[.'+#&@/\-]\w+)*[+#%]*|[$€£%+#&=<>]")
 _SENTENCE_END = re.compile(r"[.!?]$")
 _CLAUSE_SPLIT = re.compile(r"(?<!\d),|,(?!\d)|;|\s[–—]\s")  # not "3,000"
-MAX_CLAUSES = 3
+# "So that ...": a purpose clause moved to the front, not a filler "so"
+_PURPOSE = re.compile(r"so\s+that\b", re.I)
+MAX_CLAUSES = 3  # clauses taken in every order up to here
+MAX_ROTATED = 6  # then in every rotation: clauses moved from one end to the other
+
+
+def clause_orders(clauses: list) -> Iterator[tuple]:
+    """The orders in which `clauses` may have been typed for the same question: every one for two or three,
+    every rotation for up to MAX_ROTATED (a clause moved from an end, keeping at most six keys), else as
+    written."""
+    if len(clauses) <= MAX_CLAUSES:
+        return itertools.permutations(clauses)
+    if len(clauses) <= MAX_ROTATED:
+        return (tuple(clauses[i:] + clauses[:i]) for i in range(len(clauses)))
+    return iter([tuple(clauses)])
 
 
 @functools.lru_cache(maxsize=16384)
@@ -101,7 +116,7 @@ def strip_wrappers(text: str) -> str:
     for _ in range(6):
         before = text
         text = strip_phatic(text)
-        for pattern in (_OPENING, _CLOSING):
+        for pattern in (_CLOSING,) if _PURPOSE.match(text) else (_OPENING, _CLOSING):
             shorter = pattern.sub("", text, count=1).strip()
             if len(shorter.split()) >= 2 and shorter != text:
                 text = shorter
@@ -140,26 +155,28 @@ def canonical_words(
     text = strip_wrappers(text) if strip else text
     text = expand_contractions(text) if expand else text.replace("’", "'")
     caseless = case_says_nothing(text)
+    parts = [p.strip() for p in _CLAUSE_SPLIT.split(text)]
+    if strip and 2 <= sum(1 for p in parts if p) <= MAX_ROTATED:
+        # a clause moved to an end brings its wrapper with it ("For a dog groomer, tell me how ..."), and
+        # one that only names the answer's audience goes, as it does at the end of the question
+        parts = [strip_wrappers(p) for p in parts]
+        parts = [p for p in parts if not audience_only(p)] or parts
     clauses = []
-    for n, part in enumerate(_CLAUSE_SPLIT.split(text)):
-        ws = _words(part.strip(), first_of_text=n == 0 or not clauses, correct=correct, caseless=caseless)
+    for n, part in enumerate(parts):
+        ws = _words(part, first_of_text=n == 0 or not clauses, correct=correct, caseless=caseless)
         if ws:
             clauses.append(ws)
     return clauses
 
 
 def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
-    """Every key of `text`: its clauses in each order (two or three clauses), else in the order written."""
+    """Every key of `text`: its clauses in each order they may have been typed in (clause_orders)."""
     return _keys(text, True, correct)
 
 
 @functools.lru_cache(maxsize=16384)
 def _keys(text: str, expand: bool, correct: bool = False, strip: bool = True) -> frozenset[str]:
-    clauses = canonical_words(text, correct, expand, strip)
-    if 2 <= len(clauses) <= MAX_CLAUSES:
-        orders = itertools.permutations(clauses)
-    else:
-        orders = iter([clauses])
+    orders = clause_orders(canonical_words(text, correct, expand, strip))
     return frozenset(" ".join(w for clause in order for w in clause) for order in orders)
 
 

@@ -109,6 +109,12 @@ _OBJECTS = frozenset(
 # The time of day in a greeting ("morning all", "good evening folks"): a leading run of function and phatic
 # words with one of them ends where the question starts with a capital letter ("morning all Who pays ...").
 _TIME_OF_DAY = frozenset("morning afternoon evening day night".split())
+# Closers that are indefinite pronouns ("... or something", "can someone"): right after a content word they
+# are its object ("invite someone", "return something") and stay; "anyone" at the end is an address.
+_PRONOUN_CLOSING = frozenset("someone somebody something anything whatever".split())
+# "ok" after a copula is what is asked ("is it okay", "is 5 hours OK"), not a filler.
+_PREDICATE = frozenset("ok okay alright fine".split())
+_COPULA = frozenset("is it be are was were am seem seems it's that's look looks feel feels".split())
 MIN_CORE_WORDS = 3
 _ELONGATED = re.compile(r"(.)\1{2,}")  # "heyyy", "pleeease", "sooo"
 
@@ -134,13 +140,21 @@ def _word_class(word: str) -> str:
     w = _normal(word)
     if w in NEGATORS or w.endswith("n't"):
         return "negator"
-    if w in KEEP or w[:1].isdigit():
+    if w in KEEP or w[:1].isdigit() or w.partition("'")[0] in KEEP:  # "what's", "how'd" ask too
         return "keep"
     if w in PHATIC:
         return "strong"
     if w in FUNCTION or w in WEAK or w.endswith(("'s", "'m", "'re", "'ve", "'d", "'ll")):
         return "weak"
     return "content"
+
+
+def _in_context(words: list[str], classes: list[str]) -> list[str]:
+    """Word classes corrected by the word before: "ok" after a copula is the question's predicate."""
+    return [
+        "content" if i > 0 and w.lower() in _PREDICATE and words[i - 1].lower() in _COPULA else c
+        for i, (w, c) in enumerate(zip(words, classes, strict=True))
+    ]
 
 
 def _droppable(words: list[str], trailing: bool, quoted: bool = False, next_to_wrapper: bool = False) -> bool:
@@ -154,10 +168,13 @@ def _droppable(words: list[str], trailing: bool, quoted: bool = False, next_to_w
         return True
     if quoted:
         return False  # a quotation is what is asked about ("... end an email with 'Best regards'?")
-    classes = [
-        "weak" if i > 0 and w[:1].isupper() and _word_class(w) == "content" else _word_class(w)
-        for i, w in enumerate(words)
-    ]
+    classes = _in_context(
+        words,
+        [
+            "weak" if i > 0 and w[:1].isupper() and _word_class(w) == "content" else _word_class(w)
+            for i, w in enumerate(words)
+        ],
+    )
     strong, negators = classes.count("strong"), classes.count("negator")
     negation_ok = negators <= strong or negators % 2 == 0  # "no worries if not": two cancel out
     if next_to_wrapper and not negators:  # a name here is the question's ("Hi! | In Monopoly, ...")
@@ -209,6 +226,7 @@ def _strip_clauses(text: str) -> str:
         # a sentence after the question's own mark that says nothing ("...? Have a great day!", "...? Best,")
         after_question = "?" in between and (len(words) > 1 or [_normal(w) for w in words] == ["best"])
         alone = after_question or after_wrapper and bool(_SENTENCE_END.search(between))
+        alone = alone or bool(words) and all(w.lower() in _DISCOURSE for w in words)  # "..., honestly?"
         if _is_signature(words) and hi - 2 > lo:
             before = _WORD.findall(text[segments[hi - 2][0] : segments[hi - 2][1]])
             if before and _droppable(before, True, bool(_QUOTE.search(text[segments[hi - 2][0] : s]))):
@@ -234,12 +252,13 @@ def _run_classes(matches: list[re.Match[str]]) -> list[str]:
     """Word classes in a run; a function word in capitals inside the text is a name ("in the US", "IT"),
     one with a capital first letter starts an unpunctuated sentence ("... flashing Would appreciate any
     help")."""
-    return [
+    classes = [
         "content"
         if i > 0 and m.group() != "I" and m.group().isupper() and m.group().lower() in FUNCTION
         else _word_class(m.group())
         for i, m in enumerate(matches)
     ]
+    return _in_context([m.group() for m in matches], classes)
 
 
 def _strip_runs(text: str) -> str:
@@ -248,7 +267,10 @@ def _strip_runs(text: str) -> str:
     classes = _run_classes(matches)
     cut = -1  # the last word of the leading run to drop
     greeted = False  # the run so far has a greeting, thanks or a time of day in it
+    purpose = bool(matches) and matches[0].group().lower() == "to"  # "To know the rules, ...": content
     for i, (m, c) in enumerate(zip(matches, classes, strict=True)):
+        if purpose:
+            break
         if greeted and c in ("strong", "weak", "keep") and m.group()[:1].isupper() and m.group() != "I":
             cut = i - 1  # an unpunctuated sentence starts here: "hey there What's ...", "morning all Who ..."
             break
@@ -283,9 +305,12 @@ def _strip_runs(text: str) -> str:
             break
         run_start = i
         word = _normal(matches[i].group())
-        sentence = i > 0 and matches[i].group()[:1].isupper() and matches[i].group() != "I"
+        # a capitalized word ("Any"), not one in capitals ("OK", "I")
+        sentence = i > 0 and matches[i].group()[:1].isupper() and matches[i].group()[1:].islower()
         if sentence and matches[i - 1].group()[:1].islower() and "strong" in classes[i:]:
             start = i  # an unpunctuated sentence of its own: "... my throat Any help would be appreciated"
+        elif word in _PRONOUN_CLOSING and i > 0 and classes[i - 1] == "content":
+            continue
         elif word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
@@ -304,6 +329,18 @@ def _strip_runs(text: str) -> str:
         tail = text[matches[-1].end() :]
         text = text[: matches[start].start()].rstrip(" ,:;-") + tail.strip(" ,:;-")
     return text
+
+
+def audience_only(clause: str) -> bool:
+    """A clause that only says whom the answer is for ("For a beginner", "for total newbies"): the
+    trailing run's rule above, for a clause moved to the front."""
+    words = [w.lower() for w in _WORD.findall(clause)]
+    return (
+        len(words) >= 2
+        and words[0] == "for"
+        and any(w in _AUDIENCE for w in words)
+        and all(w in _AUDIENCE or w in FUNCTION or w in WEAK for w in words)
+    )
 
 
 def strip_phatic(text: str) -> str:

@@ -23,10 +23,9 @@ They run on both tiers (canonical and semantic) and cost a few regular expressio
 
 from __future__ import annotations
 
-import itertools
 import re
 
-from cache_service.canonical import MAX_CLAUSES, case_says_nothing, near_typo, strip_wrappers
+from cache_service.canonical import case_says_nothing, clause_orders, near_typo, strip_wrappers
 from cache_service.pair_checks import dates, expand_contractions, on_mistyped, words
 from cache_service.pair_checks import veto as number_negation_veto
 
@@ -154,7 +153,7 @@ def _anchor_orders(text: str, anchors: set[str]) -> set[tuple[str, ...]]:
     """The order the anchors come in, for every order of the text's clauses (a clause moved around a comma
     keeps its meaning; a word moved inside a clause may not)."""
     clauses = [[w for w in (_plain(t) for t, _ in _tokens(c)) if w in anchors] for c in _CLAUSE.split(text)]
-    orders = itertools.permutations(clauses) if len(clauses) <= MAX_CLAUSES else iter([clauses])
+    orders = clause_orders(clauses)
     return {tuple(dict.fromkeys(w for clause in order for w in clause)) for order in orders}
 
 

@@ -227,6 +227,21 @@ def suite(rows: list[dict], trap_kinds_per_text: int = 2, side: str = "frozen") 
     return out
 
 
+def check(questions: list[str], shown: int = 5) -> None:
+    """The canonical tier alone on perturbed copies of `questions`, with the tune side's vocabulary."""
+    from cache_service.canonical import canonical_keys, near_typo
+
+    vocab = load_vocab("tune")
+    for kind in KINDS:
+        pairs = [(q, b) for q in questions if (b := perturb(q, kind, vocab)) is not None]
+        missed = [
+            (q, b) for q, b in pairs if not canonical_keys(q) & canonical_keys(b) and not near_typo(b, q)
+        ]
+        print(f"{kind}: {len(pairs) - len(missed)}/{len(pairs)} keep a key")
+        for q, b in missed[:shown]:
+            print(f"    {q!r}\n -> {b!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -235,7 +250,16 @@ def main() -> None:
         "--write-sample", action="store_true", help=f"write the fixed test sample to {SAMPLE}"
     )
     parser.add_argument("--per-kind", type=int, default=12)
+    parser.add_argument(
+        "--check",
+        type=Path,
+        help="a JSONL file of tune-side questions ({'q': ...}): how many of each kind's copies keep a "
+        "canonical key (or pass as a near typo), and the failures; no model, no frozen data",
+    )
     args = parser.parse_args()
+    if args.check:
+        check([json.loads(line)["q"] for line in args.check.read_text().splitlines() if line.strip()])
+        return
     from tools.cache.evaluate import FROZEN, load_evaluation_rows
 
     rows = [r for r in load_evaluation_rows() if r["split"] in FROZEN]
