@@ -47,6 +47,9 @@ PHATIC = frozenset(
     erm oh btw fyi lol haha bye goodbye worries grateful ta alright thankyou thnx thnks tyvm obliged
     sup hola aloha ciao xo xoxo ttyl urgent urgently asap y'all yall reply replies heyo thanking awaiting
     lmk gracias merci danke grazie obrigado ugh""".split()
+) | frozenset(
+    # interjections of chat, and forms of address (a question is never about them)
+    "ey ay lmao lmfao rofl smh meh oof yikes welp sir madam ma'am maam".split()
 )
 # Weak phatic words: at home in a greeting or a sign-off ("good morning", "have a nice day", "thanks so
 # much for your time"), but alone they may be the question's point.
@@ -64,7 +67,7 @@ WEAK = frozenset(
     kindness patience advance knows terms nutshell short brief briefly layman layman's plain few words
     honest long first lurker posting poster chance attention earliest query queries genuine expert experts
     respected yeah tho writing write waiting revert greatly highly deeply blessed muchas needful enquire
-    inquire enquiring inquiring doubt doubts needed serious wishes bruh""".split()
+    inquire enquiring inquiring doubt doubts needed serious wishes bruh thats wanna message finds""".split()
 )
 # Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
 KEEP = NEGATORS | frozenset(
@@ -88,14 +91,15 @@ _CLOSING = frozenset(
     haha asap urgent urgently thankyou thnx thnks tyvm anyone anybody someone somebody guys folks
     everyone btw fyi bye hmm sincerely respectfully grateful obliged worries sorry apologies hope hoping
     wondering curious xo xoxo ttyl ciao ta excuse pardon gratitude appreciation chance something anything
-    whatever lmk bro dude mate sir madam tho bruh wishes""".split()
+    whatever lmk bro dude mate sir madam tho bruh wishes ugh lmao lmfao rofl smh meh oof yikes ma'am
+    maam""".split()
 )
 _MANNER = frozenset("terms nutshell short brief layman layman's simple plain few words".split())
 # Whom the answer is for, when it changes only its wording ("... for a beginner"): after "for" at the end.
 _AUDIENCE = frozenset("beginner beginners newbie newbies noob noobs dummies layman laymen".split())
 # "... so much", "... or something", "... by any chance", "... kind regards", "... I would appreciate it"
 _BEFORE_CLOSING = frozenset(
-    "any some so very really much many a an the or by kind best warm warmest would i i'd we".split()
+    "any some so very really much many a an the or by kind best warm warmest would i i'd we just".split()
 )
 # Discourse markers: a leading clause of nothing else says nothing ("So basically, ...", "Well, actually,")
 _DISCOURSE = frozenset(
@@ -103,8 +107,10 @@ _DISCOURSE = frozenset(
 )
 # Asked for after "any" only ("... any ideas?"): alone they can be the question ("What should I advise?").
 _ASKED_FOR = frozenset("ideas idea thoughts tips suggestions advice help pointers input".split())
+# After an asking or greeting word: whom it addresses ("help me", "hi bro") or what ("quick one").
 _OBJECTS = frozenset(
-    "me us you all everyone everybody folks guys team there friends people yall y'all".split()
+    """me us you all everyone everybody folks guys team there friends people yall y'all one bro dude mate
+    buddy fam sir madam""".split()
 )
 # The time of day in a greeting ("morning all", "good evening folks"): a leading run of function and phatic
 # words with one of them ends where the question starts with a capital letter ("morning all Who pays ...").
@@ -115,6 +121,10 @@ _PRONOUN_CLOSING = frozenset("someone somebody something anything whatever".spli
 # "ok" after a copula is what is asked ("is it okay", "is 5 hours OK"), not a filler.
 _PREDICATE = frozenset("ok okay alright fine".split())
 _COPULA = frozenset("is it be are was were am seem seems it's that's look looks feel feels".split())
+# "..., okay?" as a tag at the very end of a question that does not itself ask yes or no ("What's the top
+# speed okay?"); after an auxiliary opening ("Is my posture okay?") it is what is asked.
+_TAG = frozenset("ok okay alright".split())
+_YES_NO = frozenset("is are was were am do does did can could will would should shall may might must".split())
 MIN_CORE_WORDS = 3
 _ELONGATED = re.compile(r"(.)\1{2,}")  # "heyyy", "pleeease", "sooo"
 
@@ -202,6 +212,13 @@ def _segments(text: str) -> list[tuple[int, int]]:
 
 
 def _strip_clauses(text: str) -> str:
+    first_end = _SENTENCE_END.search(text)
+    if first_end:  # a first sentence of wrapper words alone ("Long time lurker, first time poster.")
+        head, rest = text[: first_end.start()], text[first_end.end() :]
+        words = _WORD.findall(head)
+        plain = len(words) >= 2 and not _QUOTE.search(head)
+        if plain and all(_word_class(w) in ("strong", "weak") for w in words) and _core_ok(rest):
+            text = rest.strip()
     segments = _segments(text)
     lo, hi = 0, len(segments)
     after_wrapper = False  # a clause with words was dropped at this end: its neighbour needs no strong word
@@ -213,6 +230,8 @@ def _strip_clauses(text: str) -> str:
         boundary = text[e : segments[lo + 1][0]]
         alone = bool(_LEAD_IN_END.search(boundary)) or after_wrapper and bool(_SENTENCE_END.search(boundary))
         alone = alone or bool(words) and all(w.lower() in _DISCOURSE for w in words)
+        # a whole sentence before the question ("First time poster here.", "Long time lurker.")
+        alone = alone or len(words) >= 2 and bool(_SENTENCE_END.search(boundary))
         if not _droppable(words, False, quoted, alone) or not _core_ok(rest):
             break
         after_wrapper = after_wrapper or bool(words)
@@ -286,8 +305,9 @@ def _strip_runs(text: str) -> str:
         if addressee:
             cut = i
             continue
-        if _normal(m.group()) in _ASKING or m.group().lower() == "but" and cut >= 0:  # "sorry if ... but"
-            cut = i
+        ask_next = i + 1 < len(matches) and _word_class(matches[i + 1].group()) == "keep"
+        if _normal(m.group()) in _ASKING or m.group().lower() == "but" and (cut >= 0 or ask_next):
+            cut = i  # "sorry if ... but", "might be a silly one but what ..."
         elif cut == i - 1 and _normal(m.group()) in _OBJECTS | _CONJUNCTIONS and cut >= 0:
             cut = i
     if (
@@ -311,6 +331,10 @@ def _strip_runs(text: str) -> str:
             start = i  # an unpunctuated sentence of its own: "... my throat Any help would be appreciated"
         elif word in _PRONOUN_CLOSING and i > 0 and classes[i - 1] == "content":
             continue
+        elif word in _TAG and classes[i] != "content" and i == len(matches) - 1:
+            clause = re.split(r"[,;.!?:]", text[: matches[i].start()])[-1].split()  # the tag's own clause
+            if clause and clause[0].lower() not in _YES_NO:
+                start = i
         elif word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
