@@ -2,7 +2,9 @@
 
 Reference: float64 products over the de-quantized weights (d q + m per group, computed in float64) and x as
 the kernel reads it: float32, or rounded to bfloat16 on the AVX512-BF16 path (`int4_activation_dtype`); from
-`bf16_panel_min_rows` rows (worker/kernels/bf16_panel_gemm.h) the weights too are rounded to bfloat16 once.
+`bf16_panel_min_rows` rows (worker/kernels/bf16_panel_gemm.h) the weights too are rounded to bfloat16 once;
+one row, where the CPU also has AVX512-VNNI, takes that bfloat16 x to each group's 16-bit grid (integer
+products; elements below ~1/256 of the group's largest round to it).
 The kernel sums in float32 across up to 1536 products, so the tolerance is relative to sum |x| |w| (the
 scale float32 summation error grows with), not to the result.
 """
@@ -35,6 +37,31 @@ def activation_dtype() -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[torch.ops.llmserve.int4_activation_dtype()]
 
 
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    return set()
+
+
+def one_row_on_grid(rows: int) -> bool:
+    """A single row runs the integer one-row products (int4_linear.cpp, `grid_row`): the bfloat16 path's
+    build where the CPU has AVX512-VNNI too (-march=native)."""
+    return rows == 1 and activation_dtype() == torch.bfloat16 and "avx512_vnni" in cpu_flags()
+
+
+def on_group_grid(x: torch.Tensor) -> torch.Tensor:
+    """x (float64, bfloat16 values) as the one-row path reads it: per group of 32, on the grid of step
+    2^(e - 14) where 2^e <= max |x| < 2^(e + 1), rounded to nearest even (exact for |x| >= 2^(e - 7))."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    top = groups.abs().amax(-1, keepdim=True)
+    # frexp: top = f 2^exp with f in [0.5, 1), so e = exp - 1
+    step = torch.ldexp(torch.ones_like(top), torch.frexp(top).exponent - 15)
+    gridded = torch.where(top > 0, torch.round(groups / step) * step, groups)
+    return gridded.reshape(x.shape)
+
+
 def panel_rows() -> float:
     """From how many rows the kernel runs the bfloat16 panel GEMM (never, where the build has none)."""
     rows = torch.ops.llmserve.bf16_panel_min_rows()
@@ -44,13 +71,17 @@ def panel_rows() -> float:
 def reference(x: torch.Tensor, groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
     """x @ W.T in float64 over x and W as the kernel reads them, and sum |x| |W| (what float32 rounding
     error scales with)."""
-    x = x.to(activation_dtype())
+    x = x.to(activation_dtype()).double()
     n, k = groups.codes.shape
     q = groups.codes.double().reshape(n, k // 32, 32)
     w = (q * groups.scales.double()[..., None] + groups.mins.double()[..., None]).reshape(n, k)
     if len(x) >= panel_rows():  # d q + m as one FMA rounds it (exact in float64), then bfloat16
         w = w.float().bfloat16().double()
-    return x.double() @ w.T, x.double().abs() @ w.abs().T
+    magnitude = x.abs() @ w.abs().T
+    if one_row_on_grid(len(x)):  # the codes' share reads x on the grid; the mins' share sums the bfloat16 x
+        dq = (q * groups.scales.double()[..., None]).reshape(n, k)
+        return on_group_grid(x) @ dq.T + x @ (w - dq).T, magnitude
+    return x @ w.T, magnitude
 
 
 def assert_matches(got: torch.Tensor, x: torch.Tensor, groups: Int4Groups) -> None:
@@ -80,14 +111,47 @@ def test_native_int4_kernel_is_float32_x_times_dequantized_weight(rows, in_featu
         assert_matches(out, x, groups)
 
 
+# One row (a decode stream): four weight rows at a time, codes 4 groups (64 bytes) at a time and scales 16
+# groups at a time, so channel counts that leave 1-3 rows over and group counts that leave a part block
+# (1, 3, 17, 19, 65 groups) or a part 16 (17, 19, 65); x spanning four decades within a group puts elements
+# below the exact part of the grid.
+@pytest.mark.parametrize("out_features", [1, 3, 7, 203])
+@pytest.mark.parametrize("in_features", [32, 96, 544, 608, 2080])
+def test_one_row_over_odd_channel_and_group_counts(out_features, in_features):
+    ops = native_int4()
+    gen = torch.Generator().manual_seed(out_features * 10_000 + in_features)
+    groups = random_groups(gen, out_features, in_features)
+    packed = pack_int4(groups.codes)
+    for spread in (1.0, 1e4):
+        x = torch.randn(1, in_features, generator=gen) * spread ** -torch.rand(1, in_features, generator=gen)
+        out = torch.full((1, out_features), float("nan"))
+        ops.int4_linear(x, packed, groups.scales.half(), groups.mins.half(), out)
+        assert_matches(out, x, groups)
+
+
+def test_on_group_grid_keeps_bfloat16_values_down_to_a_256th_of_the_largest():
+    values = [3.0, 3.0 / 128, 2.0**-6, 2.0**-6 * 1.5, 2.0**-8 * 1.01]
+    x = torch.tensor([values + [0.0] * 27], dtype=torch.float64)
+    got = on_group_grid(x)[0, :5].tolist()  # max 3: e = 1, step 2^-13
+    assert got[:4] == x[0, :4].tolist()
+    assert got[4] == round(2.0**-8 * 1.01 * 2**13) * 2.0**-13 != x[0, 4]
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_x_gives_non_finite_outputs(rows, bad):
+    ops = native_int4()
+    groups = random_groups(torch.Generator().manual_seed(4), 12, 96)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(5))
+    x[:, 40] = bad
+    out = torch.zeros(rows, 12)
+    ops.int4_linear(x, pack_int4(groups.codes), groups.scales.half(), groups.mins.half(), out)
+    assert not bool(torch.isfinite(out).any())
+
+
 def test_the_bfloat16_path_is_taken_where_the_cpu_has_it():
     native_int4()
-    flags = set()
-    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = set(line.partition(":")[2].split())
-                break
+    flags = cpu_flags()
     has_bf16 = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags
     assert torch.ops.llmserve.int4_activation_dtype() == ("bfloat16" if has_bf16 else "float32")
     # the panel GEMM (bf16_panel_gemm.h) for batches of 10 rows and more, on the same instructions
