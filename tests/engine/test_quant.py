@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.engine.factories import tiny_llama
+from tests.engine.kernel_grid import int8_one_row_on_grid, on_chunk_grid
 from worker.kernels import native_ops
 from worker.model.gguf import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
 from worker.model.loader import resolve_dtype, resolve_quantization
@@ -40,8 +41,9 @@ def test_int8_layer_computes_x_times_its_dequantized_weight(rows):
 @pytest.mark.parametrize("in_features", [64, 40, 33, 1536])  # 16-wide steps, tails, an odd width, the MLP's
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 10, 16, 17, 33])  # row tiles; the panel GEMM's blocks
 def test_native_int8_kernel_is_x_times_dequantized_weight(rows, in_features):
-    """float32 x below `bf16_panel_min_rows` rows, x rounded to bfloat16 from there (bf16_panel_gemm.h: the
-    int8 codes are exact in bfloat16 and the scale multiplies the float32 sums)."""
+    """float32 x below `bf16_panel_min_rows` rows (one row on a 16-bit grid per 64 elements where the CPU
+    has AVX512-VNNI), x rounded to bfloat16 from there (bf16_panel_gemm.h: the int8 codes are exact in
+    bfloat16 and the scale multiplies the float32 sums)."""
     ops = native_ops()
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
@@ -51,11 +53,17 @@ def test_native_int8_kernel_is_x_times_dequantized_weight(rows, in_features):
     assert layer.backend == "native-int8" and layer.scales.dtype == torch.float32
     x = torch.randn(rows, in_features, generator=gen)
     panel_rows = ops.bf16_panel_min_rows()
-    read = x.bfloat16() if 0 < panel_rows <= rows else x
-    expected = read.double() @ (layer.weight.double() * layer.scales.double()[:, None]).T
+    read = x.bfloat16().double() if 0 < panel_rows <= rows else x.double()
+    if int8_one_row_on_grid(rows):
+        read = on_chunk_grid(read)
+    expected = read @ (layer.weight.double() * layer.scales.double()[:, None]).T
     got = torch.empty(rows, 200)
     ops.int8_linear(x, layer.weight, layer.scales, got)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
+    if rows == 1:  # the grid's own error: at most a step, max |x| 2^-14, per element
+        dequantized = layer.weight.double() * layer.scales.double()[:, None]
+        error = (got.double() - x.double() @ dequantized.T).abs()
+        assert bool((error <= x.abs().max() * 2.0**-14 * dequantized.abs().sum(1) + 1e-6).all())
     # a bfloat16 model feeds bfloat16 rows and gets bfloat16 back
     assert layer(x.bfloat16()).dtype == torch.bfloat16
 

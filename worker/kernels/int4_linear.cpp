@@ -291,15 +291,6 @@ void grid_row(const float* x, int64_t K, GridRow& out) {
   }
 }
 
-// The four sums of v0..v3 (a transpose-and-add tree: a third of the shuffles of four separate reductions).
-inline __m128 reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
-  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
-  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
-  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 // C consecutive weight rows against the gridded row; writes out[0, C). Codes go 64 bytes (4 groups) at a
 // time; lane l of a block's int32 sums belongs to its group l / 4, whose d * step a permute of the 16 groups'
 // values (widened once per 16 groups) lines up. The codes ahead are prefetched: streamed from memory, two
@@ -341,7 +332,7 @@ void one_row_channels(const GridRow& xg, int64_t K, const uint8_t* w, const Half
     }
   }
   if constexpr (C == 4) {
-    _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));
+    _mm_storeu_ps(out, llmserve::reduce4(acc[0], acc[1], acc[2], acc[3]));
   } else {
     for (int c = 0; c < C; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
   }

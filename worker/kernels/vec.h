@@ -99,6 +99,14 @@ inline __m512 round_through16(__m512 v, const float*) { return v; }
 inline __m512 round_through16(__m512 v, const c10::BFloat16*) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16x16(v)), 16));
 }
+// The four sums of v0..v3 (a transpose-and-add tree: a third of the shuffles of four separate reductions).
+inline __m128 reduce4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
 inline __m512 exp16(__m512 x) {  // as exp8
   using C = ExpConstants;
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(C::lo)), _mm512_set1_ps(C::hi));
