@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
-from cache_service.phatic import audience_only, strip_phatic
+from cache_service.phatic import audience_only, strip_phatic, wrapper_clause
 from cache_service.typos import typo_edits
 
 _GREETINGS = (
@@ -125,6 +125,15 @@ def strip_wrappers(text: str) -> str:
     return text
 
 
+def _wrapper_only(clause: str) -> bool:
+    """A clause that is a greeting, lead-in or sign-off and nothing else ("hello", "good evening"), met
+    between other clauses once they move."""
+    if not clause.strip(" ,.!?;:"):
+        return False
+    emptied = (pattern.sub("", clause, count=1).strip(" ,.!?;:") for pattern in (_OPENING, _CLOSING))
+    return any(not rest for rest in emptied) or wrapper_clause(clause)
+
+
 def case_says_nothing(text: str) -> bool:
     """Typed in capitals or with every word capitalized: case tells no name from a word."""
     alpha = [w for w in _TOKEN.findall(text) if w[:1].isalpha()]
@@ -160,7 +169,7 @@ def canonical_words(
         # a clause moved to an end brings its wrapper with it ("For a dog groomer, tell me how ..."), and
         # one that only names the answer's audience goes, as it does at the end of the question
         parts = [strip_wrappers(p) for p in parts]
-        parts = [p for p in parts if not audience_only(p)] or parts
+        parts = [p for p in parts if not audience_only(p) and not _wrapper_only(p)] or parts
     clauses = []
     for n, part in enumerate(parts):
         ws = _words(part, first_of_text=n == 0 or not clauses, correct=correct, caseless=caseless)

@@ -82,7 +82,7 @@ _ASKING = frozenset(
     """hi hello hey heya hiya howdy greetings yo please pls plz kindly sorry apologies pardon excuse
     wondering wondered wonder curious question questions know tell ask asking explain show wanted hmm um
     uh erm oh btw fyi quick quickly curiosity bother bothering help hope hoping apologise apologize
-    enquire inquire enquiring inquiring""".split()
+    enquire inquire enquiring inquiring heyo hola hallo aloha sup ey ay""".split()
 )
 # Where a trailing run without punctuation may begin: thanking, pleading, laughing ("... please", "...
 # thanks in advance"), never a word that can be the question's own ("okay", "help", "quick").
@@ -118,8 +118,17 @@ _TIME_OF_DAY = frozenset("morning afternoon evening day night".split())
 # Closers that are indefinite pronouns ("... or something", "can someone"): right after a content word they
 # are its object ("invite someone", "return something") and stay; "anyone" at the end is an address.
 _PRONOUN_CLOSING = frozenset("someone somebody something anything whatever".split())
+# After a preposition any of them is an object ("declined for everyone", "talk to anyone").
+_ADDRESSED = frozenset("anyone anybody everyone everybody".split())
+_PREPOSITIONS = frozenset("for to with from about by of on at in into onto".split())
+# Whose question an asking word opens: the writer's or the reader's ("I wanted to ask", "can you tell me"),
+# never a third party's ("they wanted me to move my money", "he asked me to sign").
+_THIRD_PERSON = frozenset("he she they it his her their its him them".split())
+# "If ..." at the end is a condition on answering ("... if possible", "... if you know") only with these
+# after it; "... if he is genuine" is the question's.
+_ANSWER_CONDITION = frozenset("possible poss you u anyone anybody someone somebody so not any".split())
 # "ok" after a copula is what is asked ("is it okay", "is 5 hours OK"), not a filler.
-_PREDICATE = frozenset("ok okay alright fine".split())
+_PREDICATE = frozenset("ok okay alright fine sorry".split())
 _COPULA = frozenset("is it be are was were am seem seems it's that's look looks feel feels".split())
 # "..., okay?" as a tag at the very end of a question that does not itself ask yes or no ("What's the top
 # speed okay?"); after an auxiliary opening ("Is my posture okay?") it is what is asked.
@@ -294,11 +303,14 @@ def _strip_runs(text: str) -> str:
             cut = i - 1  # an unpunctuated sentence starts here: "hey there What's ...", "morning all Who ..."
             break
         greeted = greeted or c == "strong" or _normal(m.group()) in _TIME_OF_DAY
-        addressee = (
+        following = matches[i + 1].group() if i + 1 < len(matches) else ""
+        addressee = (  # a name right after a greeting, the question going on in lower case
             0 <= cut == i - 1
+            and _normal(matches[cut].group()) in PHATIC
             and m.group().lower() not in FUNCTION
             and m.group()[:1].isupper()
             and c not in ("keep", "negator")
+            and (not following or following[:1].islower())
         )
         if c not in ("strong", "weak") and not addressee:  # "Hi Sarah how do I ..."
             break
@@ -306,6 +318,8 @@ def _strip_runs(text: str) -> str:
             cut = i
             continue
         ask_next = i + 1 < len(matches) and _word_class(matches[i + 1].group()) == "keep"
+        if m.group().lower() in _THIRD_PERSON:
+            break  # someone else's asking is the question's ("they wanted me to ...")
         if _normal(m.group()) in _ASKING or m.group().lower() == "but" and (cut >= 0 or ask_next):
             cut = i  # "sorry if ... but", "might be a silly one but what ..."
         elif cut == i - 1 and _normal(m.group()) in _OBJECTS | _CONJUNCTIONS and cut >= 0:
@@ -329,7 +343,15 @@ def _strip_runs(text: str) -> str:
         sentence = i > 0 and matches[i].group()[:1].isupper() and matches[i].group()[1:].islower()
         if sentence and matches[i - 1].group()[:1].islower() and "strong" in classes[i:]:
             start = i  # an unpunctuated sentence of its own: "... my throat Any help would be appreciated"
-        elif word in _PRONOUN_CLOSING and i > 0 and classes[i - 1] == "content":
+        elif (
+            word in _PRONOUN_CLOSING | _ADDRESSED
+            and i > 0
+            and (
+                matches[i - 1].group().lower() in _PREPOSITIONS
+                or word in _PRONOUN_CLOSING
+                and classes[i - 1] == "content"
+            )
+        ):
             continue
         elif word in _TAG and classes[i] != "content" and i == len(matches) - 1:
             clause = re.split(r"[,;.!?:]", text[: matches[i].start()])[-1].split()  # the tag's own clause
@@ -345,7 +367,8 @@ def _strip_runs(text: str) -> str:
         # in simple terms"), of function and phatic words only
         manner = word == "in" and any(w in _MANNER for w in run[i + 1 :])
         audience = word == "for" and any(w in _AUDIENCE for w in run[i + 1 :])
-        if word == "if" or manner or audience:
+        condition = word == "if" and i + 1 < len(run) and run[i + 1] in _ANSWER_CONDITION
+        if condition or manner or audience:
             start = run_start + i if start is None else min(start, run_start + i)
             break
     quoted = start is not None and _QUOTE.search(text[max(matches[start].start() - 1, 0) :])
@@ -353,6 +376,12 @@ def _strip_runs(text: str) -> str:
         tail = text[matches[-1].end() :]
         text = text[: matches[start].start()].rstrip(" ,:;-") + tail.strip(" ,:;-")
     return text
+
+
+def wrapper_clause(clause: str) -> bool:
+    """A clause of wrapper words alone, with a strong phatic word ("hello", "thanks so much")."""
+    words = _WORD.findall(clause)
+    return bool(words) and not _QUOTE.search(clause) and _droppable(words, False)
 
 
 def audience_only(clause: str) -> bool:

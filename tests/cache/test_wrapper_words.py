@@ -43,3 +43,27 @@ def test_a_trailing_okay_tag_goes_unless_it_is_asked() -> None:
 def test_a_first_sentence_with_content_stays() -> None:
     assert canonical_text("My kettle is old. How do I descale it?").startswith("my kettle is old")
     assert canonical_text("First time buyer. How do I get a mortgage?").startswith("first time buyer")
+
+
+def test_the_question_keeps_what_only_looks_like_a_wrapper() -> None:
+    # someone else's asking, a condition that is the question's, "sorry" as a predicate, "for everyone"
+    assert "they wanted me" in canonical_text("The bank rang, and they wanted me to move my money. Should I?")
+    assert canonical_text("It seems a lot, how do I know if he is genuine?").endswith("if he is genuine")
+    assert canonical_text("How do I fix the boiler if possible?").endswith("fix the boiler")
+    assert canonical_text("My hanging baskets look sorry").endswith("look sorry")
+    assert canonical_text("Is Square down, my reader says declined for everyone").endswith("for everyone")
+    # a capitalized word after an asking verb, or before a number, is the topic, not an addressee
+    assert canonical_text("please i want to ask ModuleNotFoundError when I run pytest").startswith(
+        "modulenotfounderror"
+    )
+    assert canonical_text("hello hello Postgres 15 is slow on big tables").startswith("postgres 15")
+    assert canonical_text("Hi Sarah how do I descale a kettle") == canonical_text(STORED)
+
+
+def test_a_greeting_clause_between_moved_clauses_goes() -> None:
+    assert canonical_keys("I have an iPad, how do I start with email?") & canonical_keys(
+        "How do I start with email, hello, I have an iPad?"
+    )
+    assert canonical_keys("When I run the tests, how do I fix it?") & canonical_keys(
+        "heyo when I run the tests, how do I fix it?"
+    )
