@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from worker.engine.config import ATTENTION_BACKENDS
 from worker.kernels import native_ops
 
-# Up to this many tokens, a chunk after cached context runs its grouped query heads as rows of one head:
+# Up to this many tokens, a chunk after cached context runs its grouped query heads as rows of one head (CPU):
 # SDPA's CPU kernel took 145 against 223 us for 40 tokens over 552 (bfloat16, 9 heads over 3, AMX Xeon, 2
 # threads), about the same at 128 tokens and slower at 256.
 GROUPED_ROWS_MAX_TOKENS = 64
@@ -193,12 +193,12 @@ def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, wi
         values = gather_kv(v_cache, table)[:, :, : chunk.context_len].transpose(0, 1)
     if fresh and window is None:
         attn = F.scaled_dot_product_attention(q_seq, keys, values, is_causal=True, enable_gqa=group > 1)
-    elif group > 1 and n <= GROUPED_ROWS_MAX_TOKENS:
+    elif group > 1 and n <= GROUPED_ROWS_MAX_TOKENS and q.device.type == "cpu":
         # The query heads sharing a KV head as one head's rows (the mask repeated per head): the same
         # products, but SDPA's CPU kernel gets a taller query block instead of a grouped one.
         bias = chunk.bias(window, q.dtype, q.device, repeat=group)
         rows = q_seq.reshape(1, q_seq.shape[1] // group, group * n, q_seq.shape[-1])
-        attn = F.scaled_dot_product_attention(rows, keys, values, attn_mask=bias).view(q_seq.shape)
+        attn = F.scaled_dot_product_attention(rows, keys, values, attn_mask=bias).reshape(q_seq.shape)
     else:
         bias = chunk.bias(window, q.dtype, q.device)
         attn = F.scaled_dot_product_attention(q_seq, keys, values, attn_mask=bias, enable_gqa=group > 1)
