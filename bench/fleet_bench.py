@@ -32,7 +32,7 @@ from bench.report import median, publish
 from common.gen import worker_pb2, worker_pb2_grpc
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ranking
-from scripts.launch import MODEL_NAME, ROOT, Service, start_gateway, start_worker
+from scripts.launch import MODEL_NAME, ROOT, Service, exit_on_sigterm, start_gateway, start_worker
 
 POLICIES = ("round_robin", "cache_aware")
 VARIANTS = {  # more --policies, as gateway settings: cache_aware without its later rules, to compare
@@ -437,6 +437,7 @@ def run_fleet(workers: int, kv_blocks: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--fleet", action="append", help="WORKERS:KV_BLOCKS, repeatable (2:300 4:150 1:600 3:200)"

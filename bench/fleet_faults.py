@@ -37,6 +37,7 @@ from scripts.launch import (
     MODEL_NAME,
     ROOT,
     Service,
+    exit_on_sigterm,
     start_cache_service,
     start_gateway,
     start_redis,
@@ -342,6 +343,7 @@ def report(runs: list[dict]) -> list[str]:
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--pace", type=float, default=1.0, help="scale the scenario's waits (a check: 0.2)")

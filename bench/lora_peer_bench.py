@@ -31,7 +31,7 @@ from bench.peer_bench import (
     with_cpu,
 )
 from bench.report import cpu_section, median, write_section
-from scripts.launch import MODEL_NAME
+from scripts.launch import MODEL_NAME, exit_on_sigterm
 from worker.model.cpu_kind import cpu_info
 
 RANK = 16
@@ -153,6 +153,7 @@ def render(rounds: dict[str, list[dict[str, dict]]], command: str) -> str:
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

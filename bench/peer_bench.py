@@ -39,7 +39,14 @@ from pathlib import Path
 import psutil
 
 from bench.report import cpu_section, median, median_of_runs, write_section
-from scripts.launch import MODEL_NAME, Service, stack_default_threads, start_gateway, start_worker
+from scripts.launch import (
+    MODEL_NAME,
+    Service,
+    exit_on_sigterm,
+    stack_default_threads,
+    start_gateway,
+    start_worker,
+)
 from worker.model.cpu_kind import CpuInfo, cpu_info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -405,6 +412,7 @@ def write_summary(rounds: dict, servers: dict[str, Server], command: str, cpu: C
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -42,7 +42,14 @@ import torch
 
 from bench.peer_bench import MemorySampler, Server, peer, with_cpu
 from bench.report import cpu_section, median_of_runs, write_section
-from scripts.launch import MODEL_NAME, free_port, stack_default_threads, start_gateway, start_worker
+from scripts.launch import (
+    MODEL_NAME,
+    exit_on_sigterm,
+    free_port,
+    stack_default_threads,
+    start_gateway,
+    start_worker,
+)
 from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
 
@@ -607,6 +614,7 @@ def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> No
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

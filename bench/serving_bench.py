@@ -33,7 +33,14 @@ import psutil
 
 from bench.report import median, write_section
 from common.gen import worker_pb2, worker_pb2_grpc
-from scripts.launch import MODEL_NAME, Service, stack_default_threads, start_gateway, start_worker
+from scripts.launch import (
+    MODEL_NAME,
+    Service,
+    exit_on_sigterm,
+    stack_default_threads,
+    start_gateway,
+    start_worker,
+)
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.outputs import PromptInput
 from worker.engine.sampling_params import SamplingParams
@@ -365,6 +372,7 @@ def report(args: argparse.Namespace, res: Results) -> str:
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=60, help="latency samples per path")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per stream in the throughput runs")

@@ -31,7 +31,7 @@ import redis
 
 from bench.report import write_section
 from common.gen import worker_pb2, worker_pb2_grpc
-from scripts.launch import MODEL_NAME, Service, free_port, grpc_serving, redis_argv
+from scripts.launch import MODEL_NAME, Service, exit_on_sigterm, free_port, grpc_serving, redis_argv
 
 MODEL = MODEL_NAME
 TOPICS = ("rivers", "owls", "bread", "glaciers", "chess", "tides", "copper", "lanterns", "maps", "bees")
@@ -301,6 +301,7 @@ def report(
 
 
 def main() -> None:
+    exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -96,6 +96,12 @@ def wait_ready(
     raise StartError(f"{name} not ready after {timeout_s:g} s:\n{log_tail()}")
 
 
+def exit_on_sigterm() -> None:
+    """Unwind on SIGTERM as on Ctrl-C, so a benchmark's `finally` blocks stop the servers it started: by
+    default SIGTERM ends Python without running them and leaves those servers behind."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def stop_process(proc: subprocess.Popen | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM (the services drain on it), then a kill after `timeout_s`."""
     if proc is None or proc.poll() is not None:
