@@ -94,7 +94,7 @@ def int4pack_layer(weight: torch.Tensor, groups: Int4Groups, dtype: torch.dtype)
 def held(layer: Int8Linear | Int4Linear, path: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The layer held on one path at every row count, where the engine switches by rows: the native kernel's
     row-at-a-time products ("rows"), its bfloat16 panel GEMM ("panel", from `bf16_panel_min_rows`), or
-    dequantize + oneDNN bfloat16 GEMM ("deq", from `worker.model.quant.DEQUANTIZE_MIN_ROWS`)."""
+    dequantize + oneDNN bfloat16 GEMM ("deq", from `worker.model.quant.dequantize_min_rows`)."""
     layer.dequantize_from = 1 if path == "deq" else None
     ops = native_ops()
     panel_rows = {"rows": 10**9, "panel": 1}.get(path)

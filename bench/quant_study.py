@@ -51,7 +51,7 @@ from scripts.launch import (
     start_worker,
 )
 from worker.model.cpu_kind import auto_choice, cpu_info
-from worker.model.quant import DEQUANTIZE_MIN_ROWS, native_cpu_bfloat16
+from worker.model.quant import dequantize_min_rows, native_cpu_bfloat16
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -355,10 +355,11 @@ def setup(repeats: int) -> str:
     query = getattr(torch.ops.llmserve, "int4_activation_dtype", None)
     int4_rows = query() if query is not None else "float32"
     panel_rows = getattr(torch.ops.llmserve, "bf16_panel_min_rows", lambda: 0)()
+    dequantize_rows = dequantize_min_rows(torch.device("cpu"))
     dequantized = (
         " On this CPU both quantized rows change method with the batch (worker/model/quant.py):"
         f" from {panel_rows}"
-        f" rows their kernels run a bfloat16 panel GEMM, and from {DEQUANTIZE_MIN_ROWS} rows (prefill"
+        f" rows their kernels run a bfloat16 panel GEMM, and from {dequantize_rows} rows (prefill"
         " chunks) the layers dequantize to bfloat16 for oneDNN's GEMM."
         if native_cpu_bfloat16() and panel_rows
         else ""

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 
 from worker.kernels import native_ops
 from worker.model.decode_layers import DecodeLayers
-from worker.model.quant import DEQUANTIZE_MIN_ROWS, Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
+from worker.model.quant import (
+    Int4Groups,
+    Int4Linear,
+    Int8Linear,
+    dequantize_min_rows,
+    native_cpu_bfloat16,
+)
 
 
 def dequantize_ops():
@@ -77,7 +83,8 @@ def test_a_batch_of_many_rows_runs_bfloat16_gemm_over_the_dequantized_weights(qu
         groups = Int4Groups.from_float(weight)
         layer = Int4Linear(weight, bias, groups)
         exact_weights, dequantized = groups.dequantize(), int4_reference(groups)
-    assert layer.dequantize_from == (DEQUANTIZE_MIN_ROWS if native_cpu_bfloat16() else None)
+    assert layer.dequantize_from == dequantize_min_rows(torch.device("cpu"))
+    assert (layer.dequantize_from is None) == (not native_cpu_bfloat16())
     layer.dequantize_from = 8  # the path runs on any CPU (emulated bfloat16 without native support)
     x = torch.randn(8, 64, generator=gen)
     got = layer(x)

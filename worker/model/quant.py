@@ -22,12 +22,20 @@ import torch.nn.functional as F
 from common.linear import Linear
 from worker.engine.config import QUANTIZATIONS
 from worker.kernels import native_op
+from worker.model.cpu_kind import cpu_info
 from worker.model.w8a8 import W8A8Linear
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
 # From this many rows a native layer on a CPU with native bfloat16 dequantizes its weights and runs one oneDNN
 # bfloat16 GEMM instead of its own kernel, as vLLM's AWQ layers do for large batches (docs/STUDY_LOG.md).
 DEQUANTIZE_MIN_ROWS = 256
+# On AMX oneDNN's bfloat16 GEMM runs on tiles and wins earlier: a one-request int4 prefill step in process,
+# panel GEMM against dequantized, 96 tokens 160 against 72 ms, 128 tokens 206 against 82 (AMX Xeon, 2 cores).
+# Served (bench.quant_study, int4, 128-token prompts; runs of 256 / 96 taking turns): TTFT p50 at one stream
+# 51.7-63.0 against 52.7-55.0 ms, tok/s at 8 streams 170-182 against 184-185, at 32 streams 310-343 against
+# 327-338. Kept above the decode batches (at most 64 sequences): from 24-32 rows a decode step that
+# dequantized every weight served slower.
+DEQUANTIZE_MIN_ROWS_AMX = 96
 
 
 def native_cpu_bfloat16() -> bool:
@@ -39,7 +47,9 @@ def native_cpu_bfloat16() -> bool:
 def dequantize_min_rows(device: torch.device) -> int | None:
     """The row count from which a native quantized layer dequantizes for a bfloat16 GEMM, or None where it
     never does (without native bfloat16 the native kernels beat float32 oneDNN at every batch size)."""
-    return DEQUANTIZE_MIN_ROWS if device.type == "cpu" and native_cpu_bfloat16() else None
+    if device.type != "cpu" or not native_cpu_bfloat16():
+        return None
+    return DEQUANTIZE_MIN_ROWS_AMX if cpu_info().kind == "amx" else DEQUANTIZE_MIN_ROWS
 
 
 def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
