@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace llmserve {
 
@@ -24,6 +25,17 @@ void for_each_tile(int64_t M, int64_t N, int64_t row_chunk, int64_t channel_bloc
         for (int64_t m0 = c0; m0 < c1; m0 += row_tile) tile(m0, std::min(row_tile, c1 - m0), n0, n1);
       }
     }
+  });
+}
+
+// One row against every weight row: rows(width, n) for weight rows [n, n + width), width a
+// std::integral_constant of C for runs of C rows and of 1 for the rest of each thread's channels.
+template <int C, typename Rows>
+void for_each_channel_run(int64_t N, int64_t channel_block, const Rows& rows) {
+  for_each_tile(1, N, 1, channel_block, 1, [&](int64_t, int64_t, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    for (; n + C <= n1; n += C) rows(std::integral_constant<int, C>{}, n);
+    for (; n < n1; ++n) rows(std::integral_constant<int, 1>{}, n);
   });
 }
 

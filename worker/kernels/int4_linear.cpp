@@ -45,7 +45,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -273,14 +272,8 @@ void grid_row(const float* x, int64_t K, GridRow& out) {
     const __m512i bits0 = _mm512_and_si512(_mm512_castps_si512(half[0]), magnitude);
     const __m512i bits1 = _mm512_and_si512(_mm512_castps_si512(half[1]), magnitude);
     const uint32_t top = _mm512_reduce_max_epu32(_mm512_max_epu32(bits0, bits1));  // max |x|'s bits
-    // The biased exponent e of max |x|, kept where 2^(14 - e) and 2^(e - 14) are normal floats; a non-finite
-    // x gives a NaN step, so the row's output is NaN as on the other paths.
-    const int32_t e = std::clamp<int32_t>(static_cast<int32_t>(top >> 23), 40, 240);
-    const uint32_t inverse_bits = static_cast<uint32_t>(268 - e) << 23, step_bits = static_cast<uint32_t>(e - 14) << 23;
-    float inverse, step;
-    std::memcpy(&inverse, &inverse_bits, 4);
-    std::memcpy(&step, &step_bits, 4);
-    out.step[g] = (top >> 23) == 0xFF ? std::numeric_limits<float>::quiet_NaN() : step;
+    float inverse;
+    out.step[g] = llmserve::grid_step(top, inverse);
     const __m512 scale = _mm512_set1_ps(inverse);  // exact: a power of two
     const __m512i low = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_permutex2var_ps(half[0], low_order, half[1]), scale));
     const __m512i high = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_permutex2var_ps(half[0], high_order, half[1]), scale));
@@ -389,11 +382,8 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     thread_local GridRow scratch;  // reused: no allocation per call
     grid_row(xp, K, scratch);
     const GridRow& xg = scratch;  // the caller's (a thread_local named in the lambda would be each worker's own)
-    llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile, [&](int64_t, int64_t, int64_t n0, int64_t n1) {
-      int64_t n = n0;
-      for (; n + kOneRowChannels <= n1; n += kOneRowChannels)
-        one_row_channels<kOneRowChannels>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
-      for (; n < n1; ++n) one_row_channels<1>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
+    llmserve::for_each_channel_run<kOneRowChannels>(N, kChannelBlock, [&](auto width, int64_t n) {
+      one_row_channels<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
     });
     return;
   }

@@ -15,8 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <vector>
 
 #include "bf16_panel_gemm.h"
@@ -115,14 +113,8 @@ void grid_row(const float* x, int64_t K, GridRow& out) {
       v[j] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1), x + k);
       top = std::max(top, _mm512_reduce_max_epu32(_mm512_and_si512(_mm512_castps_si512(v[j]), magnitude)));
     }
-    // The biased exponent e of max |x|, kept where 2^(14 - e) and 2^(e - 14) are normal floats; a non-finite
-    // x gives a NaN step, so the row's output is NaN as on the other paths.
-    const int32_t e = std::clamp<int32_t>(static_cast<int32_t>(top >> 23), 40, 240);
-    const uint32_t inverse_bits = static_cast<uint32_t>(268 - e) << 23, step_bits = static_cast<uint32_t>(e - 14) << 23;
-    float inverse, step;
-    std::memcpy(&inverse, &inverse_bits, 4);
-    std::memcpy(&step, &step_bits, 4);
-    out.step[c] = (top >> 23) == 0xFF ? std::numeric_limits<float>::quiet_NaN() : step;
+    float inverse;
+    out.step[c] = llmserve::grid_step(top, inverse);
     const __m512 scale = _mm512_set1_ps(inverse);  // exact: a power of two
     for (int j = 0; j < 4; ++j) {
       __m512i x16 = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], scale));
@@ -205,11 +197,8 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
     thread_local GridRow scratch;  // reused: no allocation per call
     grid_row(xp, K, scratch);
     const GridRow& xg = scratch;  // the caller's (a thread_local named in the lambda would be each worker's own)
-    llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile, [&](int64_t, int64_t, int64_t n0, int64_t n1) {
-      int64_t n = n0;
-      for (; n + kOneRowChannels <= n1; n += kOneRowChannels)
-        one_row_channels<kOneRowChannels>(xg, K, wp + n * K, sp + n, op + n);
-      for (; n < n1; ++n) one_row_channels<1>(xg, K, wp + n * K, sp + n, op + n);
+    llmserve::for_each_channel_run<kOneRowChannels>(N, kChannelBlock, [&](auto width, int64_t n) {
+      one_row_channels<decltype(width)::value>(xg, K, wp + n * K, sp + n, op + n);
     });
     return;
   }

@@ -3,7 +3,25 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace llmserve {
+// The 16-bit grid of the one-row integer paths (int4_linear.cpp, int8_linear.cpp) for a group whose largest
+// |x| has the float bits `top` (sign cleared): x16 = x * inverse, x = step * x16, step = 2^(e - 14) where
+// 2^e <= max |x| < 2^(e + 1). e is kept where both powers are normal floats; a non-finite x gives a NaN step,
+// so the row's output is NaN as on the other paths. Returns the step.
+inline float grid_step(uint32_t top, float& inverse) {
+  const int32_t e = std::clamp<int32_t>(static_cast<int32_t>(top >> 23), 40, 240);
+  const uint32_t inverse_bits = static_cast<uint32_t>(268 - e) << 23, step_bits = static_cast<uint32_t>(e - 14) << 23;
+  float step;
+  std::memcpy(&inverse, &inverse_bits, 4);
+  std::memcpy(&step, &step_bits, 4);
+  return (top >> 23) == 0xFF ? std::numeric_limits<float>::quiet_NaN() : step;
+}
+}  // namespace llmserve
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
