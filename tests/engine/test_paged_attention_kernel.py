@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.kernels import native_ops
-from worker.model.attention import AttentionMetadata, _decode, resolve_attention_backend
+from worker.model.attention import AttentionMetadata, _decode, resolve_attention_backend, write_kv
 
 
 def _case(num_seqs, num_heads, num_kv, head_dim, block_size, dtype, seed=0, lens=None):
@@ -84,3 +84,26 @@ def test_backend_resolution():
         resolve_attention_backend("native", torch.device("cuda"), torch.float32)
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_attention_backend("flash", cpu, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_puts_each_row_where_index_copy_does(dtype):
+    """K and V as the fused QKV output's column views (rows strided, heads contiguous), slots scattered."""
+    ops = native_ops()
+    gen = torch.Generator().manual_seed(11)
+    num_kv, dim, heads, tokens = 3, 64, 9, 37
+    qkv = torch.randn(tokens, (heads + 2 * num_kv) * dim, generator=gen).to(dtype)
+    k = qkv[:, heads * dim : (heads + num_kv) * dim].view(tokens, num_kv, dim)
+    v = qkv[:, (heads + num_kv) * dim :].view(tokens, num_kv, dim)
+    slots = torch.randperm(20 * 16, generator=gen)[:tokens]
+    expected_k, expected_v = (
+        torch.zeros(num_kv, 20, 16, dim, dtype=dtype),
+        torch.zeros(num_kv, 20, 16, dim, dtype=dtype),
+    )
+    write_kv(expected_k, slots, k)
+    write_kv(expected_v, slots, v)
+    k_cache, v_cache = torch.zeros_like(expected_k), torch.zeros_like(expected_v)
+    ops.write_kv(k, v, slots, k_cache, v_cache)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        ops.write_kv(k, v, torch.full((tokens,), 20 * 16), k_cache, v_cache)

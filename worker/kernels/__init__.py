@@ -25,6 +25,7 @@ SOURCES = [
     SOURCE_DIR / "int4_linear.cpp",
     SOURCE_DIR / "bf16_weight_linear.cpp",
     SOURCE_DIR / "decode_layers.cpp",
+    SOURCE_DIR / "sampling.cpp",
 ]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 

@@ -25,6 +25,8 @@ void int4_dequantize(const at::Tensor& packed, const at::Tensor& scales, const a
 void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& out);
 
 // paged_attention.cpp
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_mapping, const at::Tensor& k_cache,
+              const at::Tensor& v_cache);
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
                       const at::Tensor& out);

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -242,7 +243,10 @@ void attend_bf16(const BF16* query_heads, const std::vector<const BF16*>& krows,
     float* s = scores.data() + g * ctx;
     inv[g] = 1.f / softmax_numerators(s, ctx);
     auto* w = reinterpret_cast<uint16_t*>(weights.data() + g * pairs);
-    for (int64_t i = 0; i < ctx; ++i) w[i] = BF16(s[i]).x;
+    int64_t i = 0;
+    for (; i + 16 <= ctx; i += 16)  // rounded to nearest even sixteen at a time, as BF16(float) rounds
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(s + i))));
+    for (; i < ctx; ++i) w[i] = BF16(s[i]).x;
     if (ctx % 2) w[ctx] = 0;
   }
   __m512 acc[G][2 * V];
@@ -374,6 +378,38 @@ void decode_attention_typed(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 namespace llmserve {
 
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_mapping, const at::Tensor& k_cache,
+              const at::Tensor& v_cache) {
+  TORCH_CHECK(k.device().is_cpu() && k.dim() == 3 && v.sizes() == k.sizes() && k_cache.dim() == 4 &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "write_kv: k, v [T, KV, D] and caches [KV, num_blocks, block_size, D] on the CPU");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == k_cache.scalar_type() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "write_kv: k, v and the caches must share a dtype");
+  TORCH_CHECK(k.size(1) == k_cache.size(0) && k.size(2) == k_cache.size(3), "write_kv: heads or head size differ");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == k.size(2) && v.stride(1) == v.size(2),
+              "write_kv: each token's heads must be contiguous (a row of the fused QKV output is)");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv: caches must be contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == k.size(0),
+              "write_kv: one int64 slot per token");
+  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
+  const int64_t pool_slots = k_cache.size(1) * k_cache.size(2), bytes = dim * k.element_size();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slots[t] >= 0 && slots[t] < pool_slots, "write_kv: slot out of range");
+  const auto* k_src = static_cast<const char*>(k.data_ptr());
+  const auto* v_src = static_cast<const char*>(v.data_ptr());
+  auto* k_dst = static_cast<char*>(k_cache.data_ptr());
+  auto* v_dst = static_cast<char*>(v_cache.data_ptr());
+  const int64_t k_row = k.stride(0) * k.element_size(), v_row = v.stride(0) * v.element_size();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t cell = (h * pool_slots + slots[t]) * bytes;
+      std::memcpy(k_dst + cell, k_src + t * k_row + h * bytes, bytes);
+      std::memcpy(v_dst + cell, v_src + t * v_row + h * bytes, bytes);
+    }
+}
+
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
                       const at::Tensor& out) {
@@ -406,6 +442,10 @@ TORCH_LIBRARY(llmserve, m) {
   m.def(
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
       "float scale, Tensor(a!) out) -> ()");
+  m.def("write_kv(Tensor k, Tensor v, Tensor slot_mapping, Tensor(a!) k_cache, Tensor(b!) v_cache) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("decode_attention", &llmserve::decode_attention); }
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
+  m.impl("decode_attention", &llmserve::decode_attention);
+  m.impl("write_kv", &llmserve::write_kv);
+}

@@ -238,7 +238,7 @@ class ModelRunner:
         logits = self._graph_decode(plan)
         if logits is not None:
             requests = [s.request for s in plan.scheduled]
-            return requests, self._sample(requests, logits.float())
+            return requests, self._sample(requests, logits)
         inputs = self.prepare(plan)
         logits = self.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
@@ -251,7 +251,6 @@ class ModelRunner:
         requests = inputs.sampling_requests
         if not requests:
             return [], SamplerOutput([], [], prompt_logprobs)
-        logits = logits.float()
         if len(logits) == len(requests):
             out = self._sample(requests, logits)
             out.prompt_logprobs = prompt_logprobs

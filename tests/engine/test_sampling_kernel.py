@@ -1,0 +1,129 @@
+"""The compiled one-pass draw (worker/kernels/sampling.cpp) against the torch sampler it stands in for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.factories import make_request
+from worker.kernels import native_ops
+from worker.model import sampler
+from worker.model.sampler import build_batch, sample
+
+
+@pytest.fixture(scope="module")
+def ops():
+    loaded = native_ops()
+    assert loaded is not None, "the kernels are built by `make kernels`, a dependency of `make test`"
+    return loaded
+
+
+def _draw(ops, logits: torch.Tensor, inv_temperature: list[float], uniforms: list[float]) -> list[int]:
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    ops.sample_rows(logits, torch.tensor(inv_temperature), torch.tensor(uniforms), out)
+    return out.tolist()
+
+
+def _inverse_cdf(logits: torch.Tensor, inv_t: float, u: float) -> int:
+    """The torch sampler's draw for one row and one uniform, in float64 (the reference)."""
+    probs = (logits.double() * inv_t).softmax(-1)
+    cdf = probs.cumsum(-1)
+    return int(
+        torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64)).clamp(
+            max=len(cdf) - 1
+        )
+    )
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 50, 49152 + 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_rows_are_torch_argmax_ties_first(ops, vocab, dtype):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(6, vocab, generator=gen) * 4).to(dtype)
+    logits[1] = 0.0  # all tied: the first
+    if vocab > 3:
+        logits[2, vocab - 1] = logits[2, 1] = 50.0  # two maxima: the first
+    assert _draw(ops, logits, [0.0] * 6, [0.5] * 6) == logits.float().argmax(-1).tolist()
+
+
+def test_a_nan_counts_as_largest_as_in_torch(ops):
+    logits = torch.zeros(2, 40)
+    logits[0, 5] = 100.0
+    logits[0, 17] = float("nan")
+    logits[1, 33] = float("nan")
+    logits[1, 2] = float("nan")
+    assert _draw(ops, logits, [0.0, 1.0], [0.5, 0.5]) == [17, 2]
+
+
+@pytest.mark.parametrize("inv_t", [1.0, 0.5, 2.0])
+def test_each_uniform_lands_on_the_token_the_cdf_gives(ops, inv_t):
+    """Against the float64 inverse CDF: the same token for every uniform except where u * total falls
+    within float32 rounding of a boundary (rare; at most 2 of 400 here)."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(1, 1003, generator=gen) * 2
+    uniforms = torch.rand(400, generator=gen).clamp_(min=2.0**-30).tolist()
+    drawn = [_draw(ops, logits, [inv_t], [u])[0] for u in uniforms]
+    expected = [_inverse_cdf(logits[0], inv_t, u) for u in uniforms]
+    assert sum(a != b for a, b in zip(drawn, expected, strict=True)) <= 2
+
+
+def test_the_ends_of_the_uniform_range_and_impossible_tokens(ops):
+    """A token of probability 0 (-inf) is never drawn, even at u just above 0 or just below 1."""
+    logits = torch.full((1, 29), float("-inf"))
+    logits[0, 3], logits[0, 20] = 1.0, 2.0
+    assert _draw(ops, logits, [1.0], [2.0**-30]) == [3]
+    assert _draw(ops, logits, [1.0], [1.0 - 2.0**-24]) == [20]
+    everything_impossible = torch.full((1, 9), float("-inf"))
+    assert _draw(ops, everything_impossible, [1.0], [0.5]) == [0]
+
+
+def test_bfloat16_and_float32_logits_draw_the_same_tokens(ops):
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(16, 2051, generator=gen) * 3).bfloat16()
+    uniforms = torch.rand(16, generator=gen).tolist()
+    inv_t = [1.0, 0.0, 1.4, 0.7] * 4
+    assert _draw(ops, logits, inv_t, uniforms) == _draw(ops, logits.float(), inv_t, uniforms)
+
+
+def test_the_sampler_takes_the_kernel_only_when_nothing_changes_the_logits(monkeypatch):
+    """Temperature-only batches go to the kernel, in the logits' own dtype; any truncation, penalty or seed
+    keeps the torch path."""
+    calls = []
+    real = sampler._native_draw
+    monkeypatch.setattr(
+        sampler, "_native_draw", lambda logits, batch: calls.append(logits.dtype) or real(logits, batch)
+    )
+    vocab, cpu = 64, torch.device("cpu")
+    logits = torch.randn(3, vocab).bfloat16()
+    plain = [make_request(temperature=0.0), make_request(temperature=0.8), make_request(temperature=1.0)]
+    out = sample(logits, build_batch(plain, {}, vocab, cpu))
+    assert calls == [torch.bfloat16] and out.token_ids[0] == int(logits[0].float().argmax())
+    for changed in (
+        dict(top_p=0.5),
+        dict(top_k=3),
+        dict(min_p=0.1),
+        dict(presence_penalty=0.5),
+        dict(seed=1),
+    ):
+        request = make_request(temperature=1.0, **changed)
+        generators = {request.request_id: torch.Generator().manual_seed(1)} if "seed" in changed else {}
+        sample(logits[:1], build_batch([request], generators, vocab, cpu))
+    assert calls == [torch.bfloat16]
+
+
+def test_a_mixed_batch_follows_each_rows_distribution_through_the_kernel():
+    """Greedy and sampled rows at different temperatures in one call, as a serving step has them."""
+    vocab = 40
+    base = torch.log(torch.tensor([0.6, 0.3, 0.1] + [1e-12] * (vocab - 3)))
+    logits = torch.stack([base] * 3)
+    requests = [make_request(temperature=0.0), make_request(temperature=1.0), make_request(temperature=0.5)]
+    counts = torch.zeros(3, 3)
+    for _ in range(1500):
+        tokens = sample(logits, build_batch(requests, {}, vocab, torch.device("cpu"))).token_ids
+        for row, token in enumerate(tokens):
+            counts[row, token] += 1
+    share = counts / 1500
+    sharpened = torch.tensor([0.6, 0.3, 0.1]) ** 2
+    torch.testing.assert_close(share[0], torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(share[1], torch.tensor([0.6, 0.3, 0.1]), atol=0.04, rtol=0)
+    torch.testing.assert_close(share[2], sharpened / sharpened.sum(), atol=0.04, rtol=0)
