@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from common.linear import (
     Linear,
+    amx_available,
     onednn_available,
     pack_linear_layers,
     padded_rows,
@@ -92,3 +93,43 @@ def test_pack_linear_layers_swaps_every_linear_of_a_module_and_keeps_its_output(
         assert pack_linear_layers(model) == 2
         assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+AMX = pytest.mark.skipif(
+    not amx_available(torch.zeros(32, 32, dtype=torch.bfloat16)), reason="no AMX tiles on this CPU"
+)
+
+
+@AMX
+@pytest.mark.parametrize("rows", [1, 3, 15, 16, 17, 32, 33, 64, 200])
+@pytest.mark.parametrize("shape", [(64, 32), (96, 576), (576, 1536)])
+def test_amx_matches_f_linear_in_bfloat16(rows, shape):
+    """Every row count a decode batch or a prefill chunk brings: one partial tile of rows, whole groups of
+    16, padded groups, more than the two groups a pass holds. Both sides exact bfloat16 products summed in
+    float32 in different orders, so within a bfloat16 rounding of the output."""
+    gen = torch.Generator().manual_seed(rows * shape[0])
+    weight = (torch.randn(*shape, generator=gen) * 0.05).bfloat16()
+    x = torch.randn(rows, shape[1], generator=gen).bfloat16()
+    layer = Linear(weight, backend="amx")
+    got = layer(x)
+    expected = x.float() @ weight.float().T
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
+    torch.testing.assert_close(got.float(), expected, rtol=8e-3, atol=8e-3 * expected.abs().max().item())
+
+
+@AMX
+def test_amx_is_auto_for_bfloat16_and_adds_the_bias_and_refuses_odd_shapes():
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(64, 96, generator=gen).bfloat16()
+    bias = torch.randn(64, generator=gen).bfloat16()
+    x = torch.randn(5, 96, generator=gen).bfloat16().t().contiguous().t()  # a contiguous copy is taken
+    layer = Linear(weight, bias, backend="auto")
+    assert layer.backend == "amx" and layer.weight.shape == (4, 48, 32)
+    torch.testing.assert_close(layer(x).float(), F.linear(x, weight, bias).float(), rtol=2e-2, atol=5e-2)
+    assert layer(x[:0]).shape == (0, 64)
+    assert (
+        Linear(torch.randn(40, 96).bfloat16(), backend="auto").backend == "onednn"
+    )  # 40 channels: not whole pairs of 16
+    assert Linear(torch.randn(64, 96), backend="auto").backend == "onednn"  # float32
+    with pytest.raises(ValueError, match="amx"):
+        Linear(torch.randn(40, 96).bfloat16(), backend="amx")

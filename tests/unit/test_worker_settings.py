@@ -34,6 +34,6 @@ def test_unknown_names_are_refused_by_both() -> None:
         WorkerSettings(linear_backend="mkl")
     with pytest.raises(ValueError, match="onednn"):
         EngineConfig(linear_backend="mkl")
-    assert set(LINEAR_BACKENDS) == {"auto", "onednn", "torch"}
+    assert set(LINEAR_BACKENDS) == {"auto", "amx", "onednn", "torch"}
     with pytest.raises(ValidationError, match="dtype"):
         WorkerSettings(dtype="float8")

@@ -26,6 +26,7 @@ SOURCES = [
     SOURCE_DIR / "bf16_weight_linear.cpp",
     SOURCE_DIR / "decode_layers.cpp",
     SOURCE_DIR / "sampling.cpp",
+    SOURCE_DIR / "amx_linear.cpp",
 ]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 

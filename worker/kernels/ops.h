@@ -24,6 +24,11 @@ void int4_dequantize(const at::Tensor& packed, const at::Tensor& scales, const a
 // bf16_weight_linear.cpp
 void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& out);
 
+// amx_linear.cpp
+bool amx_linear_supported();
+void amx_pack_weight(const at::Tensor& w, const at::Tensor& packed);
+void amx_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out);
+
 // paged_attention.cpp
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_mapping, const at::Tensor& k_cache,
               const at::Tensor& v_cache);

@@ -1,0 +1,200 @@
+// y = x @ W.T for bfloat16 x and W on AMX tiles, for the few rows of a decode batch.
+//
+// oneDNN's AMX GEMM reads the weights at 12-17 GB/s on a 2-core AMX Xeon at decode row counts, where the same
+// cores stream 40+ GB/s with software prefetch (int8_linear.cpp's one-row kernel): a decode step is mostly
+// the reading of 270 MB of SmolLM2's bfloat16 weights. Here the weights are laid out once, at load time
+// (amx_pack_weight), as AMX's B operand: per block of 16 output channels, per pair of input columns, the 16
+// channels' pairs side by side, so one tile (32 columns by 16 channels) is 1 KB of contiguous memory and a
+// block of channels one contiguous run, read in order and prefetched 8 KB ahead. x is the A operand as it
+// is (16 rows by 32 columns per tile, straight from its rows); C is 16 x rows by 16 channels in float32,
+// rounded to bfloat16 into out. Two channel blocks and two groups of 16 x rows run together (all eight
+// tiles); past 32 rows the channel blocks are read again from L2. Products of bfloat16 pairs are exact and
+// summed in float32, as in oneDNN (the order of the sums differs).
+//
+// Layouts: x [M, K] bfloat16, contiguous; packed [N / 16, K / 2, 32] bfloat16 from amx_pack_weight(w [N, K]),
+// K a multiple of 32 and N of 32; out [M, N] bfloat16, written. amx_linear_supported() says whether this
+// build and CPU can run it.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define LLMSERVE_AMX_LINEAR 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+#ifdef LLMSERVE_AMX_LINEAR
+using BF16 = c10::BFloat16;
+// How far ahead of the weight tiles in use they are prefetched: 2, 4, 8 and 16 KB were within noise of each
+// other (a 1-row step of SmolLM2's linears 10.9-11.3 ms); without it, 14 ms.
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Linux hands out the tile registers' state only on request, once per process.
+bool tiles_permitted() {
+  static const bool permitted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: C for (x group g, channel block b) is tile 2g + b; A (x group g) 4 + g; B (channel block b) 6 + b.
+// A and C tiles hold `rows` x rows (M itself below 16 rows, else 16 with x padded to whole groups).
+void configure(int rows) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
+  for (int t : {0, 1, 2, 3, 4, 5}) cfg.rows[t] = static_cast<uint8_t>(rows);
+  cfg.rows[6] = cfg.rows[7] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+// C tile (rows x 16 channels, float32) into out rows [m0, m0 + rows) that exist, channels [n0, n0 + 16).
+void store_tile(const float* c_tile, int64_t m0, int64_t rows, int64_t M, int64_t N, int64_t n0, BF16* out) {
+  for (int64_t r = 0; r < rows && m0 + r < M; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (m0 + r) * N + n0),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(c_tile + 16 * r))));
+}
+
+// Channel blocks b0, b0 + 1 (32 channels) against every group of x rows, two groups at a time.
+void channel_pair(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K, const BF16* packed, int64_t N,
+                  int64_t b0, BF16* out, float* scratch) {
+  const int64_t block_elems = 16 * K;  // one channel block: K / 2 pairs of 16 channels
+  const BF16* w0 = packed + b0 * block_elems;
+  const BF16* w1 = w0 + block_elems;
+  const char* end_of_weights = reinterpret_cast<const char*>(packed + (N / 16) * block_elems);
+  for (int64_t g0 = 0; g0 < groups; g0 += 2) {
+    const bool two = g0 + 1 < groups;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    const BF16* a0 = x + g0 * 16 * K;
+    const BF16* a1 = a0 + 16 * K;
+    for (int64_t k = 0; k < K; k += 32) {
+      const BF16* t0 = w0 + k * 16;  // the tile of pairs k / 2 .. k / 2 + 15: 1 KB
+      const BF16* t1 = w1 + k * 16;
+      if (g0 == 0)  // the two blocks' tiles are 2 KB of one contiguous run, read in order
+        for (int64_t line = 0; line < 1024; line += 64)
+          for (const BF16* t : {t0, t1}) {
+            const char* ahead = reinterpret_cast<const char*>(t) + kPrefetchBytes + line;
+            if (ahead < end_of_weights) _mm_prefetch(ahead, _MM_HINT_T0);
+          }
+      _tile_loadd(6, t0, 64);
+      _tile_loadd(7, t1, 64);
+      _tile_loadd(4, a0 + k, K * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (two) {
+        _tile_loadd(5, a1 + k, K * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    for (int g = 0; g < (two ? 2 : 1); ++g)
+      for (int b = 0; b < 2; ++b) {
+        switch (2 * g + b) {  // tile numbers are immediates
+          case 0: _tile_stored(0, scratch, 64); break;
+          case 1: _tile_stored(1, scratch, 64); break;
+          case 2: _tile_stored(2, scratch, 64); break;
+          default: _tile_stored(3, scratch, 64); break;
+        }
+        store_tile(scratch, (g0 + g) * 16, rows, M, N, (b0 + b) * 16, out);
+      }
+  }
+}
+#endif
+
+}  // namespace
+
+namespace llmserve {
+
+bool amx_linear_supported() {
+#ifdef LLMSERVE_AMX_LINEAR
+  return tiles_permitted();
+#else
+  return false;
+#endif
+}
+
+void amx_pack_weight(const at::Tensor& w, const at::Tensor& packed) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(),
+              "amx_pack_weight: w must be a contiguous bfloat16 [N, K] CPU tensor");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(K % 32 == 0 && N % 32 == 0, "amx_pack_weight: K and N must be multiples of 32");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && packed.numel() == N * K,
+              "amx_pack_weight: packed must be a contiguous bfloat16 tensor of N * K elements");
+  const auto* src = reinterpret_cast<const uint32_t*>(w.data_ptr());  // pairs of columns
+  auto* dst = reinterpret_cast<uint32_t*>(packed.data_ptr());
+  const int64_t pairs = K / 2;
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t p = 0; p < pairs; ++p)
+        for (int64_t c = 0; c < 16; ++c) dst[(b * pairs + p) * 16 + c] = src[(b * 16 + c) * pairs + p];
+  });
+}
+
+void amx_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out) {
+  TORCH_CHECK(amx_linear_supported(), "amx_linear: this build or CPU has no AMX bfloat16 tiles");
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && out.device().is_cpu(), "amx_linear runs on CPU tensors");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 &&
+                  out.scalar_type() == at::kBFloat16,
+              "amx_linear: bfloat16 x, packed weight and out");
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && packed.dim() == 3 && packed.size(2) == 32,
+              "amx_linear: x [M, K], packed [N / 16, K / 2, 32], out [M, N]");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * 16;
+  TORCH_CHECK(packed.size(1) * 2 == K && out.size(0) == M && out.size(1) == N, "amx_linear: shapes differ");
+  TORCH_CHECK(M >= 1 && K % 32 == 0 && N % 32 == 0, "amx_linear: at least one row; K and N multiples of 32");
+  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous() && out.is_contiguous(), "amx_linear: contiguous tensors only");
+#ifdef LLMSERVE_AMX_LINEAR
+  const int64_t groups = (M + 15) / 16;
+  const int rows = M < 16 ? static_cast<int>(M) : 16;
+  const BF16* xp = x.data_ptr<BF16>();
+  thread_local std::vector<BF16> padded_scratch;
+  if (M > 16 && M % 16) {  // whole groups of 16 rows for the tiles to read
+    padded_scratch.assign(static_cast<size_t>(groups * 16 * K), BF16(0.f));
+    std::memcpy(padded_scratch.data(), xp, static_cast<size_t>(M * K) * sizeof(BF16));
+    xp = padded_scratch.data();
+  }
+  const BF16* wp = packed.data_ptr<BF16>();
+  BF16* op = out.data_ptr<BF16>();
+  at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float scratch[16 * 16];
+    configure(rows);
+    for (int64_t pair = begin; pair < end; ++pair) channel_pair(xp, M, groups, rows, K, wp, N, 2 * pair, op, scratch);
+    _tile_release();
+  });
+#endif
+}
+
+}  // namespace llmserve
+
+TORCH_LIBRARY_FRAGMENT(llmserve, m) {
+  m.def("amx_linear(Tensor x, Tensor packed, Tensor(a!) out) -> ()");
+  m.def("amx_pack_weight(Tensor w, Tensor(a!) packed) -> ()");
+  m.def("amx_linear_supported() -> bool", &llmserve::amx_linear_supported);
+}
+
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
+  m.impl("amx_linear", &llmserve::amx_linear);
+  m.impl("amx_pack_weight", &llmserve::amx_pack_weight);
+}
