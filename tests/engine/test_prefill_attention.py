@@ -54,3 +54,52 @@ def test_a_cached_chunk_attends_like_the_reference_both_ways(monkeypatch, dtype,
 
 def test_a_sliding_window_holds_on_the_rows_path():
     run_chunk(torch.float32, 12, 60, window=20)
+
+
+NATIVE = pytest.mark.skipif(
+    attention._native_prefill() is None, reason="the AMX prefill-attention kernel needs an AMX CPU"
+)
+
+
+def run_native_chunk(n: int, cached: int, heads: int, kv_heads: int, native: bool) -> torch.Tensor:
+    """A bfloat16 chunk of head size 64 through paged_attention, on the native kernel or held off it, the
+    pool's unused rows NaN (a block's rows past the context are read into a tile, never used)."""
+    gen = torch.Generator().manual_seed(n * 7 + cached)
+    dim, block, context = 64, 16, cached + n
+    blocks = (context + block - 1) // block
+    k_cache = torch.full((kv_heads, blocks + 3, block, dim), float("nan"), dtype=torch.bfloat16)
+    v_cache = torch.full((kv_heads, blocks + 3, block, dim), float("nan"), dtype=torch.bfloat16)
+    table = torch.randperm(blocks + 3, generator=gen)[:blocks]
+    earlier = torch.arange(cached)
+    k_cache[:, table[earlier // block], earlier % block] = torch.randn(
+        kv_heads, cached, dim, generator=gen
+    ).bfloat16()
+    v_cache[:, table[earlier // block], earlier % block] = torch.randn(
+        kv_heads, cached, dim, generator=gen
+    ).bfloat16()
+    q = torch.randn(n, heads, dim, generator=gen).bfloat16()
+    k = torch.randn(n, kv_heads, dim, generator=gen).bfloat16()
+    v = torch.randn(n, kv_heads, dim, generator=gen).bfloat16()
+    positions = torch.arange(cached, context)
+    meta = AttentionMetadata(
+        slot_mapping=table[positions // block] * block + positions % block, num_decodes=0,
+        decode_block_tables=None, decode_mask=None, prefills=[PrefillChunk(0, n, context, table)],
+    )  # fmt: skip
+    limit = attention.NATIVE_PREFILL_MAX_TOKENS
+    attention.NATIVE_PREFILL_MAX_TOKENS = limit if native else 0
+    try:
+        return paged_attention(q, k, v, k_cache, v_cache, meta)
+    finally:
+        attention.NATIVE_PREFILL_MAX_TOKENS = limit
+
+
+@NATIVE
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 1), (8, 8)])
+@pytest.mark.parametrize(("n", "cached"), [(1, 0), (5, 0), (1, 40), (7, 25), (32, 512), (100, 28), (128, 0)])
+def test_the_native_kernel_attends_as_sdpa_does(heads, kv_heads, n, cached):
+    """Fresh chunks and chunks after cached context, contexts ending inside a 16-row block, 1 to 9 query
+    heads per KV head: the kernel's output against SDPA's on the same pool, within bfloat16 rounding."""
+    native = run_native_chunk(n, cached, heads, kv_heads, native=True)
+    expected = run_native_chunk(n, cached, heads, kv_heads, native=False)
+    assert not native.isnan().any()
+    torch.testing.assert_close(native.float(), expected.float(), rtol=2e-2, atol=2e-2)
