@@ -62,8 +62,8 @@ NATIVE = pytest.mark.skipif(
 
 
 def run_native_chunk(n: int, cached: int, heads: int, kv_heads: int, native: bool) -> torch.Tensor:
-    """A bfloat16 chunk of head size 64 through paged_attention, on the native kernel or held off it, the
-    pool's unused rows NaN (a block's rows past the context are read into a tile, never used)."""
+    """A bfloat16 chunk of head size 64 through paged_attention, on the native kernel or (the torch backend)
+    SDPA, the pool's unused rows NaN (a block's rows past the context are read into a tile, never used)."""
     gen = torch.Generator().manual_seed(n * 7 + cached)
     dim, block, context = 64, 16, cached + n
     blocks = (context + block - 1) // block
@@ -84,13 +84,9 @@ def run_native_chunk(n: int, cached: int, heads: int, kv_heads: int, native: boo
     meta = AttentionMetadata(
         slot_mapping=table[positions // block] * block + positions % block, num_decodes=0,
         decode_block_tables=None, decode_mask=None, prefills=[PrefillChunk(0, n, context, table)],
+        native_prefill=native,  # as the runner sets it: the native attention backend, or torch ops only
     )  # fmt: skip
-    limit = attention.NATIVE_PREFILL_MAX_TOKENS
-    attention.NATIVE_PREFILL_MAX_TOKENS = limit if native else 0
-    try:
-        return paged_attention(q, k, v, k_cache, v_cache, meta)
-    finally:
-        attention.NATIVE_PREFILL_MAX_TOKENS = limit
+    return paged_attention(q, k, v, k_cache, v_cache, meta)
 
 
 @NATIVE

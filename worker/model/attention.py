@@ -87,6 +87,9 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_context_lens: torch.Tensor | None = None  # [num_decodes] long
     native_decode: bool = False  # decode through the native kernel (else the gather path)
+    native_prefill: bool = (
+        False  # prefill chunks may take the native kernel where it applies (the native backend)
+    )
     _window_masks: dict[int, torch.Tensor] | None = None
 
     def decode_window_mask(self, window: int) -> torch.Tensor:
@@ -167,7 +170,7 @@ def paged_attention(
         mask = meta.decode_mask if window is None else meta.decode_window_mask(window)
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, mask, meta, group)
     for chunk in meta.prefills:
-        _prefill(q, k, v, k_cache, v_cache, chunk, out, group, window)
+        _prefill(q, k, v, k_cache, v_cache, chunk, out, group, window, meta.native_prefill)
     return out
 
 
@@ -201,7 +204,8 @@ def _native_prefill() -> object | None:
 
 def _native_prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, n: int, window: int | None) -> bool:
     return (
-        window is None
+        n > 0
+        and window is None
         and n <= NATIVE_PREFILL_MAX_TOKENS
         and q.device.type == "cpu"
         and q.dtype == torch.bfloat16
@@ -211,9 +215,13 @@ def _native_prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, n: int, wind
     )
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, window: int | None) -> None:
+def _prefill(
+    q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, window: int | None, native: bool = False
+) -> None:
     s, n = chunk.token_start, chunk.num_tokens
-    if _native_prefill_applies(q, k_cache, n, window):  # the chunk's own K/V are in the pool already
+    if native and _native_prefill_applies(
+        q, k_cache, n, window
+    ):  # the chunk's own K/V are in the pool already
         target = out[s : s + n]
         result = (
             target

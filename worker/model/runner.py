@@ -171,6 +171,7 @@ class ModelRunner:
             decode_block_tables=None,
             decode_mask=None,
             prefills=[],
+            native_prefill=self.attention_backend == "native",
         )
         if num_decodes:
             dec_ctx = context_lens[:num_decodes]
