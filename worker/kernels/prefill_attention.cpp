@@ -142,20 +142,30 @@ void attend_block(RowTile& tile, int64_t t0, float scale, Scratch& s) {
   _tile_stored(0, s.scores, 64);
   const __m512 keys = _mm512_add_ps(_mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                     _mm512_set1_ps(static_cast<float>(t0)));
-  float correction[16];
+  alignas(64) float new_max[16], correction[16];
+  __mmask16 seen[16];
+  for (int r = 0; r < 16; ++r) {  // each row's running max over these keys
+    seen[r] = _mm512_cmp_ps_mask(keys, _mm512_set1_ps(static_cast<float>(tile.position[r])), _CMP_LE_OQ);
+    const float block_max =
+        seen[r] ? _mm512_mask_reduce_max_ps(seen[r], _mm512_load_ps(s.scores[r])) * scale : -std::numeric_limits<float>::infinity();
+    new_max[r] = std::max(tile.max[r], block_max);
+  }
+  {  // the sixteen rows' rescaling of what they summed so far, one vector exp (a row seeing nothing yet: 1)
+    const __m512 now = _mm512_load_ps(new_max), before = _mm512_loadu_ps(tile.max);
+    const __mmask16 empty = _mm512_cmp_ps_mask(now, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    const __m512 factor = llmserve::exp16(_mm512_sub_ps(_mm512_mask_blend_ps(empty, before, _mm512_setzero_ps()),
+                                                        _mm512_mask_blend_ps(empty, now, _mm512_setzero_ps())));
+    _mm512_store_ps(correction, _mm512_mask_blend_ps(empty, factor, _mm512_set1_ps(1.f)));
+  }
   for (int r = 0; r < 16; ++r) {
-    const __mmask16 seen = _mm512_cmp_ps_mask(keys, _mm512_set1_ps(static_cast<float>(tile.position[r])), _CMP_LE_OQ);
     const __m512 x = _mm512_mul_ps(_mm512_load_ps(s.scores[r]), _mm512_set1_ps(scale));
-    const float block_max = seen ? _mm512_mask_reduce_max_ps(seen, x) : -std::numeric_limits<float>::infinity();
-    const float new_max = std::max(tile.max[r], block_max);
-    correction[r] = new_max == -std::numeric_limits<float>::infinity() ? 1.f : std::exp(tile.max[r] - new_max);
-    const __m512 p = _mm512_maskz_mov_ps(seen, llmserve::exp16(_mm512_sub_ps(x, _mm512_set1_ps(new_max))));
+    const __m512 p = _mm512_maskz_mov_ps(seen[r], llmserve::exp16(_mm512_sub_ps(x, _mm512_set1_ps(new_max[r]))));
     const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p));
     _mm256_store_si256(reinterpret_cast<__m256i*>(s.weights[r]), rounded);
     // the weights as rounded are what p . v multiplies by, so their sum is the normalizer
     const __m512 kept = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
     tile.total[r] = tile.total[r] * correction[r] + _mm512_reduce_add_ps(kept);
-    tile.max[r] = new_max;
+    tile.max[r] = new_max[r];
   }
   _tile_loadd(4, s.weights[0], 32);
   for (int quarter = 0; quarter < 4; ++quarter) {

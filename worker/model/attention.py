@@ -33,9 +33,10 @@ from worker.kernels import native_op, native_ops
 # threads), about the same at 128 tokens and slower at 256.
 GROUPED_ROWS_MAX_TOKENS = 64
 # Up to this many tokens, a bfloat16 chunk of head size 64 on an AMX CPU runs the native kernel over the pool
-# (worker/kernels/prefill_attention.cpp) instead of a gathered copy and SDPA: per layer, 8 chunks of 32 over
-# 544 tokens 1.61-1.71 -> 1.15-1.23 ms, 4 fresh chunks of 128 0.46-0.50 -> 0.33-0.38, but one fresh 512-token
-# chunk 0.91-1.02 -> 0.98-1.12 (AMX Xeon, 2 threads).
+# (worker/kernels/prefill_attention.cpp) instead of a gathered copy and SDPA. Per layer (AMX Xeon, 2 threads):
+# 8 chunks of 32 over 544 tokens 1.62-1.64 -> 0.91-0.93 ms, 4 of 32 over 2048 2.51 -> 1.74, 4 fresh chunks of
+# 128 0.45-0.46 -> 0.26-0.27, one of 128 over 2048 level (1.33); longer chunks over long contexts lose (each
+# task of 64 query rows reads the context again): 512 over 1536 3.28 -> 3.68, over 4096 8.37 -> 10.58.
 NATIVE_PREFILL_MAX_TOKENS = 128
 
 
