@@ -24,42 +24,21 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "ops.h"
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define LLMSERVE_AMX_LINEAR 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
-#ifdef LLMSERVE_AMX_LINEAR
+#ifdef LLMSERVE_AMX
 using BF16 = c10::BFloat16;
 // How far ahead of the weight tiles in use they are prefetched: 2, 4, 8 and 16 KB were within noise of each
 // other (a 1-row step of SmolLM2's linears 10.9-11.3 ms); without it, 14 ms.
 constexpr int64_t kPrefetchBytes = 4096;
 
-// Linux hands out the tile registers' state only on request, once per process.
-bool tiles_permitted() {
-  static const bool permitted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return permitted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles: C for (x group g, channel block b) is tile 2g + b; A (x group g) 4 + g; B (channel block b) 6 + b.
 // A and C tiles hold `rows` x rows (M itself below 16 rows, else 16 with x padded to whole groups).
 void configure(int rows) {
-  TileConfig cfg;
+  llmserve::TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
   for (int t : {0, 1, 2, 3, 4, 5}) cfg.rows[t] = static_cast<uint8_t>(rows);
   cfg.rows[6] = cfg.rows[7] = 16;
@@ -129,8 +108,8 @@ void channel_pair(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K,
 namespace llmserve {
 
 bool amx_linear_supported() {
-#ifdef LLMSERVE_AMX_LINEAR
-  return tiles_permitted();
+#ifdef LLMSERVE_AMX
+  return llmserve::tiles_permitted();
 #else
   return false;
 #endif
@@ -165,7 +144,7 @@ void amx_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor&
   TORCH_CHECK(packed.size(1) * 2 == K && out.size(0) == M && out.size(1) == N, "amx_linear: shapes differ");
   TORCH_CHECK(M >= 1 && K % 32 == 0 && N % 32 == 0, "amx_linear: at least one row; K and N multiples of 32");
   TORCH_CHECK(x.is_contiguous() && packed.is_contiguous() && out.is_contiguous(), "amx_linear: contiguous tensors only");
-#ifdef LLMSERVE_AMX_LINEAR
+#ifdef LLMSERVE_AMX
   const int64_t groups = (M + 15) / 16;
   const int rows = M < 16 ? static_cast<int>(M) : 16;
   const BF16* xp = x.data_ptr<BF16>();

@@ -20,19 +20,16 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 
+#include "amx.h"
 #include "vec.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(LLMSERVE_AVX512)
+#if defined(LLMSERVE_AMX) && defined(LLMSERVE_AVX512)
 #define LLMSERVE_AMX_PREFILL 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace {
@@ -41,24 +38,10 @@ namespace {
 using BF16 = c10::BFloat16;
 constexpr int64_t kDim = 64;
 
-bool tiles_permitted() {  // as amx_linear.cpp: Linux hands out the tile state on request
-  static const bool permitted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return permitted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles: 1, 2 the query rows (dimensions 0-31, 32-63); 0 scores, then with 3, 6, 7 the four quarters of
 // p . v; 3 K's pairs of dimensions before that; 4 the weights (16 rows x 16 tokens); 5 V's pairs of tokens.
 void configure() {
-  TileConfig cfg;
+  llmserve::TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   cfg.colsb[4] = 32;  // 16 tokens of bfloat16
   cfg.rows[5] = 8;    // 8 pairs of tokens
@@ -71,6 +54,7 @@ struct RowTile {  // one tile of 16 query rows: its rows, positions and running 
   alignas(64) BF16 queries[16][kDim];
   alignas(64) float sums[16][kDim];
   int64_t position[16];
+  int64_t furthest;  // the largest position: blocks past it are seen by no row of the tile
   float max[16], total[16];
 };
 
@@ -197,6 +181,7 @@ void attend_tiles(const BF16* q, BF16* out, const BF16* k_head, const BF16* v_he
       tile.total[r] = 0.f;
     }
     std::memset(tile.sums, 0, sizeof(tile.sums));
+    tile.furthest = *std::max_element(tile.position, tile.position + 16);
   }
   for (int64_t t0 = 0; t0 <= furthest; t0 += 16) {
     const int64_t offset = (table[t0 / block_size] * block_size + t0 % block_size) * kDim;
@@ -204,7 +189,7 @@ void attend_tiles(const BF16* q, BF16* out, const BF16* k_head, const BF16* v_he
     pair_values(v_head + offset, context_len - t0, s);
     for (int64_t t = first; t < last; ++t) {
       RowTile& tile = s.tiles[t - first];
-      if (t0 <= *std::max_element(tile.position, tile.position + 16)) attend_block(tile, t0, scale, s);
+      if (t0 <= tile.furthest) attend_block(tile, t0, scale, s);
     }
   }
   for (int64_t t = first; t < last; ++t) {
@@ -227,7 +212,7 @@ namespace llmserve {
 
 bool prefill_attention_supported() {
 #ifdef LLMSERVE_AMX_PREFILL
-  return tiles_permitted();
+  return llmserve::tiles_permitted();
 #else
   return false;
 #endif

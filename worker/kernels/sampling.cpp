@@ -2,7 +2,7 @@
 //
 // The torch sampler (worker/model/sampler.py) converts the logits to float32, clones them, takes an argmax,
 // divides by the temperature, then softmax, cumsum and searchsorted: each a pass that writes a [B, V]
-// tensor. At 64 rows of SmolLM2's 49,152-token vocabulary that was 22 ms a step on a 2-core Xeon, about as
+// tensor. At 64 rows of SmolLM2's 49,152-token vocabulary that was 22 ms a step on a 2-core AMX Xeon, about as
 // long as the forward pass. Here, per row: the largest logit; exp((x - max) / T) into a per-thread scratch
 // row with the sum of each run of eight; then the running sum of runs, and of entries inside the run, to the
 // first entry where it reaches u * total. That is inverse-CDF sampling, as the torch path does, from the
