@@ -91,11 +91,62 @@ def run_native_chunk(n: int, cached: int, heads: int, kv_heads: int, native: boo
 
 @NATIVE
 @pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 1), (8, 8)])
-@pytest.mark.parametrize(("n", "cached"), [(1, 0), (5, 0), (1, 40), (7, 25), (32, 512), (100, 28), (128, 0)])
+@pytest.mark.parametrize(
+    ("n", "cached"), [(1, 0), (5, 0), (1, 40), (7, 25), (32, 512), (100, 28), (128, 0), (300, 200)]
+)
 def test_the_native_kernel_attends_as_sdpa_does(heads, kv_heads, n, cached):
     """Fresh chunks and chunks after cached context, contexts ending inside a 16-row block, 1 to 9 query
     heads per KV head: the kernel's output against SDPA's on the same pool, within bfloat16 rounding."""
     native = run_native_chunk(n, cached, heads, kv_heads, native=True)
     expected = run_native_chunk(n, cached, heads, kv_heads, native=False)
+    assert not native.isnan().any()
+    torch.testing.assert_close(native.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def run_native_step(native: bool) -> torch.Tensor:
+    """Three chunks in one step: two over the same cached 64-token prefix (its blocks shared, as the prefix
+    cache hands them out; the kernel lays shared steps out once), one over context of its own that ends
+    inside a block, a long fresh-ish chunk beside them, the pool's unused rows NaN."""
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, block = 9, 3, 64, 16
+    pool = 40
+    k_cache = torch.full((kv_heads, pool, block, dim), float("nan"), dtype=torch.bfloat16)
+    v_cache = torch.full((kv_heads, pool, block, dim), float("nan"), dtype=torch.bfloat16)
+    order = torch.randperm(pool, generator=gen)
+    shared = order[:4]  # the 64-token prefix
+    specs = [  # (block table, cached tokens, new tokens)
+        (torch.cat([shared, order[4:7]]), 64, 40),
+        (torch.cat([shared, order[7:9]]), 64, 9),
+        (order[9:13], 37, 20),
+        (order[13:25], 10, 170),
+    ]
+    slots, start, prefills = [], 0, []
+    for table, cached, n in specs:
+        positions = torch.arange(cached + n)
+        slot = table[positions // block] * block + positions % block
+        if table is specs[1][0]:  # the shared prefix is already in the pool from the first chunk
+            slot = slot[64:]
+        for cache in (k_cache, v_cache):
+            earlier = slot[: len(slot) - n]
+            cache.view(kv_heads, -1, dim)[:, earlier] = torch.randn(
+                kv_heads, len(earlier), dim, generator=gen
+            ).bfloat16()
+        slots.append(slot[len(slot) - n :])
+        prefills.append(PrefillChunk(start, n, cached + n, table))
+        start += n
+    q = torch.randn(start, heads, dim, generator=gen).bfloat16()
+    k = torch.randn(start, kv_heads, dim, generator=gen).bfloat16()
+    v = torch.randn(start, kv_heads, dim, generator=gen).bfloat16()
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(slots), num_decodes=0, decode_block_tables=None, decode_mask=None,
+        prefills=prefills, native_prefill=native,
+    )  # fmt: skip
+    return paged_attention(q, k, v, k_cache, v_cache, meta)
+
+
+@NATIVE
+def test_a_step_of_chunks_over_a_shared_prefix_attends_as_sdpa_does():
+    native = run_native_step(native=True)
+    expected = run_native_step(native=False)
     assert not native.isnan().any()
     torch.testing.assert_close(native.float(), expected.float(), rtol=2e-2, atol=2e-2)

@@ -32,12 +32,11 @@ from worker.kernels import native_op, native_ops
 # SDPA's CPU kernel took 145 against 223 us for 40 tokens over 552 (bfloat16, 9 heads over 3, AMX Xeon, 2
 # threads), about the same at 128 tokens and slower at 256.
 GROUPED_ROWS_MAX_TOKENS = 64
-# Up to this many tokens, a bfloat16 chunk of head size 64 on an AMX CPU runs the native kernel over the pool
-# (worker/kernels/prefill_attention.cpp) instead of a gathered copy and SDPA. Per layer (AMX Xeon, 2 threads):
-# 8 chunks of 32 over 544 tokens 1.62-1.64 -> 0.91-0.93 ms, 4 of 32 over 2048 2.51 -> 1.74, 4 fresh chunks of
-# 128 0.45-0.46 -> 0.26-0.27, one of 128 over 2048 level (1.33); longer chunks over long contexts lose (each
-# task of 64 query rows reads the context again): 512 over 1536 3.28 -> 3.68, over 4096 8.37 -> 10.58.
-NATIVE_PREFILL_MAX_TOKENS = 128
+# A bfloat16 chunk of head size 64 on an AMX CPU runs the native kernel over the pool (every chunk of a step
+# in one call, worker/kernels/prefill_attention.cpp) instead of a gathered copy and SDPA.
+# Per layer, against the torch path (AMX Xeon, 2 threads, 9 heads over 3): 8 chunks of 32 over a shared
+# 512-token prefix 0.95 -> 0.34 ms; one chunk of 128 fresh 0.14 -> 0.08, of 512 over 1536 4.3 -> 2.0, over
+# 4096 9.6 -> 4.6, 2048 over 2048 34 -> 14: no length where SDPA is faster, so no limit.
 
 
 @dataclass
@@ -76,6 +75,23 @@ class PrefillChunk:
 
 
 @dataclass
+class NativePrefillBatch:
+    """A step's chunks as the native prefill kernel reads them."""
+
+    chunks: torch.Tensor  # [C, 3] long: first token in the batch, tokens, context length after the chunk
+    block_tables: torch.Tensor  # [C, width] long, padded with block 0
+
+    @staticmethod
+    def of(chunks: list[PrefillChunk]) -> NativePrefillBatch:
+        width = max(len(c.block_table) for c in chunks)
+        tables = torch.zeros(len(chunks), width, dtype=torch.long)
+        for i, c in enumerate(chunks):
+            tables[i, : len(c.block_table)] = c.block_table
+        rows = [[c.token_start, c.num_tokens, c.context_len] for c in chunks]
+        return NativePrefillBatch(torch.tensor(rows, dtype=torch.long), tables)
+
+
+@dataclass
 class AttentionMetadata:
     """What attention needs for one step; built once by the runner, shared by every layer."""
 
@@ -92,6 +108,13 @@ class AttentionMetadata:
         False  # prefill chunks may take the native kernel where it applies (the native backend)
     )
     _window_masks: dict[int, torch.Tensor] | None = None
+    _native_batch: NativePrefillBatch | None = None
+
+    def native_prefill_batch(self) -> NativePrefillBatch:
+        """The step's chunks as the native prefill kernel reads them, built once per step."""
+        if self._native_batch is None:
+            self._native_batch = NativePrefillBatch.of(self.prefills)
+        return self._native_batch
 
     def decode_window_mask(self, window: int) -> torch.Tensor:
         """The torch decode mask for a sliding-window layer: also masks keys at or before ctx - 1 - window
@@ -170,8 +193,14 @@ def paged_attention(
     elif meta.num_decodes:
         mask = meta.decode_mask if window is None else meta.decode_window_mask(window)
         out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, mask, meta, group)
+    if meta.native_prefill and meta.prefills and _native_prefill_applies(q, k_cache, window):
+        batch = meta.native_prefill_batch()  # every chunk in one call, a shared prefix laid out once
+        _native_prefill().prefill_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.chunks, q.shape[-1] ** -0.5, out
+        )
+        return out
     for chunk in meta.prefills:
-        _prefill(q, k, v, k_cache, v_cache, chunk, out, group, window, meta.native_prefill)
+        _prefill(q, k, v, k_cache, v_cache, chunk, out, group, window)
     return out
 
 
@@ -203,44 +232,21 @@ def _native_prefill() -> object | None:
     return ops if ops is not None and ops.prefill_attention_supported() else None
 
 
-def _native_prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, n: int, window: int | None) -> bool:
+def _native_prefill_applies(q: torch.Tensor, k_cache: torch.Tensor, window: int | None) -> bool:
     return (
-        n > 0
-        and window is None
-        and n <= NATIVE_PREFILL_MAX_TOKENS
+        window is None
         and q.device.type == "cpu"
         and q.dtype == torch.bfloat16
         and q.shape[-1] == 64
+        and q.stride(-1) == 1
+        and q.stride(-2) == 64
         and k_cache.shape[2] % 16 == 0
         and _native_prefill() is not None
     )
 
 
-def _prefill(
-    q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, window: int | None, native: bool = False
-) -> None:
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, out, group: int, window: int | None) -> None:
     s, n = chunk.token_start, chunk.num_tokens
-    if native and _native_prefill_applies(
-        q, k_cache, n, window
-    ):  # the chunk's own K/V are in the pool already
-        target = out[s : s + n]
-        result = (
-            target
-            if target.is_contiguous()
-            else torch.empty_like(target, memory_format=torch.contiguous_format)
-        )
-        _native_prefill().prefill_attention(
-            q[s : s + n].contiguous(),
-            k_cache,
-            v_cache,
-            chunk.block_table.contiguous(),
-            chunk.context_len,
-            q.shape[-1] ** -0.5,
-            result,
-        )
-        if result is not target:
-            target.copy_(result)
-        return
     q_seq = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
     fresh = chunk.context_len == n  # nothing earlier in the cache: this chunk's own K/V is all there is
     if fresh:
