@@ -28,13 +28,21 @@ template <typename T>
 void rms_norm_row(const T* x, const T* weight, float eps, int64_t n, T* out) {
   float sum = 0.f;
   int64_t i = 0;
+#ifdef LLMSERVE_AVX512
+  __m512 acc16 = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = llmserve::load16(x + i);
+    acc16 = _mm512_fmadd_ps(v, v, acc16);
+  }
+  sum = _mm512_reduce_add_ps(acc16);
+#endif
 #ifdef LLMSERVE_AVX2
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
     const __m256 v = llmserve::load8(x + i);
     acc = _mm256_fmadd_ps(v, v, acc);
   }
-  sum = llmserve::hsum(acc);
+  sum += llmserve::hsum(acc);
 #endif
   for (; i < n; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
@@ -149,6 +157,19 @@ void rotary_row(T* row, const T* cos, const T* sin, int64_t num_heads, int64_t d
   for (int64_t h = 0; h < num_heads; ++h) {
     T* x = row + h * dim;
     int64_t i = 0;
+#ifdef LLMSERVE_AVX512
+    using llmserve::load16;
+    using llmserve::round_through16;
+    for (; i + 16 <= half; i += 16) {  // as below, sixteen pairs at a time
+      const __m512 x1 = load16(x + i), x2 = load16(x + i + half);
+      const __m512 a1 = round_through16(_mm512_mul_ps(x1, load16(cos + i)), x);
+      const __m512 b1 = round_through16(_mm512_mul_ps(_mm512_xor_ps(x2, _mm512_set1_ps(-0.f)), load16(sin + i)), x);
+      const __m512 a2 = round_through16(_mm512_mul_ps(x2, load16(cos + i + half)), x);
+      const __m512 b2 = round_through16(_mm512_mul_ps(x1, load16(sin + i + half)), x);
+      llmserve::store16(x + i, _mm512_add_ps(a1, b1));
+      llmserve::store16(x + i + half, _mm512_add_ps(a2, b2));
+    }
+#endif
 #ifdef LLMSERVE_AVX2
     using llmserve::load8;
     using llmserve::round_through;
