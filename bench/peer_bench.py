@@ -429,24 +429,33 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="an eighth of the prompts (a smoke run)")
     parser.add_argument("--c1-prompts", type=int, default=64, help="prompts at concurrency 1 (the slow row)")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=workloads(), default=workloads(),
+        help="a subset for a quick check (its files are tagged with it; docs take only a full run)",
+    )  # fmt: skip
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    partial = [w for w in workloads() if w in args.workloads] != workloads()
+    if partial and args.write_docs:
+        raise SystemExit("--write-docs takes a run of every workload")
     if "vllm" in args.servers and not PEER_SCRIPT.exists():
         raise SystemExit(f"the vLLM peer script is missing ({PEER_SCRIPT}): run with --servers ours")
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
-    tag = "-quick" if args.quick else ""
+    tag = ("-quick" if args.quick else "") + ("-" + "-".join(args.workloads) if partial else "")
     cpu = cpu_info()
-    rounds, servers = measure(args, runs(args.quick, args.c1_prompts), tag)
+    plan = [run for run in runs(args.quick, args.c1_prompts) if run.name in args.workloads]
+    rounds, servers = measure(args, plan, tag)
     label = ", ".join(f"{s.name} {s.dtype}" for s in servers.values())
     medians = {name: median_of_runs(runs_) for name, runs_ in rounds.items()}
-    pngs = plot(medians, label, tag) if all(rounds.values()) else []
+    pngs = plot(medians, label, tag) if all(rounds.values()) and not partial else []
     command = (
         "python -m bench.peer_bench "
         + " ".join(
             f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
             for k, v in vars(args).items()
             if k in ("ours_dtype", "vllm_dtype", "servers", "c1_prompts", "repeats")
+            or (k == "workloads" and partial)
         )
         + (" --quick" if args.quick else "")
     )
