@@ -5,7 +5,8 @@
    searched partition (for a conversation: canonical-equal earlier turns), no embedding needed;
 3. semantic: the nearest stored questions by cosine in that partition, at or above the threshold that
    CACHE_MAX_FALSE_HIT_RATE maps to (cache_service/calibration.py), or from TYPO_FLOOR up when the two
-   differ only by a few mistyped letters.
+   differ only by a few mistyped letters or the message is the stored question with framing around it
+   (cache_service/framing.py: then the vetoes judge the question's own run of the message).
 Canonical and semantic candidates must pass the vetoes (cache_service/vetoes.py), and every hit is checked
 to still exist in Redis. A request may narrow the tiers (`level`), never widen them."""
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from cache_service.batcher import MicroBatcher
 from cache_service.canonical import canonical_keys, near_typo
+from cache_service.framing import framed_question
 from cache_service.index import VectorIndex
 from cache_service.keys import Conversation, NotCacheableError, ParsedKey
 from cache_service.metrics import CacheMetrics
@@ -113,7 +115,9 @@ class SemanticCache:
             return None  # nothing comparable stored (or too long to compare): no need to embed
         question = key.query
         for entry_id, stored in self.index.canonical_matches(partition, canonical_keys(question)):
-            hit = await self._accept(question, entry_id, stored, 1.0, "canonical")
+            if not self._passes(question, stored):
+                continue
+            hit = await self._accept(entry_id, stored, 1.0, "canonical")
             if hit is not None:
                 return hit
         if level == "canonical" or threshold > 1.0:
@@ -121,20 +125,26 @@ class SemanticCache:
         vector = await self.batcher.embed(question)
         for cand in self.index.search(partition, vector, TOP_K, min(threshold, TYPO_FLOOR)):
             stored = Conversation.decode(cand.query).question
-            if cand.similarity < threshold and not near_typo(question, stored):
-                continue
-            hit = await self._accept(question, cand.entry_id, stored, cand.similarity, "semantic")
+            eligible = cand.similarity >= threshold or near_typo(question, stored)
+            if not (eligible and self._passes(question, stored)):
+                # the stored question inside framing ("Hi, tired mum here, <question> Thanks, Raj")
+                framed = framed_question(question, stored)
+                if framed is None or not self._passes(framed, stored):
+                    continue
+            hit = await self._accept(cand.entry_id, stored, cand.similarity, "semantic")
             if hit is not None:
                 return hit
         return None
 
-    async def _accept(
-        self, question: str, entry_id: str, stored: str, similarity: float, tier: str
-    ) -> Hit | None:
-        """The hit on `entry_id` if no veto objects and it still exists."""
+    def _passes(self, question: str, stored: str) -> bool:
+        """Whether no veto objects to answering `question` with `stored`'s entry."""
         if veto(question, stored):
             self.metrics.veto_rejections.inc()
-            return None
+            return False
+        return True
+
+    async def _accept(self, entry_id: str, stored: str, similarity: float, tier: str) -> Hit | None:
+        """The hit on `entry_id` if it still exists."""
         answer = await self.store.fetch_hit(entry_id)
         if answer is None:
             self.metrics.stale_candidates.inc()

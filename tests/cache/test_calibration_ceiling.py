@@ -27,7 +27,7 @@ def test_a_point_estimate_at_the_budget_is_not_within_it() -> None:
 def traps_answered_above(cosines: list[float], kind: str = "scope") -> tuple[list[dict], list[Lookup]]:
     """One trap per cosine, each with a wrong neighbour at that cosine (answered at any lower threshold)."""
     rows = [{"should_hit": False, "kind": kind, "b_group": f"g{i}:trap"} for i in range(len(cosines))]
-    lookups = [Lookup(None, None, [(c, f"g{i}", False)]) for i, c in enumerate(cosines)]
+    lookups = [Lookup(None, None, [(c, f"g{i}", True, False, False)]) for i, c in enumerate(cosines)]
     return rows, lookups
 
 
@@ -39,7 +39,7 @@ def test_calibration_keeps_the_bound_within_the_budget() -> None:
     # 1,000 traps: the i-th is answered by thresholds at or below 0.5 + i / 2000 (cosines 0.5 .. 0.9995)
     rows, lookups = traps_answered_above([0.5 + i / 2000 for i in range(1000)])
     threshold = calibrate(rows, lookups, decide, 0.02, per_kind=False)
-    answered = sum(c >= threshold for c, _, _ in (lk.semantic[0] for lk in lookups))
+    answered = sum(lk.semantic[0][0] >= threshold for lk in lookups)
     assert within(answered, 1000, 0.02)
     assert answered < 20  # the point-estimate rule would have spent the whole budget (20 answered)
     lower = max(t for t in (0.5 + 0.0025 * i for i in range(201)) if t < threshold - 1e-9)

@@ -244,3 +244,16 @@ def test_a_store_after_a_missed_lookup_reuses_its_vector(stub, cache_service: Ca
     assert store(stub, key, "Gently.").stored
     assert _metric(url, LOOKUP_INPUTS) - encoded == 1
     assert _metric(url, MEMO_HITS) - remembered == 1
+
+
+def test_a_question_inside_framing_hits_and_context_does_not(stub) -> None:
+    """Neither a canonical key in common nor the vetoes' consent for the whole message ("a detail differs");
+    its question's own run passes them."""
+    store(stub, chat_key("How do I descale a kettle?", "t-framing"), "Boil vinegar and water in it.")
+    framed = lookup(
+        stub, chat_key("Ok, tired dad here, bear with me. How do I descale a kettle?", "t-framing")
+    )
+    assert framed.hit and framed.tier == "semantic"
+    assert framed.response == "Boil vinegar and water in it."
+    context = chat_key("How do I descale a kettle? Mine is a glass kettle from 1998.", "t-framing")
+    assert not lookup(stub, context).hit

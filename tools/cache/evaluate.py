@@ -48,6 +48,7 @@ from cache_service.calibration import BUDGETS, CALIBRATION_FILE, thresholds_for
 from cache_service.canonical import canonical_keys, near_typo
 from cache_service.core import TOP_K, TYPO_FLOOR
 from cache_service.embedding_models import DEFAULT_EMBEDDING_MODEL, EMBEDDING_MODELS
+from cache_service.framing import framed_question
 from cache_service.keys import ParsedKey, normalize_text, parse_key
 from cache_service.vetoes import veto
 from common.gen import cache_pb2
@@ -181,8 +182,9 @@ class Lookup:
 
     exact: str | None  # the exact entry's group
     canonical: str | None  # the first canonical match's group that passed the vetoes
-    # (cosine, group, a near typo), the candidates that passed the vetoes, best first
-    semantic: list[tuple[float, str, bool]] = field(default_factory=list)
+    # (cosine, group, passed the vetoes, a near typo, framed), the top candidates, best first; framed: the
+    # message is the candidate's question with framing around it (cache_service/framing.py)
+    semantic: list[tuple[float, str, bool, bool, bool]] = field(default_factory=list)
     plain: tuple[float, str] | None = None  # the nearest entry by plain cosine
 
     def shipped(self, threshold: float, tiers: tuple[str, ...] = ("exact", "canonical", "semantic")):
@@ -191,8 +193,9 @@ class Lookup:
         if self.canonical is not None and "canonical" in tiers:
             return self.canonical, "canonical"
         if "semantic" in tiers:
-            for cosine, group, typo in self.semantic:
-                if cosine >= threshold or (typo and cosine >= TYPO_FLOOR and threshold <= 1.0):
+            for cosine, group, passed, typo, framed in self.semantic:
+                below = threshold <= 1.0 and cosine >= TYPO_FLOOR  # the tier is on; above its floor
+                if (passed and (cosine >= threshold or (typo and below))) or (framed and below):
                     return group, "semantic"
         return None, ""
 
@@ -246,8 +249,11 @@ class Index:
             sims = self._mats[key.search_partition] @ self.vectors[question]
             for i in np.argsort(-sims)[:TOP_K]:
                 text, group = items[i]
-                if not veto(question, text):
-                    out.semantic.append((float(sims[i]), group, near_typo(question, text)))
+                passed = not veto(question, text)
+                typo = passed and near_typo(question, text)
+                framed = framed_question(question, text)
+                framed_ok = framed is not None and not veto(framed, text)
+                out.semantic.append((float(sims[i]), group, passed, typo, framed_ok))
         plain = self.plain_parts.get(key.partition)
         if plain:
             sims = self._plain[key.partition] @ self.vectors[user_text(key)]
@@ -386,10 +392,13 @@ def main(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--quick", action="store_true", help="per-kind figures at 2%% with the calibrated thresholds"
     )
-    parser.add_argument("--suite-from", choices=("frozen", "tune"), default="frozen")
+    parser.add_argument("--suite-from", choices=("frozen", "tune", "tune2"), default="frozen")
+    parser.add_argument(
+        "--failures", type=int, default=0, help="with --quick: print this many failing suite rows per kind"
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        return args, quick(args.embedding_model, args.suite_from)
+        return args, quick(args.embedding_model, args.suite_from, args.failures)
     started = time.perf_counter()
     rows = load_evaluation_rows()
     tune = [r for r in rows if r["split"] == "tune"]
@@ -545,24 +554,36 @@ def main(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     return args, lines
 
 
-def quick(model: str, suite_from: str) -> list[str]:
-    """Per-kind figures at the default budget with the thresholds already calibrated (no calibration)."""
+def quick(model: str, suite_from: str, failures: int = 0) -> list[str]:
+    """Per-kind figures at the default budget with the thresholds already calibrated (no calibration).
+    `suite_from` "tune" or "tune2": the suite of the tune questions, wrapped with that side's vocabulary;
+    `failures`: that many failing rows of each kind shown (never for the frozen suite)."""
+    from_tune = suite_from != "frozen"
     rows = load_evaluation_rows()
     tune = [r for r in rows if r["split"] == "tune"]
     frozen = [r for r in rows if r["split"] in FROZEN]
-    suite = perturb.suite(tune if suite_from == "tune" else frozen, side=suite_from)
+    suite = perturb.suite(tune if from_tune else frozen, side=suite_from)
     vectors = Vectors(model)
-    vectors.ensure(texts_of(tune if suite_from == "tune" else rows) | texts_of(suite))
+    vectors.ensure(texts_of(tune if from_tune else rows) | texts_of(suite))
     tune_index = Index(tune, vectors)
-    full = Index(rows, vectors) if suite_from == "frozen" else tune_index
+    full = tune_index if from_tune else Index(rows, vectors)
     th = thresholds_for(model, 0.02)
     lines = [f"threshold at 2%: {th:.4f}; perturbation suite from the {suite_from} questions:"]
-    suite_lookups = lookups_for(suite, tune_index if suite_from == "tune" else full)
+    suite_lookups = lookups_for(suite, full)
     for kind in perturb.KINDS:
         pairs = [(r, lk) for r, lk in zip(suite, suite_lookups, strict=True) if r["kind"] == kind]
         t = tally([p[0] for p in pairs], [p[1] for p in pairs], lambda lk: lk.shipped(th))
         served, answered = rate(*t.served()), rate(*t.false_hits())
         lines.append(f"  {kind}: served {served}, perturbed traps answered {answered}")
+        wrong = [
+            (r, lk)
+            for r, lk in pairs
+            if (lk.shipped(th)[0] != r["b_group"] if r["should_hit"] else lk.shipped(th)[0] is not None)
+        ]
+        for r, lk in wrong[: failures if from_tune else 0]:
+            best = f"{lk.semantic[0][0]:.3f}{'' if lk.semantic[0][2] else ' vetoed'}" if lk.semantic else "-"
+            side = "missed" if r["should_hit"] else "answered"
+            lines.append(f"    {side} (cosine {best}): {r['b']!r} <- {r['a']!r}")
     parts = [("tune split", tune, tune_index)]
     if suite_from == "frozen":  # with --suite-from tune, nothing frozen is looked up or printed
         parts.insert(0, ("frozen splits pooled", frozen, full))

@@ -32,6 +32,8 @@ VOCAB = HERE / "data" / "writers" / "vocab" / "wrappers.json"
 # The tune side's own wrappers, written apart from the frozen list by another writer: a suite built from the
 # tune split (to iterate on) never sees the frozen vocabulary that measures the normalizer.
 TUNE_VOCAB = HERE / "data" / "writers" / "vocab_tune" / "wrappers.json"
+# A second tune-side vocabulary by a third writer, in other voices (data/writers/vocab_tune2/README.md).
+TUNE2_VOCAB = HERE / "data" / "writers" / "vocab_tune2" / "wrappers.json"
 SAMPLE = HERE.parent.parent / "tests" / "cache" / "data" / "perturbation_sample.jsonl"
 KINDS = ("typo1", "typo2", "wrapper", "clause", "case", "punctuation")
 _ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
@@ -177,8 +179,9 @@ def perturb(text: str, kind: str, vocab: dict[str, list[str]], salt: str = "") -
 
 
 def load_vocab(side: str = "frozen") -> dict[str, list[str]]:
-    """The wrapper vocabulary of one side: "frozen" measures, "tune" is for iterating on the tune split."""
-    return json.loads({"frozen": VOCAB, "tune": TUNE_VOCAB}[side].read_text())
+    """The wrapper vocabulary of one side: "frozen" measures, "tune" and "tune2" are for iterating on the
+    tune split."""
+    return json.loads({"frozen": VOCAB, "tune": TUNE_VOCAB, "tune2": TUNE2_VOCAB}[side].read_text())
 
 
 def suite(rows: list[dict], trap_kinds_per_text: int = 2, side: str = "frozen") -> list[dict]:

@@ -1,0 +1,68 @@
+"""A stored question inside framing of the writer's own (cache_service/framing.py): the question's run of
+the message is found by its canonical key, the rest must say nothing about it."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache_service.framing import framed_question, segments
+from cache_service.vetoes import veto
+
+
+def test_segments_cut_at_marks_followed_by_a_space_only() -> None:
+    assert segments("Hey, tired mum here, Which planet is closest to the sun? Thanks a lot, Raj") == [
+        "Hey,",
+        "tired mum here,",
+        "Which planet is closest to the sun?",
+        "Thanks a lot,",
+        "Raj",
+    ]
+    assert segments("Is $3,000 or 3.5% more - per year?") == ["Is $3,000 or 3.5% more", "per year?"]
+
+
+@pytest.mark.parametrize(
+    ("message", "stored", "question"),
+    [
+        (
+            "Hey, tired mum here, Which planet is closest to the sun? Thanks a lot, Raj",
+            "Which planet is closest to the sun?",
+            "Which planet is closest to the sun?",
+        ),
+        (
+            "Hi, I'm sorry if this is a silly question, Can dogs eat grapes?",
+            "Can dogs eat grapes?",
+            "Can dogs eat grapes?",  # the shortest run: the apology stays out of what the vetoes read
+        ),
+        (
+            "Explain it to me like I'm a child: How do I apply for a library card in Chicago?",
+            "How do I apply for a library card in Chicago?",
+            "How do I apply for a library card in Chicago?",
+        ),
+        (
+            "If my flight is delayed 4 hours, am I entitled to compensation? Been going round in circles.",
+            "If my flight is delayed 4 hours, am I entitled to compensation?",
+            "If my flight is delayed 4 hours, am I entitled to compensation?",
+        ),
+    ],
+)
+def test_a_question_inside_framing_is_found(message: str, stored: str, question: str) -> None:
+    assert framed_question(message, stored) == question
+    assert veto(question, stored) == ""
+
+
+@pytest.mark.parametrize(
+    ("message", "stored"),
+    [
+        ("Can dogs eat grapes? My dog is a puppy.", "Can dogs eat grapes?"),  # context on the question
+        ("Can dogs eat grapes? What about raisins?", "Can dogs eat grapes?"),  # another question
+        ("Can dogs eat grapes? I live in Canada.", "Can dogs eat grapes?"),  # a place
+        ("Can dogs eat grapes? Mine is 3.", "Can dogs eat grapes?"),  # a number
+        ("Hi, no rush, is SPF 30 enough?", "Is SPF 30 enough?"),  # a negator is never framing
+        ("For someone with braces, is an electric toothbrush better?", "Is an electric toothbrush better?"),
+        ("If I have rosacea, can I use retinol?", "Can I use retinol?"),  # a clause of the question
+        ("What is the speed limit on highways in Texas?", "What is the speed limit on highways?"),
+        ("Which planet is closest to the sun?", "Which planet is closest to the sun?"),  # one segment
+    ],
+)
+def test_what_changes_the_question_is_not_framing(message: str, stored: str) -> None:
+    assert framed_question(message, stored) is None
