@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
+import os
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from common.gen import worker_pb2, worker_pb2_grpc
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ranking
 from scripts.launch import MODEL_NAME, ROOT, Service, exit_on_sigterm, start_gateway, start_worker
+from worker.model.cpu_kind import cpu_info
 
 POLICIES = ("round_robin", "cache_aware")
 VARIANTS = {  # more --policies, as gateway settings: cache_aware without its later rules, to compare
@@ -50,7 +52,14 @@ VARIANT_NOTES = {
     "cache_aware_hot2": "cache_aware_hot2: the same with GATEWAY_ROUTING_HOT_KEY_REQUESTS=2, the default "
     "before it became 3",
 }
-CPU_NOTE = "CPU: AMD EPYC (avx2, avx512f, avx512_bf16, avx512_vnni, no AMX), 2 cores, shared with other work"
+
+
+def cpu_note(described: Iterable[str] = ()) -> str:
+    """The CPU the figures came from: the runs' own (recorded with each), else this machine's."""
+    cpus = sorted(set(described)) or [cpu_info().describe()]
+    return f"CPU: {'; '.join(cpus)}, {os.cpu_count()} cores"
+
+
 BLOCK = 16  # the workers' KV block size (tokens), the unit a prefix cache hits in
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_MAX_NUM_SEQS": "16"}
 RESULTS = ROOT / ".run" / "fleet_bench" / "results.jsonl"
@@ -83,25 +92,13 @@ class RunResult:
     shares: list[float]  # each worker's share of looked-up tokens
     wall_s: float
     attainable: float = 0.0  # the hit rate with every tenant's prompt cached after its first request
+    cpu: str = ""  # the CPU it ran on (worker/model/cpu_kind.py); runs recorded before this field: ""
 
 
 def system_prompt(salt: str, tenant: int, words: int) -> str:
     rng = random.Random(f"{salt}-{tenant}")
     body = " ".join(rng.choice(WORDS) for _ in range(words))
     return f"[{salt}] You are the assistant of tenant {tenant}. Follow these house rules: {body}."
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the vector extensions that matter to the kernels."""
-    name, flags = platform.processor() or "unknown CPU", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
-    have = [f for f in wanted if f in flags]
-    return f"{name} ({', '.join(have) or 'no AVX2'}{'' if 'amx_tile' in flags else ', no AMX'})"
 
 
 def worker_stats(addrs: list[str]) -> list[worker_pb2.Stats]:
@@ -236,6 +233,7 @@ def measure(
         [q / total for q in queries],
         wall,
         attainable / total,
+        cpu_info().describe(),
     )
 
 
@@ -342,7 +340,8 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
     lines = [
         "## Fleet routing: round_robin vs cache_aware",
         "",
-        f"{commands(results)}, on {CPU_NOTE}; each worker WORKER_NUM_THREADS=1.",
+        f"{commands(results)}, on {cpu_note(r.cpu for r in results if r.cpu)}; each worker "
+        "WORKER_NUM_THREADS=1.",
         "",
         f"Measuring load: seed `{first.seed}`, {first.tenants} tenants, each with its own "
         f"{first.prompt_tokens}-token system prompt; {first.requests} chat requests "

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 import httpx
 
-from bench.fleet_bench import CPU_NOTE
+from bench.fleet_bench import cpu_note
 from bench.report import median, publish
 from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import (
@@ -312,7 +312,8 @@ def report(runs: list[dict]) -> list[str]:
     return [
         "## Fleet faults under load",
         "",
-        f"`.venv/bin/python -m bench.fleet_faults --runs {len(runs)} --write-docs` on {CPU_NOTE}. 2 gateways "
+        f"`.venv/bin/python -m bench.fleet_faults --runs {len(runs)} --write-docs` on {cpu_note()}. "
+        "2 gateways "
         "(GATEWAY_ROUTING=cache_aware, GATEWAY_STREAM_STALL_S=10, the semantic cache on: one cache service "
         f"over one Redis) over 3 workers (WORKER_NUM_THREADS=1); {runs[0]['clients']} clients stream chat "
         f"completions of {MAX_TOKENS} tokens through both gateways in turn, retrying on the other gateway "

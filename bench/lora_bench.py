@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 
 import torch
 
 from bench.report import median, publish
+from worker.model.cpu_kind import cpu_info
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
 STREAMS = (8, 32)
@@ -27,26 +27,6 @@ PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
 RANK = 16
 REPEATS = 3  # rows interleaved, median kept: other work on a shared CPU moves single runs a lot
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the matmul features that matter here (AVX2/AVX-512/BF16/VNNI/AMX)."""
-    name, flags = platform.processor() or "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
-    have = [f for f in wanted if f in flags]
-    return f"{name} with {', '.join(have) or 'none of ' + ', '.join(wanted)}" + (
-        "" if "amx_bf16" in flags else ", no AMX"
-    )
 
 
 def make_adapters(root: str, count: int) -> dict[str, str]:
@@ -122,7 +102,8 @@ def main() -> None:
     flag = f" --dtype {args.dtype}" if args.dtype != "auto" else ""
     flag += f" --threads {args.threads}" if args.threads else ""
     setup = (
-        f"{cpu_name()} ({os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{cpu_info().describe()} ({os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, "
         f"{dtype}; load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at the end)"
     )
     lines = [
