@@ -18,16 +18,19 @@ must be framing:
 - a segment asking something ("Any ideas?") only of function and phatic words;
 - at most MAX_FRAMING_WORDS words in all.
 
-What is added inside the question's own sentence ("... on highways in Texas?") is never framing: no mark
-separates it from the question, so no run of segments equals the stored question. The cache tries this on
-the semantic tier's candidates (cosine at least its floor) that the threshold or a veto turned down; the
-vetoes then apply to the run found, not to the whole message.
+A lead-in typed without a mark ("My wife wants to know which ...", "so basically how ...") is cut off before
+the question word or auxiliary that opens the question, and must be framing too. What is added after the
+question inside its sentence ("... on highways in Texas?") is never framing: no run ends there.
+
+The cache tries this on the semantic tier's candidates (cosine at least its floor) that the threshold or a
+veto turned down; the vetoes then apply to the run found, not to the whole message.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 
 from cache_service.canonical import canonical_keys
 from cache_service.pair_checks import expand_contractions
@@ -38,6 +41,12 @@ MAX_SEGMENTS = 10  # longer messages are not searched (the runs grow as the squa
 # A run longer than the stored question by more than this cannot share its canonical key (the key drops
 # wrapper words, never this many), so its key is not computed.
 MAX_RUN_EXTRA_WORDS = 8
+MAX_LEAD_IN_WORDS = 8  # words of a lead-in typed without a mark before the question ("can u tell me ...")
+# Where a question may begin after a lead-in: a question word or an auxiliary that opens a yes/no question.
+QUESTION_STARTS = frozenset(
+    """what which who whom whose when where why how is are was were do does did can could will would should
+    shall may might must am has have had""".split()
+)
 _SEGMENT_END = re.compile(r"(?<=[.!?:;,])\s+|\s+[-–—]+\s+")
 _WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
 _DIGIT = re.compile(r"\d")
@@ -89,14 +98,26 @@ def is_framing(segment: str, question_stems: set[str]) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _runs(message: str) -> tuple[tuple[int, int], ...]:
-    """Every run of whole segments [i, j) of the message but the whole, shortest first (a run that takes in
-    a framing clause the canonical key drops, "Sorry if this is silly, can dogs ...?", would bring that
-    clause to the vetoes)."""
+    """Every run of whole segments [i, j) of the message, shortest first (a run that takes in a framing
+    clause the canonical key drops, "Sorry if this is silly, can dogs ...?", would bring that clause to the
+    vetoes)."""
     n = len(segments(message))
-    if not 2 <= n <= MAX_SEGMENTS:
+    if not 1 <= n <= MAX_SEGMENTS:
         return ()
-    runs = ((i, j) for i in range(n) for j in range(i + 1, n + 1) if j - i < n)
+    runs = ((i, j) for i in range(n) for j in range(i + 1, n + 1))
     return tuple(sorted(runs, key=lambda run: run[1] - run[0]))
+
+
+def _readings(parts: list[str], i: int, j: int) -> Iterator[tuple[str, list[str]]]:
+    """(the question, the framing around it) for the run [i, j): the run as it is (never the whole message),
+    and the run with a lead-in of its first segment cut off before a question word ("My wife wants to know
+    | which ...", "so basically | how ...")."""
+    rest = parts[:i] + parts[j:]
+    if j - i < len(parts):
+        yield " ".join(parts[i:j]), rest
+    for m in list(_WORD.finditer(parts[i]))[1 : MAX_LEAD_IN_WORDS + 1]:
+        if m.group().lower() in QUESTION_STARTS:
+            yield " ".join([parts[i][m.start() :], *parts[i + 1 : j]]), [*rest, parts[i][: m.start()]]
 
 
 def framed_question(message: str, stored: str) -> str | None:
@@ -110,16 +131,17 @@ def framed_question(message: str, stored: str) -> str | None:
     parts = segments(message)
     question_stems = _content_stems(stored)
     stems = [_content_stems(p) for p in parts]
-    counts = [len(_WORD.findall(p)) for p in parts]
     most = len(_WORD.findall(stored)) + MAX_RUN_EXTRA_WORDS
     for i, j in runs:
-        if sum(counts[i:j]) > most or not question_stems <= set().union(*stems[i:j]):
+        if not question_stems <= set().union(*stems[i:j]):
             continue
-        rest = parts[:i] + parts[j:]
-        if sum(len(_WORD.findall(p)) for p in rest) > MAX_FRAMING_WORDS:
-            continue
-        if not canonical_keys(" ".join(parts[i:j])) & wanted:
-            continue
-        if all(is_framing(p, question_stems) for p in rest):
-            return " ".join(parts[i:j])
+        for question, rest in _readings(parts, i, j):
+            if len(_WORD.findall(question)) > most:
+                continue
+            if sum(len(_WORD.findall(p)) for p in rest) > MAX_FRAMING_WORDS:
+                continue
+            if not canonical_keys(question) & wanted:
+                continue
+            if all(is_framing(p, question_stems) for p in rest):
+                return question
     return None

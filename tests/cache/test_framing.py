@@ -43,6 +43,12 @@ def test_segments_cut_at_marks_followed_by_a_space_only() -> None:
             "If my flight is delayed 4 hours, am I entitled to compensation?",
             "If my flight is delayed 4 hours, am I entitled to compensation?",
         ),
+        (
+            "My wife wants to know which medications can I take with grapefruit juice?",
+            "Which medications can I take with grapefruit juice?",
+            "which medications can I take with grapefruit juice?",  # a lead-in cut before the question word
+        ),
+        ("so basically how do I unclog a sink?", "How do I unclog a sink?", "how do I unclog a sink?"),
     ],
 )
 def test_a_question_inside_framing_is_found(message: str, stored: str, question: str) -> None:
@@ -62,6 +68,9 @@ def test_a_question_inside_framing_is_found(message: str, stored: str, question:
         ("If I have rosacea, can I use retinol?", "Can I use retinol?"),  # a clause of the question
         ("What is the speed limit on highways in Texas?", "What is the speed limit on highways?"),
         ("Which planet is closest to the sun?", "Which planet is closest to the sun?"),  # one segment
+        ("ngl i have no idea how do I unclog a sink?", "How do I unclog a sink?"),  # a negator in the lead-in
+        ("In the UK how do I renew a passport?", "How do I renew a passport?"),  # a place, a clause opener
+        ("My 5 year old wants to know why is the sky blue?", "Why is the sky blue?"),  # a number
     ],
 )
 def test_what_changes_the_question_is_not_framing(message: str, stored: str) -> None:
