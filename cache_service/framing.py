@@ -19,8 +19,10 @@ must be framing:
 - at most MAX_FRAMING_WORDS words in all.
 
 A lead-in typed without a mark ("My wife wants to know which ...", "so basically how ...") is cut off before
-the question word or auxiliary that opens the question, and must be framing too. What is added after the
-question inside its sentence ("... on highways in Texas?") is never framing: no run ends there.
+the question word or auxiliary that opens the question, and must be framing too. After the question, within
+its sentence, only a tag of chat, greeting or pleading words may go ("... innit?", "... tbh", "... dear?");
+anything else added there ("... on highways in Texas?", "... quickly?") keeps the run from being the stored
+question.
 
 The cache tries this on the semantic tier's candidates (cosine at least its floor) that the threshold or a
 veto turned down; the vetoes then apply to the run found, not to the whole message.
@@ -42,6 +44,14 @@ MAX_SEGMENTS = 10  # longer messages are not searched (the runs grow as the squa
 # wrapper words, never this many), so its key is not computed.
 MAX_RUN_EXTRA_WORDS = 8
 MAX_LEAD_IN_WORDS = 8  # words of a lead-in typed without a mark before the question ("can u tell me ...")
+MAX_TAG_WORDS = 3  # words of a tag typed without a mark after the question ("... pretty please")
+# Chat abbreviations and tags of general English chat: like the phatic words, they ask nothing.
+CHAT_TAGS = frozenset(
+    "tbh idk imo imho ngl innit fr lol lmao omg btw fyi afaik iirc tia tysm thx ty pls plz".split()
+)
+# Phatic words that can also qualify what is asked ("How do I lose weight quickly?"): never a tag.
+_QUALIFYING = frozenset("quick quickly asap urgent urgently help helping question questions".split())
+_TAG_WORDS = (PHATIC | WEAK | CHAT_TAGS) - _QUALIFYING
 # Where a question may begin after a lead-in: a question word or an auxiliary that opens a yes/no question.
 QUESTION_STARTS = frozenset(
     """what which who whom whose when where why how is are was were do does did can could will would should
@@ -108,16 +118,31 @@ def _runs(message: str) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(runs, key=lambda run: run[1] - run[0]))
 
 
+def is_tag(words: list[str]) -> bool:
+    """Whether the last words of a question, typed without a mark before them, are a tag that asks nothing
+    ("... innit?", "... tbh", "... dear?", "... pretty please"): greeting, thanking, pleading or chat words
+    only, none that could qualify the question ("quickly", "right", "no")."""
+    lowered = [w.lower() for w in words]
+    return bool(lowered) and all(w in _TAG_WORDS and w not in KEEP for w in lowered)
+
+
 def _readings(parts: list[str], i: int, j: int) -> Iterator[tuple[str, list[str]]]:
-    """(the question, the framing around it) for the run [i, j): the run as it is (never the whole message),
-    and the run with a lead-in of its first segment cut off before a question word ("My wife wants to know
-    | which ...", "so basically | how ...")."""
+    """(the question, the framing around it) for the run [i, j): the run as it is (never the whole message);
+    with a lead-in of its first segment cut off before a question word ("My wife wants to know | which ...",
+    "so basically | how ..."); and either with a tag of its last segment cut off ("... | innit?")."""
     rest = parts[:i] + parts[j:]
-    if j - i < len(parts):
-        yield " ".join(parts[i:j]), rest
+    starts = [(parts[i], [])]
     for m in list(_WORD.finditer(parts[i]))[1 : MAX_LEAD_IN_WORDS + 1]:
         if m.group().lower() in QUESTION_STARTS:
-            yield " ".join([parts[i][m.start() :], *parts[i + 1 : j]]), [*rest, parts[i][: m.start()]]
+            starts.append((parts[i][m.start() :], [parts[i][: m.start()]]))
+    for first, lead_in in starts:
+        body = " ".join([first, *parts[i + 1 : j]])
+        if lead_in or j - i < len(parts):
+            yield body, [*rest, *lead_in]
+        words = list(_WORD.finditer(body))
+        for n in range(1, min(MAX_TAG_WORDS, len(words) - 1) + 1):
+            if is_tag([m.group() for m in words[-n:]]):
+                yield body[: words[-n].start()].rstrip(" ,") + body[words[-1].end() :], [*rest, *lead_in]
 
 
 def framed_question(message: str, stored: str) -> str | None:

@@ -49,6 +49,12 @@ def test_segments_cut_at_marks_followed_by_a_space_only() -> None:
             "which medications can I take with grapefruit juice?",  # a lead-in cut before the question word
         ),
         ("so basically how do I unclog a sink?", "How do I unclog a sink?", "how do I unclog a sink?"),
+        (
+            "Why does my controller keep drifting innit?",
+            "Why does my controller keep drifting?",
+            "Why does my controller keep drifting?",
+        ),  # a chat tag after the question
+        ("Hi, can dogs eat grapes tbh? Thanks, Raj", "Can dogs eat grapes?", "can dogs eat grapes?"),
     ],
 )
 def test_a_question_inside_framing_is_found(message: str, stored: str, question: str) -> None:
@@ -71,6 +77,9 @@ def test_a_question_inside_framing_is_found(message: str, stored: str, question:
         ("ngl i have no idea how do I unclog a sink?", "How do I unclog a sink?"),  # a negator in the lead-in
         ("In the UK how do I renew a passport?", "How do I renew a passport?"),  # a place, a clause opener
         ("My 5 year old wants to know why is the sky blue?", "Why is the sky blue?"),  # a number
+        ("How do I lose weight quickly?", "How do I lose weight?"),  # a word that qualifies is no tag
+        ("How do I reset my router right?", "How do I reset my router?"),  # nor is a direction word
+        ("Why does iron rust or is that a dumb question?", "Why does iron rust?"),  # a tag is short
     ],
 )
 def test_what_changes_the_question_is_not_framing(message: str, stored: str) -> None:
