@@ -33,7 +33,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "amx.h"
@@ -311,7 +310,11 @@ Plan plan_steps(const int64_t* tables, int64_t table_width, const int64_t* chunk
   plan.unique_of.resize(total);
   int64_t slots = 16;
   while (slots < 2 * total) slots *= 2;
-  std::vector<std::pair<uint64_t, int64_t>> seen(slots, {0, -1});  // open addressing: (key, unique step)
+  struct Entry {  // open addressing on the two halves' pool slots, compared whole (a hash alone may collide)
+    uint64_t first = 0, second = 0;
+    int64_t unique = -1;
+  };
+  std::vector<Entry> seen(slots);
   for (int64_t c = 0; c < C; ++c) {
     const int64_t* table = tables + c * table_width;
     const int64_t context_len = chunks[3 * c + 2];
@@ -320,14 +323,14 @@ Plan plan_steps(const int64_t* tables, int64_t table_width, const int64_t* chunk
       int64_t* unique = &plan.unique_of[plan.first_step[c] + st];
       if (t0 + kStep <= context_len) {
         const auto slot = [&](int64_t t) { return static_cast<uint64_t>(table[t / block_size] * block_size + t % block_size); };
-        const uint64_t key = slot(t0) * 0x9E3779B97F4A7C15ull ^ slot(t0 + 16);
-        uint64_t h = (key ^ (key >> 29)) & (slots - 1);
-        while (seen[h].second >= 0 && seen[h].first != key) h = (h + 1) & (slots - 1);
-        if (seen[h].second >= 0) {
-          *unique = seen[h].second;
+        const uint64_t first = slot(t0), second = slot(t0 + 16), mixed = first * 0x9E3779B97F4A7C15ull ^ second;
+        uint64_t h = (mixed ^ (mixed >> 29)) & (slots - 1);
+        while (seen[h].unique >= 0 && (seen[h].first != first || seen[h].second != second)) h = (h + 1) & (slots - 1);
+        if (seen[h].unique >= 0) {
+          *unique = seen[h].unique;
           continue;
         }
-        seen[h] = {key, static_cast<int64_t>(plan.chunk_of.size())};
+        seen[h] = {first, second, static_cast<int64_t>(plan.chunk_of.size())};
       }
       *unique = static_cast<int64_t>(plan.chunk_of.size());
       plan.chunk_of.push_back(c);
