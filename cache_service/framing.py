@@ -9,7 +9,8 @@ of whole segments whose canonical key is the stored question's is that question,
 must be framing:
 
 - no word that can change what is asked: negators, question words, comparison and direction words
-  (phatic.KEEP), after contractions are expanded ("if you don't mind" is lost to this rule);
+  (phatic.KEEP), after contractions are expanded ("if you don't mind" is lost to this rule), except a
+  negator of the writer's not knowing or of a hurry ("I can't work out", "no idea", "no rush");
 - no number, and no capitalized word past its segment's first (a name or a place: "I live in Canada");
 - not opening with a preposition or a subordinating conjunction: "For someone with braces, is ...?" and
   "If I have rosacea, can I ...?" are a clause of the question (moved to its front), not framing;
@@ -35,7 +36,7 @@ import re
 from collections.abc import Iterator
 
 from cache_service.canonical import canonical_keys
-from cache_service.pair_checks import expand_contractions
+from cache_service.pair_checks import NEGATORS, expand_contractions
 from cache_service.phatic import FUNCTION, KEEP, PHATIC, WEAK
 
 MAX_FRAMING_WORDS = 24  # words outside the question, all segments together
@@ -52,6 +53,9 @@ CHAT_TAGS = frozenset(
 # Phatic words that can also qualify what is asked ("How do I lose weight quickly?"): never a tag.
 _QUALIFYING = frozenset("quick quickly asap urgent urgently help helping question questions".split())
 _TAG_WORDS = (PHATIC | WEAK | CHAT_TAGS) - _QUALIFYING
+# What a negator in framing may be about: the writer's not knowing, or no hurry (_harmless_negator).
+_UNKNOWING = frozenset("know sure idea clue understand remember figure work find".split())
+_UNHURRIED = frozenset("rush hurry worries worry pressure problem judgement judgment offense offence".split())
 # Where a question may begin after a lead-in: a question word or an auxiliary that opens a yes/no question.
 QUESTION_STARTS = frozenset(
     """what which who whom whose when where why how is are was were do does did can could will would should
@@ -91,13 +95,20 @@ def segments(message: str) -> list[str]:
     return [s for s in _SEGMENT_END.split(message.strip()) if s]
 
 
+def _harmless_negator(lowered: list[str], i: int) -> bool:
+    """A negator that only says the writer does not know ("I can't work out", "no idea", "not sure") or
+    that there is no hurry ("no rush", "no worries"): it negates the asking, never the question."""
+    return lowered[i] in NEGATORS and any(w in _UNKNOWING | _UNHURRIED for w in lowered[i + 1 : i + 3])
+
+
 def is_framing(segment: str, question_stems: set[str]) -> bool:
     """Whether a segment outside the question leaves it unchanged (the rules in the module's docstring)."""
     if _DIGIT.search(segment):
         return False
     words = _WORD.findall(expand_contractions(segment))
     lowered = [w.lower() for w in words]
-    if not lowered or lowered[0] in _CLAUSE_OPENERS or any(w in KEEP for w in lowered):
+    kept = [w for i, w in enumerate(lowered) if w in KEEP and not _harmless_negator(lowered, i)]
+    if not lowered or lowered[0] in _CLAUSE_OPENERS or kept:
         return False
     if any(w[:1].isupper() and w not in ("I", "I'm", "I've", "I'd", "I'll") for w in words[1:]):
         return False
@@ -123,7 +134,10 @@ def is_tag(words: list[str]) -> bool:
     ("... innit?", "... tbh", "... dear?", "... pretty please"): greeting, thanking, pleading or chat words
     only, none that could qualify the question ("quickly", "right", "no")."""
     lowered = [w.lower() for w in words]
-    return bool(lowered) and all(w in _TAG_WORDS and w not in KEEP for w in lowered)
+    return bool(lowered) and all(
+        _harmless_negator(lowered, i) or (w in _TAG_WORDS | _UNHURRIED and w not in KEEP)
+        for i, w in enumerate(lowered)
+    )
 
 
 def _readings(parts: list[str], i: int, j: int) -> Iterator[tuple[str, list[str]]]:
