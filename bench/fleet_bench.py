@@ -45,12 +45,16 @@ VARIANTS = {  # more --policies, as gateway settings: cache_aware without its la
     },
     # the default before GATEWAY_ROUTING_HOT_KEY_REQUESTS went from 2 to 3
     "cache_aware_hot2": {"GATEWAY_ROUTING": "cache_aware", "GATEWAY_ROUTING_HOT_KEY_REQUESTS": "2"},
+    # keys split evenly between workers, without the one key over the mean the default allows
+    "cache_aware_even": {"GATEWAY_ROUTING": "cache_aware", "GATEWAY_ROUTING_KEY_BALANCE": "1.0"},
 }
 VARIANT_NOTES = {
     "cache_aware_before": "cache_aware_before: the same without the bounds on a key's share and on keys per "
     "worker (GATEWAY_ROUTING_HOT_SHARE=0, GATEWAY_ROUTING_KEY_BALANCE=0), as routing was before them",
     "cache_aware_hot2": "cache_aware_hot2: the same with GATEWAY_ROUTING_HOT_KEY_REQUESTS=2, the default "
     "before it became 3",
+    "cache_aware_even": "cache_aware_even: the same with GATEWAY_ROUTING_KEY_BALANCE=1.0 (keys split evenly, "
+    "none over the mean)",
 }
 
 

@@ -71,7 +71,10 @@ def _place(key: str) -> tuple[int, str]:
 
 
 def key_cap(keys: int, workers: int, key_balance: float) -> int:
-    """The most keys one worker owns: key_balance over the mean, and always at least one over it."""
+    """The most keys one worker owns: key_balance over the mean, and always at least one over it; at a
+    key_balance of exactly 1.0, an even split (rounded up) and nothing over it."""
+    if key_balance == 1.0:
+        return math.ceil(keys / workers)
     return math.ceil(max(key_balance * keys / workers, keys / workers + 1))
 
 

@@ -276,6 +276,7 @@ def crowded_keys(addrs: list[str], count: int = 12, crowd: int = 6) -> list[str]
 def test_a_worker_owns_at_most_its_cap_of_the_recent_keys_and_only_the_excess_moves() -> None:
     assert key_cap(12, 4, 1.25) == 4, "one over the mean of 3 (1.25 x 3 is less)"
     assert key_cap(100, 4, 1.25) == 32 and key_cap(2, 4, 1.25) == 2
+    assert key_cap(12, 2, 1.0) == 6 and key_cap(13, 2, 1.0) == 7, "1.0: an even split, nothing over"
     keys = crowded_keys(WORKERS)
     plain = {k: ranking(k, WORKERS)[0] for k in keys}
     capped = {k: capped_owner(k, WORKERS, keys, 1.25) for k in keys}
