@@ -21,6 +21,7 @@ docs/BENCHMARKS.md gets one section per CPU kind (a run on another kind adds a t
     .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16]
                                          [--servers ours ours-none vllm] [--repeats 3]
                                          [--quick] [--write-docs]
+    .venv/bin/python -m bench.peer_bench --workloads prefix   # a quick check of some rows, never the docs
 """
 
 from __future__ import annotations
