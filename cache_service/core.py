@@ -115,7 +115,8 @@ class SemanticCache:
             return None  # nothing comparable stored (or too long to compare): no need to embed
         question = key.query
         for entry_id, stored in self.index.canonical_matches(partition, canonical_keys(question)):
-            if not self._passes(question, stored):
+            if veto(question, stored):
+                self.metrics.veto_rejections.inc()
                 continue
             hit = await self._accept(entry_id, stored, 1.0, "canonical")
             if hit is not None:
@@ -126,22 +127,17 @@ class SemanticCache:
         for cand in self.index.search(partition, vector, TOP_K, min(threshold, TYPO_FLOOR)):
             stored = Conversation.decode(cand.query).question
             eligible = cand.similarity >= threshold or near_typo(question, stored)
-            if not (eligible and self._passes(question, stored)):
+            if not (eligible and not veto(question, stored)):
                 # the stored question inside framing ("Hi, tired mum here, <question> Thanks, Raj")
                 framed = framed_question(question, stored)
-                if framed is None or not self._passes(framed, stored):
+                if framed is None or veto(framed, stored):
+                    if eligible or framed is not None:  # a candidate the vetoes refused, counted once
+                        self.metrics.veto_rejections.inc()
                     continue
             hit = await self._accept(cand.entry_id, stored, cand.similarity, "semantic")
             if hit is not None:
                 return hit
         return None
-
-    def _passes(self, question: str, stored: str) -> bool:
-        """Whether no veto objects to answering `question` with `stored`'s entry."""
-        if veto(question, stored):
-            self.metrics.veto_rejections.inc()
-            return False
-        return True
 
     async def _accept(self, entry_id: str, stored: str, similarity: float, tier: str) -> Hit | None:
         """The hit on `entry_id` if it still exists."""
