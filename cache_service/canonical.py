@@ -197,10 +197,10 @@ def canonical_text(text: str) -> str:
 MAX_TYPO_EDITS = 2  # letter edits over the whole question
 
 
-def _typo_of(x: str, y: str, budget: int) -> int:
+def _typo_of(x: str, y: str, budget: int, aligned: bool = False) -> int:
     """Edits between two differing words when one can be a mistyping of the other (cache_service/typos.py:
     "conection" / "connection", "tl" / "to", never "on" / "of" nor "tsp" / "tbsp"), else budget + 1."""
-    edits = typo_edits(x, y)
+    edits = typo_edits(x, y, aligned)
     return edits if edits is not None and edits <= budget else budget + 1
 
 
@@ -235,7 +235,7 @@ def near_typo(a: str, b: str) -> bool:
             budget = MAX_TYPO_EDITS
             for x, y in zip(wa, wb, strict=True):
                 if x != y:
-                    budget -= _typo_of(x, y, budget)
+                    budget -= _typo_of(x, y, budget, aligned=True)
                     if budget < 0:
                         break
             if budget >= 0:

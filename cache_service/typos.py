@@ -70,8 +70,10 @@ def _zipf(word: str) -> float:
     return 0.0 if len(word) == 1 and word not in ("a", "i") else spelling.zipf(word)
 
 
-def _word_edits(x: str, y: str) -> int | None:
-    """Edits between two differing plain words (letters only) when one is a typo of the other, else None."""
+def _word_edits(x: str, y: str, aligned: bool = False) -> int | None:
+    """Edits between two differing plain words (letters only) when one is a typo of the other, else None.
+    `aligned`: the two stand in the same place of two questions otherwise the same, where a short word
+    mistyped twice ("et" / "the", "dsg" / "dogs", "c" / "so") has no other reading."""
     zx, zy = _zipf(x), _zipf(y)
     (rare, z_rare), (common, z_common) = sorted(((x, zx), (y, zy)), key=lambda p: p[1])
     rare_typo = z_rare < TYPO_WORD_BELOW and z_common >= z_rare + TYPO_FREQUENCY_GAP
@@ -83,9 +85,18 @@ def _word_edits(x: str, y: str) -> int | None:
     if not (rare_typo or closed_typo):
         return None
     short = min(len(x), len(y)) <= 3
-    limit = 1 if short and not (z_rare < UNLISTED and len(common) >= 3) else 2
+    limit = 1 if short and not aligned and not (z_rare < UNLISTED and len(common) >= 3) else 2
+    if aligned and short and (z_rare >= TYPO_WORD_BELOW or _affixed(x, y)):
+        # twice mistyped into a word in use ("te" / "time", "un" / "sun"): maybe that word; two letters
+        # added at one end ("set" / "unset", "use" / "used"): a prefix or an ending
+        limit = 1
     distance = osa(x, y, limit)
     return distance if distance <= limit else None
+
+
+def _affixed(x: str, y: str) -> bool:
+    short, long = sorted((x, y), key=len)
+    return long.startswith(short) or long.endswith(short)
 
 
 _CONTRACTED = frozenset("s t re ll ve m d".split())  # what comes after the apostrophe of a contraction
@@ -100,9 +111,10 @@ def _suffix_edits(x: str, y: str) -> int | None:
 
 
 @functools.lru_cache(maxsize=65536)
-def typo_edits(x: str, y: str) -> int | None:
+def typo_edits(x: str, y: str, aligned: bool = False) -> int | None:
     """Letter edits between two differing words (lower case) when one can be a mistyping of the other,
-    None when they are different words (or numbers, codes, names: anything but letters and hyphens)."""
+    None when they are different words (or numbers, codes, names: anything but letters and hyphens).
+    `aligned`: the words stand in the same place of two questions otherwise word for word the same."""
     px, py = re.split(r"([-'])", x), re.split(r"([-'])", y)
     if len(px) != len(py) or px[1::2] != py[1::2]:
         return None
@@ -113,7 +125,7 @@ def typo_edits(x: str, y: str) -> int | None:
         if not (a.isalpha() and b.isalpha()):
             return None
         after_apostrophe = i > 0 and px[i - 1] == "'"
-        edits = _suffix_edits(a, b) if after_apostrophe else _word_edits(a, b)
+        edits = _suffix_edits(a, b) if after_apostrophe else _word_edits(a, b, aligned)
         if edits is None:
             return None
         total += edits
@@ -148,9 +160,11 @@ def aligned_typo(x: str, y: str) -> bool:
     another language or an abbreviation, but no English question's. Never an inflection ("cup" / "cups",
     "walk" / "walked": one thing or several, now or then), never two function words ("on" / "of"), never
     two words of like frequency ("win" / "won", "bay" / "baby")."""
+    if typo_edits(x, y, aligned=True) is not None:
+        return True
     if not (x.isalpha() and y.isalpha()) or osa(x, y, 1) != 1 or (x in CLOSED_CLASS and y in CLOSED_CLASS):
         return False
     short, long = sorted((x, y), key=len)
-    if long.startswith(short) and long[len(short) :] in _INFLECTIONS:
-        return False
+    if len(short) > 2 and long.startswith(short) and long[len(short) :] in _INFLECTIONS:
+        return False  # two letters and an ending ("ol" / "old") are a word cut short, not inflected
     return abs(_zipf(x) - _zipf(y)) >= ALIGNED_FREQUENCY_GAP

@@ -20,6 +20,12 @@ from cache_service.vetoes import veto
         ("walk", "walked", False),
         ("on", "of", False),  # two function words
         ("bay", "baby", False),
+        ("ol", "old", True),  # two letters and an ending: a word cut short, no inflection
+        ("dsg", "dogs", True),  # a short word mistyped twice into no word in use
+        ("c", "so", True),
+        ("unn", "in", True),
+        ("te", "time", False),  # twice mistyped into a string in use: maybe that word
+        ("unset", "set", False),  # two letters added at one end: a prefix
     ],
 )
 def test_aligned_typos(x: str, y: str, typo: bool) -> None:
@@ -33,6 +39,8 @@ def test_aligned_typos(x: str, y: str, typo: bool) -> None:
         ("How long should I wait to swim after a meal?", "How long should I wait too swim after a meal?"),
         ("Is a week too much for a cold to last?", "Is a week ttoo much for a cold to last?"),
         ("How far can I walk on the Moon in a day?", "How far can I walk no the Moon in a day?"),
+        ("Is it safe for dogs to eat grapes?", "Is it safe for dsg to eat grapes?"),
+        ("Why is the Mona Lisa so famous?", "Why is the Mona Lisa c famous?"),
     ],
 )
 def test_retyped_into_listed_strings_is_no_veto(stored: str, retyped: str) -> None:
@@ -45,6 +53,7 @@ def test_retyped_into_listed_strings_is_no_veto(stored: str, retyped: str) -> No
         ("How much coffee should I drink a day?", "How much coffee is too much to drink a day?"),
         ("Is there a way to undo a commit?", "Is there no way to undo a commit?"),
         ("Who won the race in Monaco?", "Who win the race in Monaco?"),  # "win" is no typo of "won"
+        ("How do I set the default project?", "How do I unset the default project?"),  # a prefix, no typo
     ],
 )
 def test_what_only_looks_like_a_typo_still_vetoes(stored: str, other: str) -> None:

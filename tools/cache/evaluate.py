@@ -588,10 +588,15 @@ def quick(model: str, suite_from: str, failures: int = 0) -> list[str]:
     if suite_from == "frozen":  # with --suite-from tune, nothing frozen is looked up or printed
         parts.insert(0, ("frozen splits pooled", frozen, full))
     for name, part, index in parts:
-        t = tally(part, lookups_for(part, index), lambda lk: lk.shipped(th))
+        part_lookups = lookups_for(part, index)
+        t = tally(part, part_lookups, lambda lk: lk.shipped(th))
         lines.append(f"{name}: served {rate(*t.served())}, false hits {rate(*t.false_hits())}")
         lines += [f"  {kind} (should hit): {rate(*t.hits[kind])}" for kind in sorted(t.hits)]
         lines += [f"  {kind} (trap): {rate(*t.traps[kind])}" for kind in sorted(t.traps)]
+        if name == "tune split" and failures:  # the tune split's traps answered, to read
+            for r, lk in zip(part, part_lookups, strict=True):
+                if not r["should_hit"] and lk.shipped(th)[0] is not None:
+                    lines.append(f"    answered {r['kind']}: {r['b']!r} <- {r['a']!r}")
     print("\n".join(lines))
     return lines
 
