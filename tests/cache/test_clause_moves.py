@@ -78,3 +78,19 @@ def test_rotations_are_whole_clauses_only() -> None:
     assert same(a, "What does it cost, I fly from Leeds, change in Amsterdam, then go on to Rome?")
     assert len(list(clause_orders(list("abcde")))) == 5  # rotations, not 120 permutations
     assert len(list(clause_orders(list("abcdefg")))) == 1  # as written beyond six
+
+
+def test_clause_moves_of_questions_written_apart_keep_their_key() -> None:
+    """240 questions in six voices written apart from the normalizer (data/writers/clauses_tune3/, tune-side),
+    each moved by the perturbation suite's own code: nearly all keep their key (654 of 657 when written)."""
+    import json
+    from pathlib import Path
+
+    from tools.cache import perturb
+
+    path = Path(perturb.__file__).parent / "data" / "writers" / "clauses_tune3" / "questions.jsonl"
+    questions = [json.loads(line)["q"] for line in path.read_text().splitlines() if line.strip()]
+    moves = [(q, perturb.perturb(q, "clause", {}, salt=salt)) for q in questions for salt in ("", "x", "y")]
+    moves = [(q, m) for q, m in moves if m is not None and m != q]
+    kept = sum(same(q, m) for q, m in moves)
+    assert len(moves) > 600 and kept >= 0.98 * len(moves), (kept, len(moves))
