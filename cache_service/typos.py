@@ -14,7 +14,9 @@ from any evaluation data:
 - two letters that are no function word ("te", "ge": abbreviations at most) a hundred times rarer than the
   other word are its typo; a single letter other than "a" and "i" counts as no word at all;
 - the edits allowed grow with the length: one in a word of up to three letters, two in a longer one, two in
-  a three-letter word mistyped into no listed word at all ("the" / "thhr");
+  a three-letter word mistyped into no listed word at all ("the" / "thhr"), and two in any short word where
+  the two questions are otherwise word for word the same and the typed string is in little use ("dsg" /
+  "dogs", "c" / "so"), unless the letters were added at one end ("set" / "unset": a prefix);
 - a compound or contraction is compared part by part ("single-pole" / "single-pol", "10-year-old" /
   "10-year-opd", "what's" / "what'ss"), its numbers equal.
 Two real words a letter apart ("rate" / "rat", "cups" / "cup", "tsp" / "tbsp") are never called a typo: that
