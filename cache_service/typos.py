@@ -75,7 +75,7 @@ def _zipf(word: str) -> float:
 def _word_edits(x: str, y: str, aligned: bool = False) -> int | None:
     """Edits between two differing plain words (letters only) when one is a typo of the other, else None.
     `aligned`: the two stand in the same place of two questions otherwise the same, where a short word
-    mistyped twice ("et" / "the", "dsg" / "dogs", "c" / "so") has no other reading."""
+    mistyped twice ("orf" / "for", "dsg" / "dogs", "c" / "so") has no other reading."""
     zx, zy = _zipf(x), _zipf(y)
     (rare, z_rare), (common, z_common) = sorted(((x, zx), (y, zy)), key=lambda p: p[1])
     rare_typo = z_rare < TYPO_WORD_BELOW and z_common >= z_rare + TYPO_FREQUENCY_GAP
@@ -89,14 +89,15 @@ def _word_edits(x: str, y: str, aligned: bool = False) -> int | None:
     short = min(len(x), len(y)) <= 3
     limit = 1 if short and not aligned and not (z_rare < UNLISTED and len(common) >= 3) else 2
     if aligned and short and (z_rare >= TYPO_WORD_BELOW or _affixed(x, y)):
-        # twice mistyped into a word in use ("te" / "time", "un" / "sun"): maybe that word; two letters
-        # added at one end ("set" / "unset", "use" / "used"): a prefix or an ending
+        # twice mistyped into a word in use ("te" / "time", "un" / "sun"): maybe that word; letters
+        # added at one end ("set" / "unset", "go" / "gone"): a prefix or an ending
         limit = 1
     distance = osa(x, y, limit)
     return distance if distance <= limit else None
 
 
 def _affixed(x: str, y: str) -> bool:
+    """Whether the longer word is the shorter with letters added at its start or its end."""
     short, long = sorted((x, y), key=len)
     return long.startswith(short) or long.endswith(short)
 

@@ -4,9 +4,13 @@ wrappers ("For a bakery, tell me how ..."). Each case here failed before the rul
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from cache_service.canonical import canonical_keys, canonical_text, clause_orders
+from tools.cache import perturb
 
 
 def same(a: str, b: str) -> bool:
@@ -83,11 +87,6 @@ def test_rotations_are_whole_clauses_only() -> None:
 def test_clause_moves_of_questions_written_apart_keep_their_key() -> None:
     """240 questions in six voices written apart from the normalizer (data/writers/clauses_tune3/, tune-side),
     each moved by the perturbation suite's own code: nearly all keep their key (654 of 657 when written)."""
-    import json
-    from pathlib import Path
-
-    from tools.cache import perturb
-
     path = Path(perturb.__file__).parent / "data" / "writers" / "clauses_tune3" / "questions.jsonl"
     questions = [json.loads(line)["q"] for line in path.read_text().splitlines() if line.strip()]
     moves = [(q, perturb.perturb(q, "clause", {}, salt=salt)) for q in questions for salt in ("", "x", "y")]
