@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from common.hugepages import WEIGHTS
 from common.native_kernels import native_op
 
 LINEAR_BACKENDS = ("auto", "amx", "onednn", "torch")  # amx, onednn: weights prepacked (CPU); torch: F.linear
@@ -122,7 +123,7 @@ class Linear:
         self.dtype = weight.dtype
         if backend == "amx":
             n, k = weight.shape
-            self.weight = weight.new_empty(n // 16, k // 2, 32)
+            self.weight = WEIGHTS.empty((n // 16, k // 2, 32), torch.bfloat16)  # on huge pages
             native_op("amx_linear").amx_pack_weight(weight.detach().contiguous(), self.weight)
         elif backend == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
@@ -159,7 +160,7 @@ class Bf16WeightLinear:
             raise ValueError("bfloat16-weight layers need the compiled CPU kernels (make kernels)")
         self._ops = ops
         self.out_features, self.in_features = weight.shape
-        self.weight = weight.detach().to(torch.bfloat16).contiguous()
+        self.weight = WEIGHTS.copy(weight.detach().to(torch.bfloat16).contiguous())
         self.bias = bias.detach().float() if bias is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

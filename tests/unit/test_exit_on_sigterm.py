@@ -21,8 +21,8 @@ PARENT = textwrap.dedent(
     if sys.argv[1] == "on":
         exit_on_sigterm()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    print(child.pid, flush=True)
     try:
+        print(child.pid, flush=True)  # inside the try: a SIGTERM right after it must reach the finally
         time.sleep(60)
     finally:
         stop_process(child, timeout_s=5)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from common.hugepages import WEIGHTS
 from common.linear import Linear
 from worker.engine.config import QUANTIZATIONS
 from worker.kernels import native_op
@@ -137,6 +138,8 @@ class Int8Linear:
         self.scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).to(self.compute_dtype)
         codes = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127)
         self.weight = codes.to(torch.int8).contiguous()
+        if self.native is not None:
+            self.weight = WEIGHTS.copy(self.weight)  # on huge pages
         self.bias = bias.detach() if bias is not None else None
         self.dequantize_from = dequantize_min_rows(w.device) if self.native is not None else None
         _probe(self)
@@ -190,7 +193,7 @@ class Int4Linear:
         if self.native is not None:
             self.backend = "native-int4"
             self.compute_dtype = torch.float32
-            self.weight = pack_int4(groups.codes)
+            self.weight = WEIGHTS.copy(pack_int4(groups.codes))  # on huge pages
             # float16, as a GGUF file has them: exact for its blocks and for `from_float`'s (rounded so).
             self.scales = groups.scales.half().contiguous()
             self.mins = groups.mins.half().contiguous()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.hugepages import huge_zeros
 from worker.engine.request import Request
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.kernels import native_ops
@@ -71,13 +72,7 @@ class ModelRunner:
         # Decode graphs pad their batches with rows that write into one scratch block past the pool.
         pool_blocks = num_blocks + (decode_graphs != "off")
         cache_shape = (s.num_kv_heads, pool_blocks, block_size, s.head_dim)
-        self.kv_caches = [
-            (
-                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
-                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(s.num_layers)
-        ]
+        self.kv_caches = [(self._pool(cache_shape), self._pool(cache_shape)) for _ in range(s.num_layers)]
         self.generators: dict[str, torch.Generator] = {}
         self.lora = None  # a worker.model.lora.manager.LoraManager once `use_lora` is called
         self.decode_graphs = None
@@ -91,6 +86,13 @@ class ModelRunner:
                 max_blocks=-(-max_model_len // block_size),
                 capture=decode_graphs == "capture",
             )
+
+    def _pool(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """One layer's K or V pool: on huge pages on a CPU (common/hugepages.py), where a decode step reads
+        2 KB blocks from anywhere in it."""
+        if self.device.type == "cpu":
+            return huge_zeros(shape, self.dtype)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def use_lora(self, manager) -> None:
         """Serve LoRA adapters: the projections add each step's low-rank products (worker/model/lora/)."""
