@@ -53,3 +53,22 @@ def test_token_texts_give_raw_bytes_of_partial_characters(tokenizer):
     ids = tokenizer.encode("🎉")
     raw = b"".join(texts.lookup(t)[1] for t in ids)
     assert raw == "🎉".encode()
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_the_rust_decode_gives_the_text_transformers_decode_gives(tokenizer, skip_special_tokens):
+    """The detokenizer calls the Rust tokenizer directly (the wrapper cost ~20 us a token): the same text,
+    special tokens kept or skipped, over a chat-templated conversation streamed token by token."""
+    messages = [
+        {"role": "user", "content": "Café ☕ — naïve 日本語? 🎉"},
+        {"role": "assistant", "content": "Yes:  two  spaces ."},
+    ]
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+    detok = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=skip_special_tokens)
+    assert detok._decode_ids != tokenizer.decode, "the fast path is taken for this tokenizer"
+    streamed = []
+    for token in ids:
+        detok.add_token(token)
+        streamed.append(detok.take_delta(final=False))
+    streamed.append(detok.take_delta(final=True))
+    assert "".join(streamed) == tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

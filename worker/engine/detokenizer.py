@@ -20,9 +20,10 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.text = ""  # all decoded text (stop string excluded once matched)
         self.emitted = 0  # characters of self.text already returned
+        self._decode_ids = _raw_decoder(tokenizer) or tokenizer.decode
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self._decode_ids(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add_token(self, token_id: int) -> bool:
         """Append one token; return True if a stop string matched (the text is then truncated)."""
@@ -64,6 +65,16 @@ class IncrementalDetokenizer:
                     longest = n
                     break
         return longest
+
+
+def _raw_decoder(tokenizer):
+    """The Rust tokenizer's own decode where transformers' would return the same text (a fast tokenizer that
+    cleans up no spaces): twice per token per sequence, the Python wrapper around it cost ~20 us a token (a
+    64-sequence decode step spent 1.4 ms in it)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend.decode
 
 
 _BYTE_LEVEL_CHARS: dict[str, int] | None = None
