@@ -10,7 +10,8 @@ pool of tens of MB); Linux's transparent huge pages are commonly on only where a
 Memory is asked for before it is first written (the kernel backs a region with huge pages as it faults it
 in), and aligned to 2 MB. Weights are small (a few MB each), so they are packed side by side into
 `PageArena` chunks rather than each in its own aligned region. Where the advice is refused (another OS, THP
-off) the memory is plain memory: nothing else changes.
+off) the memory is plain memory: nothing else changes. `set_enabled(False)` (the worker's
+`WORKER_HUGE_PAGES=false`) never asks: to compare, or where an operator keeps huge pages off a host.
 """
 
 from __future__ import annotations
@@ -42,12 +43,21 @@ def _madvise():
     return fn
 
 
+_enabled = True
+
+
+def set_enabled(enabled: bool) -> None:
+    """Whether memory allocated from now on is advised as huge pages (on by default)."""
+    global _enabled
+    _enabled = enabled
+
+
 def _aligned_bytes(nbytes: int) -> torch.Tensor:
     """`nbytes` fresh bytes (never written yet), starting on a 2 MB boundary, advised as huge pages."""
     rounded = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
     raw = torch.empty(rounded + HUGE_PAGE, dtype=torch.uint8)
     start = (-raw.data_ptr()) % HUGE_PAGE
-    madvise = _madvise()
+    madvise = _madvise() if _enabled else None
     if madvise is not None:
         madvise(raw.data_ptr() + start, rounded, MADV_HUGEPAGE)  # refused: plain pages, same memory
     return raw[start : start + nbytes]  # a view: keeps `raw` alive

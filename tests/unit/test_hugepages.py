@@ -74,3 +74,17 @@ def test_packed_amx_or_bf16_weights_land_in_advised_memory() -> None:
     assert _advised(layer.weight.data_ptr())
     x = torch.randn(3, 64).to(torch.bfloat16)
     assert torch.allclose(layer(x).float(), x.float() @ weight.float().T, atol=0.1, rtol=0.02)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_HUGEPAGE is Linux's")
+def test_switched_off_nothing_is_advised() -> None:
+    """WORKER_HUGE_PAGES=false reaches here through EngineConfig.huge_pages (worker/model/build.py)."""
+    from common import hugepages
+
+    hugepages.set_enabled(False)
+    try:
+        plain = huge_zeros((1 << 21,), torch.uint8)
+        assert plain.data_ptr() % HUGE_PAGE == 0 and not _advised(plain.data_ptr())
+    finally:
+        hugepages.set_enabled(True)
+    assert _advised(huge_zeros((1 << 21,), torch.uint8).data_ptr())

@@ -53,6 +53,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
     quantization: str = "auto"  # one of QUANTIZATIONS
     enforce_eager: bool = False  # CUDA: never replay decode steps from CUDA graphs (model/decode_graphs.py)
+    huge_pages: bool = True  # CPU: weights and KV pool on memory advised as huge pages (common/hugepages.py)
     scheduler: SchedulerConfig | None = None
     kv_cache: KVCacheConfig | None = None
     lora: LoraConfig | None = None

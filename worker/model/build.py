@@ -9,6 +9,7 @@ import time
 import torch
 from transformers import GenerationConfig
 
+from common import hugepages
 from common.linear import warm_up_linears
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.block_manager import BlockManager
@@ -37,6 +38,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     """Load the model and tokenizer, size the KV pool from the memory budget, wire everything."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    hugepages.set_enabled(config.huge_pages)  # before the weights and the KV pool are allocated
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -36,6 +36,7 @@ class WorkerSettings(BaseSettings):
     attention_backend: Literal[ATTENTION_BACKENDS] = EngineConfig.attention_backend  # type: ignore[valid-type]
     quantization: Literal[QUANTIZATIONS] = EngineConfig.quantization  # type: ignore[valid-type]
     enforce_eager: bool = EngineConfig.enforce_eager
+    huge_pages: bool = EngineConfig.huge_pages
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9101
@@ -76,6 +77,7 @@ class WorkerSettings(BaseSettings):
             attention_backend=self.attention_backend,
             quantization=self.quantization,
             enforce_eager=self.enforce_eager,
+            huge_pages=self.huge_pages,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
