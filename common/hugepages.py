@@ -63,13 +63,9 @@ def _aligned_bytes(nbytes: int) -> torch.Tensor:
     return raw[start : start + nbytes]  # a view: keeps `raw` alive
 
 
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def huge_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor of its own, on huge pages where the OS allows (the KV pool of one layer)."""
-    nbytes = math.prod(shape) * _element_size(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
     return _aligned_bytes(nbytes).view(dtype).view(shape).zero_()
 
 
@@ -83,7 +79,7 @@ class PageArena:
         self._used = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        nbytes = math.prod(shape) * _element_size(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes >= self.chunk_bytes // 2:  # a large tensor gets a region of its own
             return _aligned_bytes(nbytes).view(dtype).view(shape)
         start = -(-self._used // 64) * 64
@@ -93,9 +89,7 @@ class PageArena:
         return self._chunk[start : start + nbytes].view(dtype).view(shape)
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of a CPU tensor in the arena (other devices: the tensor itself)."""
-        if tensor.device.type != "cpu":
-            return tensor
+        """A contiguous copy of a CPU tensor in the arena."""
         out = self.empty(tuple(tensor.shape), tensor.dtype)
         out.copy_(tensor)
         return out
