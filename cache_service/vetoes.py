@@ -23,6 +23,7 @@ They run on both tiers (canonical and semantic) and cost a few regular expressio
 
 from __future__ import annotations
 
+import functools
 import re
 
 from cache_service.canonical import case_says_nothing, clause_orders, near_typo, strip_wrappers
@@ -110,13 +111,106 @@ def _first_word(text: str) -> str:
     return _plain(tokens[0][0]) if tokens else ""
 
 
+# The same place or thing under a standard short name, in general English use (not read from any pairs);
+# an acronym of the other side's words ("United States", "New York") is matched without a table.
+_SAME_NAMES = (
+    ("us", "usa u.s u.s.a america american americans"),
+    ("uk", "britain british"),
+    ("js", "javascript"),
+    ("ts", "typescript"),
+    ("postgres", "postgresql"),
+    ("ok", "okay"),
+)
+SAME_NAMES: dict[str, set[str]] = {}
+for _short, _longs in _SAME_NAMES:
+    for _long in _longs.split():
+        SAME_NAMES.setdefault(_short, set()).add(_long)
+        SAME_NAMES.setdefault(_long, set()).add(_short)
+NOT_NAMES = frozenset({"ok"})  # "OK" typed in capitals is a word of assent, not a name
+_ACRONYM_GLUE = frozenset({"of", "and", "the"})
+
+
+def _squashed(word: str) -> str:
+    """A word as written without hyphens or dots: "Wi-Fi" = "wifi", "a.m." = "am"."""
+    return word.lower().replace("-", "").replace(".", "")
+
+
+def _singular(name: str) -> str:
+    """A name without a plural "s" ("Sundays", "Americans"): for names only, where the plural counts
+    nothing ("a tablespoon" / "4 tablespoons" keep their difference)."""
+    if len(name) >= 4 and name.endswith("s") and not name.endswith("ss") and name[-2].isalpha():
+        return name[:-1]
+    return name
+
+
+@functools.lru_cache(maxsize=4096)  # a question meets several candidates
+def _runs(text: str) -> dict[str, set[str]]:
+    """Every run of up to four consecutive words of `text` written as one ("10 miles" -> "10mile", "3 a.m."
+    -> "3am", "wi fi" -> "wifi"), with the words of the run."""
+    ws = [_plain(w) for w, _ in _tokens(text)]
+    sq = [_squashed(w) for w in ws]
+    out: dict[str, set[str]] = {}
+    for i in range(len(ws)):
+        for j in range(i + 1, min(i + 5, len(ws) + 1)):
+            out.setdefault("".join(sq[i:j]), set()).update(ws[i:j])
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _acronyms(text: str) -> dict[str, set[str]]:
+    """Initials of runs of two to five content words ("United States" -> "us", "United States of America"
+    -> "usa"), with the words they stand for: capitalized words where the text has case, words of three
+    letters or more where it is typed in lower case ("UK savings" stands for nothing)."""
+    typed = [w for w, _ in _tokens(text)]
+    cased = any(c.isupper() for c in text) and not case_says_nothing(text)
+    ws = [_plain(w) for w in typed]
+    out: dict[str, set[str]] = {}
+    for i, first in enumerate(ws):
+        if first in FUNCTION_WORDS:
+            continue
+        run: list[str] = []
+        for t, w in zip(typed[i : i + 7], ws[i : i + 7], strict=True):
+            if w in _ACRONYM_GLUE and run:
+                continue
+            spelled_out = t[:1].isupper() and t[1:].islower() if cased else len(w) >= 3
+            if w in FUNCTION_WORDS or not w.isalpha() or not spelled_out:
+                break
+            run.append(w)
+            if len(run) >= 2:
+                out.setdefault("".join(x[0] for x in run), set()).update(run)
+    return out
+
+
+def respelled(a: str, b: str) -> set[str]:
+    """The words (lower case) of either question that the other writes another way: closed up or spaced,
+    with or without hyphens and dots ("7pm" / "7 pm", "Wi-Fi" / "wifi", "6-month-old" / "6 month old"),
+    under a standard short name ("US" / "America"), or as an acronym
+    of words the other spells out ("US" / "United States"). A number keeps its unit ("10kg" / "10 km"
+    stays apart)."""
+    out: set[str] = set()
+    runs_a, runs_b = _runs(a), _runs(b)
+    for key in runs_a.keys() & runs_b.keys():
+        out |= runs_a[key] | runs_b[key]
+    wa, wb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
+    for x, y, other_acronyms in ((wa, wb, _acronyms(b)), (wb, wa, _acronyms(a))):
+        for w in x:
+            if SAME_NAMES.get(w, set()) & y:
+                out |= {w} | (SAME_NAMES[w] & y)
+            if w in other_acronyms:
+                out |= {w} | other_acronyms[w]
+    return out
+
+
 def _unmatched_names(text: str, found: set[str], other_words: set[str], other: str) -> set[str]:
-    """The names of `text` that the other side does not have. A text's first word with a stray capital
-    ("HHow", "hWat") is a mistyped first word when the other's first word is that word; a lower-case
-    compound with a number ("2-iinch", "4-yeear-old") is a mistyped one when the other side has it."""
+    """The names of `text` that the other side does not have, in any spelling (`respelled`). A text's
+    first word with a stray capital ("HHow", "hWat") is a mistyped first word when the other's first word
+    is that word; a lower-case compound with a number ("2-iinch", "4-yeear-old") is a mistyped one when the
+    other side has it."""
     from cache_service.canonical import typo_pair
 
-    out = found - other_words
+    out = found - other_words - NOT_NAMES - respelled(text, other)
+    singulars = {_singular(w) for w in other_words}
+    out = {n for n in out if _singular(n) not in singulars}
     first = _first_word(text)
     if first in out and typo_pair(first, _first_word(other)):
         out.discard(first)
@@ -299,13 +393,17 @@ def detail_veto(a: str, b: str) -> str:
 
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    same = respelled(a, b)
     ca, cb = _content(wa), _content(wb)
-    only_a, only_b = ca - cb, cb - ca
+    only_a, only_b = ca - cb - same, cb - ca - same
     swapped = _one_word_swapped(wa, wb)
+    swapped = None if swapped and set(swapped) <= same else swapped
     explained = swapped and (_typed_for(*swapped) or aligned_typo(*swapped))
     if swapped and ca & cb and not explained:
         return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
-    if not (only_a or only_b) or len(ca & cb) < MIN_SHARED * len(ca | cb):
+    # a word written another way on the other side ("2.4ghz" / "2.4 GHz") counts as shared, half per side
+    half = len((ca ^ cb) & same) / 2
+    if not (only_a or only_b) or len(ca & cb) + half < MIN_SHARED * (len(ca | cb) - half):
         return ""
     # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
