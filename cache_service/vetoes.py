@@ -23,12 +23,14 @@ They run on both tiers (canonical and semantic) and cost a few regular expressio
 
 from __future__ import annotations
 
-import functools
 import re
 
 from cache_service.canonical import case_says_nothing, clause_orders, near_typo, strip_wrappers
-from cache_service.pair_checks import dates, expand_contractions, on_mistyped, words
+from cache_service.pair_checks import NEGATORS, dates, expand_contractions, on_mistyped, words
 from cache_service.pair_checks import veto as number_negation_veto
+from cache_service.respelling import NOT_NAMES, respelled, singular_name
+from cache_service.respelling import plain as _plain
+from cache_service.respelling import tokens as _tokens
 
 _OPPOSITE_PAIRS = (
     "more less", "more fewer", "most least", "higher lower", "highest lowest", "bigger smaller",
@@ -70,18 +72,6 @@ for _pair in _OPPOSITE_PAIRS:
     OPPOSITES.setdefault(_x, set()).add(_y)
     OPPOSITES.setdefault(_y, set()).add(_x)
 DIRECTION_WORDS = frozenset("to from into in than vs versus per over against".split())
-_TOKEN = re.compile(r"[\w]+(?:[.'+#&@/\-][\w]+)*")
-_SENTENCE_BREAK = re.compile(r"[.!?:;\n\"(]")
-
-
-def _tokens(text: str) -> list[tuple[str, bool]]:
-    """(word, starts a sentence) for each word of `text`."""
-    out = []
-    end = 0
-    for m in _TOKEN.finditer(text):
-        out.append((m.group(), end == 0 or bool(_SENTENCE_BREAK.search(text[end : m.start()]))))
-        end = m.end()
-    return out
 
 
 def _is_name(word: str, sentence_start: bool) -> bool:
@@ -90,11 +80,6 @@ def _is_name(word: str, sentence_start: bool) -> bool:
     if word[1:] != word[1:].lower() and any(c.isupper() for c in word[1:]):
         return True  # "iPhone", "macOS", "USB", "NASA"
     return word[:1].isupper() and not sentence_start and word != "I" and not word.startswith("I'")
-
-
-def _plain(word: str) -> str:
-    word = word.lower()
-    return re.sub(r"'s+$", "", word)  # the possessive, also mistyped ("Kant'ss")
 
 
 def names(text: str) -> set[str]:
@@ -111,96 +96,6 @@ def _first_word(text: str) -> str:
     return _plain(tokens[0][0]) if tokens else ""
 
 
-# The same place or thing under a standard short name, in general English use (not read from any pairs);
-# an acronym of the other side's words ("United States", "New York") is matched without a table.
-_SAME_NAMES = (
-    ("us", "usa u.s u.s.a america american americans"),
-    ("uk", "britain british"),
-    ("js", "javascript"),
-    ("ts", "typescript"),
-    ("postgres", "postgresql"),
-    ("ok", "okay"),
-)
-SAME_NAMES: dict[str, set[str]] = {}
-for _short, _longs in _SAME_NAMES:
-    for _long in _longs.split():
-        SAME_NAMES.setdefault(_short, set()).add(_long)
-        SAME_NAMES.setdefault(_long, set()).add(_short)
-NOT_NAMES = frozenset({"ok"})  # "OK" typed in capitals is a word of assent, not a name
-_ACRONYM_GLUE = frozenset({"of", "and", "the"})
-
-
-def _squashed(word: str) -> str:
-    """A word as written without hyphens or dots: "Wi-Fi" = "wifi", "a.m." = "am"."""
-    return word.lower().replace("-", "").replace(".", "")
-
-
-def _singular(name: str) -> str:
-    """A name without a plural "s" ("Sundays", "Americans"): for names only, where the plural counts
-    nothing ("a tablespoon" / "4 tablespoons" keep their difference)."""
-    if len(name) >= 4 and name.endswith("s") and not name.endswith("ss") and name[-2].isalpha():
-        return name[:-1]
-    return name
-
-
-@functools.lru_cache(maxsize=4096)  # a question meets several candidates
-def _runs(text: str) -> dict[str, set[str]]:
-    """Every run of up to four consecutive words of `text` written as one ("10 miles" -> "10mile", "3 a.m."
-    -> "3am", "wi fi" -> "wifi"), with the words of the run."""
-    ws = [_plain(w) for w, _ in _tokens(text)]
-    sq = [_squashed(w) for w in ws]
-    out: dict[str, set[str]] = {}
-    for i in range(len(ws)):
-        for j in range(i + 1, min(i + 5, len(ws) + 1)):
-            out.setdefault("".join(sq[i:j]), set()).update(ws[i:j])
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _acronyms(text: str) -> dict[str, set[str]]:
-    """Initials of runs of two to five content words ("United States" -> "us", "United States of America"
-    -> "usa"), with the words they stand for: capitalized words where the text has case, words of three
-    letters or more where it is typed in lower case ("UK savings" stands for nothing)."""
-    typed = [w for w, _ in _tokens(text)]
-    cased = any(c.isupper() for c in text) and not case_says_nothing(text)
-    ws = [_plain(w) for w in typed]
-    out: dict[str, set[str]] = {}
-    for i, first in enumerate(ws):
-        if first in FUNCTION_WORDS:
-            continue
-        run: list[str] = []
-        for t, w in zip(typed[i : i + 7], ws[i : i + 7], strict=True):
-            if w in _ACRONYM_GLUE and run:
-                continue
-            spelled_out = t[:1].isupper() and t[1:].islower() if cased else len(w) >= 3
-            if w in FUNCTION_WORDS or not w.isalpha() or not spelled_out:
-                break
-            run.append(w)
-            if len(run) >= 2:
-                out.setdefault("".join(x[0] for x in run), set()).update(run)
-    return out
-
-
-def respelled(a: str, b: str) -> set[str]:
-    """The words (lower case) of either question that the other writes another way: closed up or spaced,
-    with or without hyphens and dots ("7pm" / "7 pm", "Wi-Fi" / "wifi", "6-month-old" / "6 month old"),
-    under a standard short name ("US" / "America"), or as an acronym
-    of words the other spells out ("US" / "United States"). A number keeps its unit ("10kg" / "10 km"
-    stays apart)."""
-    out: set[str] = set()
-    runs_a, runs_b = _runs(a), _runs(b)
-    for key in runs_a.keys() & runs_b.keys():
-        out |= runs_a[key] | runs_b[key]
-    wa, wb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
-    for x, y, other_acronyms in ((wa, wb, _acronyms(b)), (wb, wa, _acronyms(a))):
-        for w in x:
-            if SAME_NAMES.get(w, set()) & y:
-                out |= {w} | (SAME_NAMES[w] & y)
-            if w in other_acronyms:
-                out |= {w} | other_acronyms[w]
-    return out
-
-
 def _unmatched_names(text: str, found: set[str], other_words: set[str], other: str) -> set[str]:
     """The names of `text` that the other side does not have, in any spelling (`respelled`). A text's
     first word with a stray capital ("HHow", "hWat") is a mistyped first word when the other's first word
@@ -209,8 +104,8 @@ def _unmatched_names(text: str, found: set[str], other_words: set[str], other: s
     from cache_service.canonical import typo_pair
 
     out = found - other_words - NOT_NAMES - respelled(text, other)
-    singulars = {_singular(w) for w in other_words}
-    out = {n for n in out if _singular(n) not in singulars}
+    singulars = {singular_name(w) for w in other_words}
+    out = {n for n in out if singular_name(n) not in singulars}
     first = _first_word(text)
     if first in out and typo_pair(first, _first_word(other)):
         out.discard(first)
@@ -382,6 +277,21 @@ def _typed_for(x: str, y: str) -> bool:
     return typo_pair(x, y) or real_word_typo(x, y) or _retyped_code(x, y)
 
 
+QUANTIFIERS = frozenset("any all every each only just both either some most".split())
+
+
+def _quantifier_added(longer: list[str], shorter: list[str]) -> bool:
+    """`longer` is `shorter` word for word with one quantifier put in: the scope is the point. "any" after
+    a negator (up to three words before) says nothing more ("without using any chemicals")."""
+    if len(longer) != len(shorter) + 1:
+        return False
+    for i, w in enumerate(longer):
+        if w != (shorter[i] if i < len(shorter) else None):
+            negated_any = w == "any" and bool(NEGATORS.intersection(longer[max(0, i - 3) : i]))
+            return w in QUANTIFIERS and not negated_any and longer[:i] + longer[i + 1 :] == shorter
+    return False
+
+
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
     "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
@@ -401,6 +311,8 @@ def detail_veto(a: str, b: str) -> str:
     explained = swapped and (_typed_for(*swapped) or aligned_typo(*swapped))
     if swapped and ca & cb and not explained:
         return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
+    if _quantifier_added(wa, wb) or _quantifier_added(wb, wa):
+        return "a detail differs"  # "drop rows where column is NaN" / "... where any column is NaN"
     # a word written another way on the other side ("2.4ghz" / "2.4 GHz") counts as shared, half per side
     half = len((ca ^ cb) & same) / 2
     if not (only_a or only_b) or len(ca & cb) + half < MIN_SHARED * (len(ca | cb) - half):

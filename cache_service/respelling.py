@@ -1,0 +1,174 @@
+"""The same words written another way: what two questions spell differently without saying anything
+different ("7pm" / "7 pm", "Wi-Fi" / "wifi", "6-month-old" / "6 months old", "10kg" / "10 kilograms",
+"40°F" / "40 degrees Fahrenheit", "3rd" / "third", "US" / "United States" / "America").
+
+The vetoes (cache_service/vetoes.py) refuse a name on one side only and a content word changed in an
+otherwise identical question; a word respelled on the other side is neither. Everything here is general
+English (units of measure, number words, standard short names, acronyms), not read from any evaluation
+data. A number keeps its unit ("10kg" / "10 km" stay apart), and a plural is only dropped after a number
+("a tablespoon" / "4 tablespoons" keep their difference) or from a name ("Sundays" / "Sunday").
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from cache_service.canonical import case_says_nothing
+from cache_service.pair_checks import NUMBER_WORDS, ORDINAL_WORDS
+
+_TOKEN = re.compile(r"[\w]+(?:[.'+#&@/\-][\w]+)*")
+_SENTENCE_BREAK = re.compile(r"[.!?:;\n\"(]")
+
+
+def tokens(text: str) -> list[tuple[str, bool]]:
+    """(word, starts a sentence) for each word of `text`."""
+    out = []
+    end = 0
+    for m in _TOKEN.finditer(text):
+        out.append((m.group(), end == 0 or bool(_SENTENCE_BREAK.search(text[end : m.start()]))))
+        end = m.end()
+    return out
+
+
+def plain(word: str) -> str:
+    """Lower case, without the possessive (also mistyped: "Kant'ss")."""
+    return re.sub(r"'s+$", "", word.lower())
+
+
+# Units of measure as written after a number, spelled out or in the plural -> one short form.
+_UNITS = (
+    ("kg", "kilogram kilograms kilo kilos kgs"), ("g", "gram grams gm gms"), ("mg", "milligram milligrams"),
+    ("lb", "pound pounds lbs"), ("oz", "ounce ounces"),
+    ("km", "kilometer kilometers kilometre kilometres kms"),
+    ("m", "meter meters metre metres"), ("cm", "centimeter centimeters centimetre centimetres"),
+    ("mm", "millimeter millimeters millimetre millimetres"), ("mi", "mile miles"), ("ft", "foot feet"),
+    ("inch", "inches"), ("yd", "yard yards"), ("l", "liter liters litre litres"),
+    ("ml", "milliliter milliliters millilitre millilitres"), ("gal", "gallon gallons"),
+    ("w", "watt watts"), ("kw", "kilowatt kilowatts"), ("v", "volt volts"),
+    ("gb", "gigabyte gigabytes gig gigs"), ("mb", "megabyte megabytes meg megs"),
+    ("tb", "terabyte terabytes"),
+    ("ghz", "gigahertz"), ("mhz", "megahertz"), ("hz", "hertz"),
+    ("f", "fahrenheit"), ("c", "celsius centigrade"),
+    ("h", "hour hours hr hrs"), ("min", "minute minutes mins"), ("s", "second seconds sec secs"),
+    ("d", "day days"), ("wk", "week weeks wks"), ("mo", "month months mos"), ("yr", "year years yrs"),
+    ("yrold", "yo"), ("000", "thousand"), ("", "degree degrees percent per-cent"),
+)  # fmt: skip
+UNITS: dict[str, str] = {long: short for short, longs in _UNITS for long in longs.split()}
+_ORDINAL_ENDINGS = {1: "st", 2: "nd", 3: "rd"}
+# The same place or thing under a standard short name, in general English use; an acronym of the other
+# side's words ("United States", "New York") is matched without a table.
+_SAME_NAMES = (
+    ("us", "usa u.s u.s.a america american americans"),
+    ("uk", "britain british"),
+    ("js", "javascript"),
+    ("ts", "typescript"),
+    ("postgres", "postgresql"),
+    ("ok", "okay"),
+)
+SAME_NAMES: dict[str, set[str]] = {}
+for _short, _longs in _SAME_NAMES:
+    for _long in _longs.split():
+        SAME_NAMES.setdefault(_short, set()).add(_long)
+        SAME_NAMES.setdefault(_long, set()).add(_short)
+NOT_NAMES = frozenset({"ok"})  # "OK" typed in capitals is a word of assent, not a name
+_ACRONYM_GLUE = frozenset({"of", "and", "the"})
+_NUMBER_AND_UNIT = re.compile(r"(\d+)([a-z]+)")
+
+
+def _number_word(part: str) -> str:
+    if part in NUMBER_WORDS:
+        return str(int(NUMBER_WORDS[part]))
+    if part in ORDINAL_WORDS:
+        n = int(ORDINAL_WORDS[part])
+        return f"{n}{_ORDINAL_ENDINGS.get(n, 'th')}"
+    return part
+
+
+def _pieces(words: list[str]) -> list[str]:
+    """Each word written without hyphens or dots, number words in digits, and a unit after a number in
+    its short form ("6-month-old" -> "6mo" "old", "10 kilograms" -> "10" "kg", "80k" -> "80" "000")."""
+    out = []
+    after_number = False
+    for word in words:
+        parts = []
+        for part in word.replace(".", "").split("-"):
+            part = _number_word(part)
+            m = _NUMBER_AND_UNIT.fullmatch(part)
+            if m and m.group(2) not in _ORDINAL_ENDINGS.values() and m.group(2) != "th":
+                part = m.group(1) + ("000" if m.group(2) == "k" else UNITS.get(m.group(2), m.group(2)))
+            elif after_number and part in UNITS:
+                part = UNITS[part]
+            if part:
+                after_number = part[-1].isdigit()
+            parts.append(part)
+        out.append("".join(parts))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)  # a question meets several candidates
+def _runs(text: str) -> dict[str, set[str]]:
+    """Every run of up to four consecutive words of `text` written as one (`_pieces`), with its words."""
+    ws = [plain(w) for w, _ in tokens(text)]
+    pieces = _pieces(ws)
+    out: dict[str, set[str]] = {}
+    for i in range(len(ws)):
+        for j in range(i + 1, min(i + 5, len(ws) + 1)):
+            key = "".join(pieces[i:j])
+            if key:
+                out.setdefault(key, set()).update(ws[i:j])
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _acronyms(text: str) -> dict[str, set[str]]:
+    """Initials of runs of two to five content words ("United States" -> "us", "United States of America"
+    -> "usa"), with the words they stand for: capitalized words where the text has case, words of three
+    letters or more where it is typed in lower case ("UK savings" stands for nothing)."""
+    from cache_service.vetoes import FUNCTION_WORDS
+
+    typed = [w for w, _ in tokens(text)]
+    cased = any(c.isupper() for c in text) and not case_says_nothing(text)
+    ws = [plain(w) for w in typed]
+    out: dict[str, set[str]] = {}
+    for i, first in enumerate(ws):
+        if first in FUNCTION_WORDS:
+            continue
+        run: list[str] = []
+        for t, w in zip(typed[i : i + 7], ws[i : i + 7], strict=True):
+            if w in _ACRONYM_GLUE and run:
+                continue
+            spelled_out = t[:1].isupper() and t[1:].islower() if cased else len(w) >= 3
+            if w in FUNCTION_WORDS or not w.isalpha() or not spelled_out:
+                break
+            run.append(w)
+            if len(run) >= 2:
+                out.setdefault("".join(x[0] for x in run), set()).update(run)
+    return out
+
+
+def respelled(a: str, b: str) -> set[str]:
+    """The words (lower case) of either question that the other writes another way: runs of words equal
+    once written as one (`_pieces`), a standard short name ("US" / "America"), or an acronym of words the
+    other spells out ("US" / "United States")."""
+    out: set[str] = set()
+    runs_a, runs_b = _runs(a), _runs(b)
+    for key in runs_a.keys() & runs_b.keys():
+        out |= runs_a[key] | runs_b[key]
+    wa, wb = {plain(w) for w, _ in tokens(a)}, {plain(w) for w, _ in tokens(b)}
+    for x, y, other_acronyms in ((wa, wb, _acronyms(b)), (wb, wa, _acronyms(a))):
+        for w in x:
+            if SAME_NAMES.get(w, set()) & y:
+                out |= {w} | (SAME_NAMES[w] & y)
+            for acronym, spelled in other_acronyms.items():  # "US" or "America" / "United States"
+                if w == acronym or w in SAME_NAMES.get(acronym, ()):
+                    out |= {w} | spelled
+    return out
+
+
+def singular_name(name: str) -> str:
+    """A name without a plural "s" ("Sundays", "Americans"): for names only, where the plural counts
+    nothing."""
+    if len(name) >= 4 and name.endswith("s") and not name.endswith("ss") and name[-2].isalpha():
+        return name[:-1]
+    return name
