@@ -4,7 +4,8 @@ Reference: float64 products over the de-quantized weights (d q + m per group, co
 the kernel reads it: float32, or rounded to bfloat16 on the AVX512-BF16 path (`int4_activation_dtype`); from
 `bf16_panel_min_rows` rows (worker/kernels/bf16_panel_gemm.h) the weights too are rounded to bfloat16 once;
 one row, where the CPU also has AVX512-VNNI, takes that bfloat16 x to each group's 16-bit grid (integer
-products; elements below ~1/256 of the group's largest round to it).
+products; elements below ~1/256 of the group's largest round to it), and so does an AVX2 CPU without them,
+from the float32 x.
 The kernel sums in float32 across up to 1536 products, so the tolerance is relative to sum |x| |w| (the
 scale float32 summation error grows with), not to the result.
 """
@@ -46,9 +47,9 @@ def cpu_flags() -> set[str]:
 
 
 def one_row_on_grid(rows: int) -> bool:
-    """A single row runs the integer one-row products (int4_linear.cpp, `grid_row`): the bfloat16 path's
-    build where the CPU has AVX512-VNNI too (-march=native)."""
-    return rows == 1 and activation_dtype() == torch.bfloat16 and "avx512_vnni" in cpu_flags()
+    """A single row runs the integer one-row products (int4_linear.cpp: `grid_row` where the CPU has
+    AVX512-BF16 and AVX512-VNNI, `grid_row_avx2` where it has AVX2 without them; -march=native)."""
+    return rows == 1 and torch.ops.llmserve.int4_one_row_path() != "float"
 
 
 def on_group_grid(x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +59,8 @@ def on_group_grid(x: torch.Tensor) -> torch.Tensor:
     top = groups.abs().amax(-1, keepdim=True)
     # frexp: top = f 2^exp with f in [0.5, 1), so e = exp - 1
     step = torch.ldexp(torch.ones_like(top), torch.frexp(top).exponent - 15)
-    gridded = torch.where(top > 0, torch.round(groups / step) * step, groups)
+    # a float32 x (the AVX2 path) can round to 32768 steps: held at 32767 (bfloat16 values never reach it)
+    gridded = torch.where(top > 0, torch.round(groups / step).clamp(-32767, 32767) * step, groups)
     return gridded.reshape(x.shape)
 
 
@@ -154,6 +156,8 @@ def test_the_bfloat16_path_is_taken_where_the_cpu_has_it():
     flags = cpu_flags()
     has_bf16 = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags
     assert torch.ops.llmserve.int4_activation_dtype() == ("bfloat16" if has_bf16 else "float32")
+    one_row = "vnni" if has_bf16 and "avx512_vnni" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags else "float"
+    assert torch.ops.llmserve.int4_one_row_path() == one_row
     # the panel GEMM (bf16_panel_gemm.h) for batches of 10 rows and more, on the same instructions
     assert (torch.ops.llmserve.bf16_panel_min_rows() > 0) == has_bf16
     with pytest.raises(RuntimeError, match="at least 1"):

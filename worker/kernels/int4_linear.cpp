@@ -332,6 +332,105 @@ void one_row_channels(const GridRow& xg, int64_t K, const uint8_t* w, const Half
 }
 #endif
 #endif
+
+#if defined(LLMSERVE_AVX2) && defined(__F16C__) && !defined(LLMSERVE_INT4_ONE_ROW)
+#define LLMSERVE_INT4_ONE_ROW_AVX2 1
+// One row on an AVX2 CPU without AVX512-VNNI: integer products as above, on AVX2's byte multiply-adds
+// (VPMADDUBSW, unsigned bytes times signed bytes into 16-bit pairs; VPMADDWD then sums pairs into int32). x is
+// put on the same 16-bit grid per group (from its float32 values; a |x16| that would round to 32768 is held at
+// 32767), x16 = 256 hi + lo, and a group's 32 codes (its 16 bytes, low nibbles then high) meet hi and lo in two
+// multiply-adds each: no product or pair sum can saturate (15 x 128 x 2, 255 x 15 x 2 < 32768), and the
+// group's int32 sum of q x16 (< 2^24) is exact in float32. The float path above spends a conversion and two
+// FMAs per eight weights where this spends about one integer op.
+constexpr int kOneRowChannelsAvx2 = 4;        // weight rows in flight together, x loaded once for all
+constexpr int64_t kPrefetchBytesAvx2 = 8192;  // how far ahead of the codes being read they are prefetched
+
+// Per group, hi and lo of x16 in the codes' byte order (byte 2j of a group holds weights j and j + 8 in its
+// nibbles, byte 2j + 1 weights j + 16 and j + 24: the low nibbles give weights j, j + 16 in turn, the high
+// ones j + 8, j + 24); the grid's step and the sum of x (for the mins' share, as read), per group.
+struct GridRowAvx2 {
+  std::vector<int8_t> hi;
+  std::vector<uint8_t> lo;
+  std::vector<float> step, xsum;
+};
+
+void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
+  const int64_t groups = K / kGroup;
+  out.hi.resize(static_cast<size_t>(K));
+  out.lo.resize(static_cast<size_t>(K));
+  out.step.resize(static_cast<size_t>(groups));
+  out.xsum.resize(static_cast<size_t>(groups));
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xg = x + g * kGroup;
+    __m256i top = _mm256_setzero_si256();  // max |x| as bits: unsigned order is float order, NaN and inf on top
+    for (int v = 0; v < 4; ++v)
+      top = _mm256_max_epu32(top, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 8 * v)), magnitude));
+    __m128i t = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xB1));
+    const uint32_t top_bits = static_cast<uint32_t>(_mm_cvtsi128_si32(t));
+    float inverse;
+    out.step[g] = llmserve::grid_step(top_bits, inverse);
+    alignas(32) int32_t q[kGroup];
+    for (int v = 0; v < 4; ++v) {
+      const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * v), _mm256_set1_ps(inverse)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * v),
+                         _mm256_max_epi32(_mm256_min_epi32(r, _mm256_set1_epi32(32767)), _mm256_set1_epi32(-32767)));
+    }
+    __m256 sum = _mm256_setzero_ps();
+    for (int v = 0; v < 4; ++v) sum = _mm256_add_ps(sum, _mm256_loadu_ps(xg + 8 * v));
+    out.xsum[g] = llmserve::hsum(sum);
+    int8_t* hi = out.hi.data() + g * kGroup;
+    uint8_t* lo = out.lo.data() + g * kGroup;
+    for (int j = 0; j < 8; ++j) {  // code byte b: low nibbles at b, high nibbles at 16 + b
+      const int weights[4] = {j, j + 16, j + 8, j + 24};
+      const int bytes[4] = {2 * j, 2 * j + 1, 16 + 2 * j, 16 + 2 * j + 1};
+      for (int i = 0; i < 4; ++i) {
+        const int32_t value = q[weights[i]];
+        hi[bytes[i]] = static_cast<int8_t>(value >> 8);
+        lo[bytes[i]] = static_cast<uint8_t>(value & 0xFF);
+      }
+    }
+  }
+}
+
+template <int C>
+void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const uint8_t* w, const Half* scales, const Half* mins,
+                           float* out) {
+  const int64_t groups = K / kGroup, row = K / 2;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g % 4 == 0)  // one 64-byte line of each row's codes per four groups, kPrefetchBytesAvx2 on
+      for (int c = 0; c < C; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytesAvx2 + (g / 4 * C + c) * 64), _MM_HINT_T0);
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg.hi.data() + g * kGroup));
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg.lo.data() + g * kGroup));
+    const float step = xg.step[g];
+    for (int c = 0; c < C; ++c) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row + g * kGroupBytes));
+      const __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nibble);
+      const __m256i high = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xh), ones);
+      const __m256i low = _mm256_madd_epi16(_mm256_maddubs_epi16(xl, codes), ones);
+      const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(high, 8), low);
+      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(widen(scales[c * groups + g]) * step), acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {  // the mins' share: sum over groups of m * (sum of the group's x)
+    __m256 terms = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + c * groups + g)));
+      terms = _mm256_fmadd_ps(m, _mm256_loadu_ps(xg.xsum.data() + g), terms);
+    }
+    float tail = 0.0f;
+    for (; g < groups; ++g) tail += widen(mins[c * groups + g]) * xg.xsum[g];
+    out[c] = llmserve::hsum(_mm256_add_ps(acc[c], terms)) + tail;
+  }
+}
+#endif
 }  // namespace
 
 namespace llmserve {
@@ -384,6 +483,17 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
     const GridRow& xg = scratch;  // the caller's (a thread_local named in the lambda would be each worker's own)
     llmserve::for_each_channel_run<kOneRowChannels>(N, kChannelBlock, [&](auto width, int64_t n) {
       one_row_channels<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
+    });
+    return;
+  }
+#endif
+#ifdef LLMSERVE_INT4_ONE_ROW_AVX2
+  if (M == 1) {
+    thread_local GridRowAvx2 scratch;  // reused: no allocation per call
+    grid_row_avx2(xp, K, scratch);
+    const GridRowAvx2& xg = scratch;
+    llmserve::for_each_channel_run<kOneRowChannelsAvx2>(N, kChannelBlock, [&](auto width, int64_t n) {
+      one_row_channels_avx2<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
     });
     return;
   }
@@ -470,6 +580,18 @@ void int4_dequantize(const at::Tensor& packed, const at::Tensor& scales, const a
 }  // namespace llmserve
 
 namespace {
+// How this build multiplies a single row: on a 16-bit grid of x with AVX512-VNNI ("vnni") or AVX2 ("avx2")
+// integer products, or in floating point ("float").
+std::string int4_one_row_path() {
+#if defined(LLMSERVE_INT4_ONE_ROW)
+  return "vnni";
+#elif defined(LLMSERVE_INT4_ONE_ROW_AVX2)
+  return "avx2";
+#else
+  return "float";
+#endif
+}
+
 // Which activations this build's products read: "bfloat16" (the AVX512-BF16 path) or "float32".
 std::string int4_activation_dtype() {
 #ifdef LLMSERVE_INT4_BF16
@@ -483,6 +605,7 @@ std::string int4_activation_dtype() {
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
   m.def("int4_activation_dtype() -> str", &int4_activation_dtype);
+  m.def("int4_one_row_path() -> str", &int4_one_row_path);
   m.def("int4_dequantize(Tensor packed, Tensor scales, Tensor mins, Tensor(a!) out) -> ()");
 }
 
