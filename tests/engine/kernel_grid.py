@@ -1,4 +1,5 @@
-"""How the native int8 kernel's one-row path reads x (int8_linear.cpp, `grid_row`), for test references."""
+"""How the native int8 kernel's one-row path reads x (int8_linear.cpp, `grid_row` and `grid_row_avx2`), for test
+references."""
 
 from __future__ import annotations
 
@@ -7,18 +8,13 @@ import torch
 from worker.kernels import native_ops
 
 
-def cpu_has(flag: str) -> bool:
-    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-        return any(line.startswith("flags") and flag in line.split() for line in f)
-
-
 def int8_one_row_on_grid(rows: int) -> bool:
-    """A single row below the panel GEMM's rows runs on the grid where the build has AVX512-VNNI
-    (-march=native, so where this CPU has it)."""
+    """A single row below the panel GEMM's rows runs on the grid where the build has integer one-row
+    products (AVX512-VNNI, or AVX2 without it: `int8_one_row_path`)."""
     ops = native_ops()
     panel_rows = ops.bf16_panel_min_rows() if ops is not None else 0
     below_panel = not 0 < panel_rows <= rows
-    return rows == 1 and below_panel and cpu_has("avx512_vnni") and cpu_has("avx512bw")
+    return rows == 1 and below_panel and ops is not None and ops.int8_one_row_path() != "float"
 
 
 def on_chunk_grid(x: torch.Tensor) -> torch.Tensor:

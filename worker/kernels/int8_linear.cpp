@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "bf16_panel_gemm.h"
@@ -157,6 +158,84 @@ void one_row_channels(const GridRow& xg, int64_t K, const int8_t* w, const float
   }
 }
 #endif
+
+#if defined(LLMSERVE_AVX2) && !defined(LLMSERVE_INT8_ONE_ROW)
+#define LLMSERVE_INT8_ONE_ROW_AVX2 1
+// One row on an AVX2 CPU without AVX512-VNNI: the same 16-bit grid of x per 64-element chunk as above, but
+// the codes widened to 16 bits and met by VPMADDWD (16-bit pairs summed into int32): exact for any code
+// (-128 included), and two instructions per sixteen weights where widening to float32 took three per eight.
+// A chunk's int32 sum (64 products below 2^22 each) goes to float32 once, scaled by the chunk's step.
+constexpr int64_t kChunkAvx2 = 64;
+constexpr int kOneRowChannelsAvx2 = 4;
+constexpr int64_t kPrefetchBytesAvx2 = 8192;
+
+struct GridRowAvx2 {
+  std::vector<int16_t> x16;  // [chunks * 64], zero past K
+  std::vector<float> step;   // per chunk
+  int64_t chunks = 0;
+};
+
+void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
+  out.chunks = (K + kChunkAvx2 - 1) / kChunkAvx2;
+  out.x16.assign(static_cast<size_t>(out.chunks * kChunkAvx2), 0);
+  out.step.assign(static_cast<size_t>(out.chunks), 0.0f);
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), limit = _mm256_set1_epi32(32767);
+  for (int64_t c = 0; c < out.chunks; ++c) {
+    const int64_t k0 = c * kChunkAvx2, n = std::min<int64_t>(kChunkAvx2, K - k0);
+    alignas(32) float v[kChunkAvx2] = {};
+    std::copy(x + k0, x + k0 + n, v);
+    __m256i top = _mm256_setzero_si256();  // max |x| as bits: unsigned order is float order, NaN and inf on top
+    for (int j = 0; j < 8; ++j)
+      top = _mm256_max_epu32(top, _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(v + 8 * j)), magnitude));
+    __m128i t = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xB1));
+    float inverse;
+    out.step[c] = llmserve::grid_step(static_cast<uint32_t>(_mm_cvtsi128_si32(t)), inverse);
+    const __m256 scale = _mm256_set1_ps(inverse);  // exact: a power of two
+    for (int j = 0; j < 8; j += 2) {
+      __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8 * j), scale));
+      __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8 * j + 8), scale));
+      a = _mm256_max_epi32(_mm256_min_epi32(a, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+      b = _mm256_max_epi32(_mm256_min_epi32(b, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+      // packs works per 128-bit lane: a0-3 b0-3 a4-7 b4-7; the permute puts them back in order
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.x16.data() + k0 + 8 * j), packed);
+    }
+  }
+}
+
+// C consecutive weight rows against the gridded row; writes out[0, C) (times each row's scale).
+template <int C>
+void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const int8_t* w, const float* scales, float* out) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  const auto chunk = [&](int64_t b, int c, const int8_t* codes) {
+    const int16_t* xb = xg.x16.data() + b * kChunkAvx2;
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * j)));
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16 * j));
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(wv, xv));
+    }
+    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(xg.step[b]), acc[c]);
+  };
+  const int64_t full = K / kChunkAvx2;
+  for (int64_t b = 0; b < full; ++b) {
+    for (int c = 0; c < C; ++c)  // the C lines these rows' codes advance by per chunk, kPrefetchBytesAvx2 on
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytesAvx2 + (b * C + c) * 64), _MM_HINT_T0);
+    for (int c = 0; c < C; ++c) chunk(b, c, w + c * K + b * kChunkAvx2);
+  }
+  if (full < xg.chunks) {  // the last, partial chunk: its codes copied, zero past K (x16 is zero there too)
+    for (int c = 0; c < C; ++c) {
+      alignas(16) int8_t tail[kChunkAvx2] = {};
+      std::copy(w + c * K + full * kChunkAvx2, w + (c + 1) * K, tail);
+      chunk(full, c, tail);
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = llmserve::hsum(acc[c]) * scales[c];
+}
+#endif
 }  // namespace
 
 namespace llmserve {
@@ -189,6 +268,17 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
       }
     };
     llmserve::bf16_panel_gemm(xp, M, K, N, sp, fill, op);
+    return;
+  }
+#endif
+#ifdef LLMSERVE_INT8_ONE_ROW_AVX2
+  if (M == 1) {
+    thread_local GridRowAvx2 scratch;  // reused: no allocation per call
+    grid_row_avx2(xp, K, scratch);
+    const GridRowAvx2& xg = scratch;
+    llmserve::for_each_channel_run<kOneRowChannelsAvx2>(N, kChannelBlock, [&](auto width, int64_t n) {
+      one_row_channels_avx2<decltype(width)::value>(xg, K, wp + n * K, sp + n, op + n);
+    });
     return;
   }
 #endif
@@ -273,8 +363,23 @@ void set_bf16_panel_min_rows(int64_t rows) {
 }
 }  // namespace
 
+namespace {
+// How this build multiplies a single row: on a 16-bit grid of x with AVX512-VNNI ("vnni") or AVX2 ("avx2")
+// integer products, or in floating point ("float").
+std::string int8_one_row_path() {
+#if defined(LLMSERVE_INT8_ONE_ROW)
+  return "vnni";
+#elif defined(LLMSERVE_INT8_ONE_ROW_AVX2)
+  return "avx2";
+#else
+  return "float";
+#endif
+}
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
+  m.def("int8_one_row_path() -> str", &int8_one_row_path);
   m.def("int8_dequantize(Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
   m.def("bf16_panel_min_rows() -> int", &bf16_panel_min_rows);
   m.def("set_bf16_panel_min_rows(int rows) -> ()", &set_bf16_panel_min_rows);
