@@ -57,10 +57,11 @@ _CONTRACTIONS = (
     (re.compile(r"\b(what|where|who|how|when|why|it|that|there|here)'s\b", re.I), r"\1 is"),
 )
 # The same contractions typed without the apostrophe, as chat users do ("whats", "dont", "im"), where the
-# bare form is no other English word: "its", "were", "well", "ill", "id", "lets", "hell", "shell", "wed"
-# and "wont" are words of their own and are left alone.
+# bare form is no other English word: "its", "were", "well", "ill", "id", "lets", "hell", "shell" and "wed"
+# are words of their own and are left alone. "wont" is one too ("as was his wont"), but not in a question
+# typed to a chat: there it is "won't".
 _BARE_NOT = "do does did is are was were has have had could should would must need".split()
-_BARE = {f"{w}nt": f"{w} not" for w in _BARE_NOT} | {"cant": "cannot", "aint": "is not"}
+_BARE = {f"{w}nt": f"{w} not" for w in _BARE_NOT} | {"cant": "cannot", "aint": "is not", "wont": "will not"}
 _BARE |= {f"{w}s": f"{w} is" for w in "what where who how when why that there here".split()}
 _BARE |= {
     "im": "i am",

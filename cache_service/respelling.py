@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 
 from cache_service.canonical import case_says_nothing
 from cache_service.pair_checks import NUMBER_WORDS, ORDINAL_WORDS
@@ -36,6 +37,17 @@ def plain(word: str) -> str:
     return re.sub(r"'s+$", "", word.lower())
 
 
+def _possessives(text: str) -> dict[str, set[str]]:
+    """The words typed with a possessive "'s" ("kid's") by how they read typed without the apostrophe
+    ("kids"), with their own forms ("kid's", "kid")."""
+    out: dict[str, set[str]] = {}
+    for w, _ in tokens(text):
+        w = w.lower()
+        if w.endswith("'s"):
+            out.setdefault(w[:-2] + "s", set()).update({w, w[:-2]})
+    return out
+
+
 # Units of measure as written after a number, spelled out or in the plural -> one short form.
 _UNITS = (
     ("kg", "kilogram kilograms kilo kilos kgs"), ("g", "gram grams gm gms"), ("mg", "milligram milligrams"),
@@ -56,8 +68,8 @@ _UNITS = (
 )  # fmt: skip
 UNITS: dict[str, str] = {long: short for short, longs in _UNITS for long in longs.split()}
 _ORDINAL_ENDINGS = {1: "st", 2: "nd", 3: "rd"}
-# The same place or thing under a standard short name, in general English use; an acronym of the other
-# side's words ("United States", "New York") is matched without a table.
+# The same place or thing under a standard short name, and a word in its chat spelling or clipped, in general
+# English use; an acronym of the other side's words ("United States", "New York") is matched without a table.
 _SAME_NAMES = (
     ("us", "usa u.s u.s.a america american americans"),
     ("uk", "britain british"),
@@ -65,7 +77,13 @@ _SAME_NAMES = (
     ("ts", "typescript"),
     ("postgres", "postgresql"),
     ("ok", "okay"),
-)
+    # chat spellings and clipped words of general English
+    ("thru", "through"), ("tho", "though"), ("altho", "although"), ("u", "you"), ("ur", "your"),
+    ("pls", "please"), ("plz", "please"), ("cuz", "because"), ("coz", "because"), ("bc", "because"),
+    ("ppl", "people"), ("msg", "message"), ("abt", "about"), ("bday", "birthday"), ("thx", "thanks"),
+    ("temp", "temperature"), ("info", "information"), ("pic", "picture photo"), ("pics", "pictures photos"),
+    ("fridge", "refrigerator"), ("approx", "approximately"), ("max", "maximum"),
+)  # fmt: skip
 SAME_NAMES: dict[str, set[str]] = {}
 for _short, _longs in _SAME_NAMES:
     for _long in _longs.split():
@@ -90,10 +108,15 @@ def _pieces(words: list[str]) -> list[str]:
     its short form ("6-month-old" -> "6mo" "old", "10 kilograms" -> "10" "kg", "80k" -> "80" "000")."""
     out = []
     after_number = False
-    for word in words:
+    for i, word in enumerate(words):
+        ahead = words[i + 1] if i + 1 < len(words) else ""
+        if word == "to" and after_number and ahead[:1].isdigit():  # "0 to 9" = "0-9"
+            out.append("")
+            continue
         parts = []
-        for part in word.replace(".", "").split("-"):
-            part = _number_word(part)
+        compound = "-" in word
+        for part in unicodedata.normalize("NFKC", word).replace(".", "").split("-"):
+            part = "1" if compound and part == "one" else _number_word(part)  # "one-hour" = "1-hour"
             m = _NUMBER_AND_UNIT.fullmatch(part)
             if m and m.group(2) not in _ORDINAL_ENDINGS.values() and m.group(2) != "th":
                 part = m.group(1) + ("000" if m.group(2) == "k" else UNITS.get(m.group(2), m.group(2)))
@@ -123,8 +146,8 @@ def _runs(text: str) -> dict[str, set[str]]:
 @functools.lru_cache(maxsize=4096)
 def _acronyms(text: str) -> dict[str, set[str]]:
     """Initials of runs of two to five content words ("United States" -> "us", "United States of America"
-    -> "usa"), with the words they stand for: capitalized words where the text has case, words of three
-    letters or more where it is typed in lower case ("UK savings" stands for nothing)."""
+    -> "usa", "machine learning" -> "ml"), with the words they stand for: capitalized or lower-case words of
+    three letters or more, never a word in capitals ("UK savings" stands for nothing)."""
     from cache_service.vetoes import FUNCTION_WORDS
 
     typed = [w for w, _ in tokens(text)]
@@ -138,7 +161,7 @@ def _acronyms(text: str) -> dict[str, set[str]]:
         for t, w in zip(typed[i : i + 7], ws[i : i + 7], strict=True):
             if w in _ACRONYM_GLUE and run:
                 continue
-            spelled_out = t[:1].isupper() and t[1:].islower() if cased else len(w) >= 3
+            spelled_out = t[1:].islower() and (t[:1].isupper() or len(w) >= 3) if cased else len(w) >= 3
             if w in FUNCTION_WORDS or not w.isalpha() or not spelled_out:
                 break
             run.append(w)
@@ -152,10 +175,15 @@ def respelled(a: str, b: str) -> set[str]:
     once written as one (`_pieces`), a standard short name ("US" / "America"), or an acronym of words the
     other spells out ("US" / "United States")."""
     out: set[str] = set()
+    wa, wb = {plain(w) for w, _ in tokens(a)}, {plain(w) for w, _ in tokens(b)}
+    for x, y, other in ((wa, wb, b), (wb, wa, a)):  # "kids iPhone" / "kid's iPhone"
+        possessives = _possessives(other)
+        for w in x - y:
+            if w in possessives:
+                out |= {w} | possessives[w]
     runs_a, runs_b = _runs(a), _runs(b)
     for key in runs_a.keys() & runs_b.keys():
         out |= runs_a[key] | runs_b[key]
-    wa, wb = {plain(w) for w, _ in tokens(a)}, {plain(w) for w, _ in tokens(b)}
     for x, y, other_acronyms in ((wa, wb, _acronyms(b)), (wb, wa, _acronyms(a))):
         for w in x:
             if SAME_NAMES.get(w, set()) & y:

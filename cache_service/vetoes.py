@@ -238,8 +238,14 @@ MIN_SHARED = 0.35
 
 
 def _content(words: list[str]) -> set[str]:
+    """The content words: no function word, and no number ("20%", "15 %" included: the numbers veto reads
+    them)."""
     words = [w.removesuffix("'s") for w in words]
-    return {w for w in words if w not in FUNCTION_WORDS and not w.replace(".", "").isdigit()}
+    return {
+        w
+        for w in words
+        if w not in FUNCTION_WORDS and w != "%" and not w.replace(".", "").rstrip("%").isdigit()
+    }
 
 
 def _one_word_swapped(wa: list[str], wb: list[str]) -> tuple[str, str] | None:

@@ -24,6 +24,26 @@ from cache_service.vetoes import veto
         ("What happens in the 3rd Harry Potter book?", "What happens in the third Harry Potter book?"),
         ("Do I pay tax on an 80k salary?", "Do I pay tax on an 80,000 salary?"),
         ("OK so how do I reset my router?", "so how do I reset my router?"),
+        (
+            "How do I set up screen time limits for my kid's iPhone?",
+            "how do I set up screen time limits for my kids iPhone",
+        ),
+        (
+            "My garbage disposal hums but won't spin. What do I do?",
+            "my garbage disposal hums but wont spin what do i do",
+        ),
+        ("What is 80 increased by 15%?", "what is 80 increased by 15 %"),
+        ("How many combinations with 4 digits from 0 to 9?", "how many combinations with 4 digits from 0-9"),
+        (
+            "How do I know if my machine learning model is overfitting?",
+            "how do i know if my ML model is overfitting?",
+        ),
+        (
+            "Appetizers per person for a 1-hour cocktail hour?",
+            "Appetizers per person for a one-hour cocktail hour?",
+        ),
+        ("What's the gravity on the Moon in m/s²?", "whats the gravity on the moon in m/s2"),
+        ("How long does it take thru the mail?", "How long does it take through the mail?"),
     ],
 )
 def test_the_same_words_written_another_way_pass(a: str, b: str) -> None:
@@ -41,6 +61,9 @@ def test_the_same_words_written_another_way_pass(a: str, b: str) -> None:
         ("Is the store open on Sundays?", "Is the store open on Saturday?"),
         ("Is the UK economy growing?", "Is the United States economy growing?"),
         ("pandas drop rows where column is NaN", "pandas drop rows where any column is NaN"),  # scope
+        ("Solve 3x + 7 = 22", "Solve 3x - 7 = 22"),  # a sign is no spelling
+        ("How many combinations with 4 digits from 0 to 9?", "how many combinations with 4 digits from 0-8"),
+        ("What is the best ML course?", "What is the best UK course?"),
     ],
 )
 def test_a_changed_unit_name_count_or_scope_is_still_refused(a: str, b: str) -> None:
