@@ -1,5 +1,5 @@
-"""How the native int8 kernel's one-row path reads x (int8_linear.cpp, `grid_row` and `grid_row_avx2`), for test
-references."""
+"""How the native int8 kernel's one-row path reads x (int8_linear.cpp, `grid_row` and `grid_row_avx2`),
+for test references."""
 
 from __future__ import annotations
 

@@ -156,7 +156,8 @@ def test_the_bfloat16_path_is_taken_where_the_cpu_has_it():
     flags = cpu_flags()
     has_bf16 = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags
     assert torch.ops.llmserve.int4_activation_dtype() == ("bfloat16" if has_bf16 else "float32")
-    one_row = "vnni" if has_bf16 and "avx512_vnni" in flags else "avx2" if {"avx2", "fma", "f16c"} <= flags else "float"
+    has_avx2 = {"avx2", "fma", "f16c"} <= flags
+    one_row = "vnni" if has_bf16 and "avx512_vnni" in flags else "avx2" if has_avx2 else "float"
     assert torch.ops.llmserve.int4_one_row_path() == one_row
     # the panel GEMM (bf16_panel_gemm.h) for batches of 10 rows and more, on the same instructions
     assert (torch.ops.llmserve.bf16_panel_min_rows() > 0) == has_bf16
