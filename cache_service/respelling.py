@@ -1,12 +1,14 @@
 """The same words written another way: what two questions spell differently without saying anything
 different ("7pm" / "7 pm", "Wi-Fi" / "wifi", "6-month-old" / "6 months old", "10kg" / "10 kilograms",
-"40°F" / "40 degrees Fahrenheit", "3rd" / "third", "US" / "United States" / "America").
+"40°F" / "40 degrees Fahrenheit", "3rd" / "third", "US" / "United States" / "America", "kids iPhone" /
+"kid's iPhone", "thru" / "through").
 
 The vetoes (cache_service/vetoes.py) refuse a name on one side only and a content word changed in an
 otherwise identical question; a word respelled on the other side is neither. Everything here is general
-English (units of measure, number words, standard short names, acronyms), not read from any evaluation
-data. A number keeps its unit ("10kg" / "10 km" stay apart), and a plural is only dropped after a number
-("a tablespoon" / "4 tablespoons" keep their difference) or from a name ("Sundays" / "Sunday").
+English (units of measure, number words, standard short names, chat spellings and clipped words, acronyms,
+possessives), not read from any evaluation data. A number keeps its unit ("10kg" / "10 km" stay apart), and
+a plural is only dropped after a number ("a tablespoon" / "4 tablespoons" keep their difference) or from a
+name ("Sundays" / "Sunday").
 """
 
 from __future__ import annotations
