@@ -106,8 +106,9 @@ def _number_word(part: str) -> str:
 
 
 def _pieces(words: list[str]) -> list[str]:
-    """Each word written without hyphens or dots, number words in digits, and a unit after a number in
-    its short form ("6-month-old" -> "6mo" "old", "10 kilograms" -> "10" "kg", "80k" -> "80" "000")."""
+    """Each word as one string without hyphens or dots, number words in digits ("one" only inside a
+    compound), and a unit after a number in its short form: "6-month-old" -> "6moold", "10 kilograms" ->
+    "10" "kg", "80k" -> "80000", "0 to 9" -> "0" "" "9"."""
     out = []
     after_number = False
     for i, word in enumerate(words):
@@ -148,8 +149,8 @@ def _runs(text: str) -> dict[str, set[str]]:
 @functools.lru_cache(maxsize=4096)
 def _acronyms(text: str) -> dict[str, set[str]]:
     """Initials of runs of two to five content words ("United States" -> "us", "United States of America"
-    -> "usa", "machine learning" -> "ml"), with the words they stand for: capitalized or lower-case words of
-    three letters or more, never a word in capitals ("UK savings" stands for nothing)."""
+    -> "usa", "machine learning" -> "ml"), with the words they stand for: capitalized words, or lower-case
+    words of three letters or more, never a word in capitals ("UK savings" stands for nothing)."""
     from cache_service.vetoes import FUNCTION_WORDS
 
     typed = [w for w, _ in tokens(text)]
