@@ -360,24 +360,14 @@ void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
   out.lo.resize(static_cast<size_t>(K));
   out.step.resize(static_cast<size_t>(groups));
   out.xsum.resize(static_cast<size_t>(groups));
-  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
   for (int64_t g = 0; g < groups; ++g) {
     const float* xg = x + g * kGroup;
-    __m256i top = _mm256_setzero_si256();  // max |x| as bits: unsigned order is float order, NaN and inf on top
-    for (int v = 0; v < 4; ++v)
-      top = _mm256_max_epu32(top, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 8 * v)), magnitude));
-    __m128i t = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
-    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4E));
-    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xB1));
-    const uint32_t top_bits = static_cast<uint32_t>(_mm_cvtsi128_si32(t));
     float inverse;
-    out.step[g] = llmserve::grid_step(top_bits, inverse);
+    out.step[g] = llmserve::grid_step(llmserve::max_magnitude_bits(xg, kGroup), inverse);
     alignas(32) int32_t q[kGroup];
-    for (int v = 0; v < 4; ++v) {
-      const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * v), _mm256_set1_ps(inverse)));
+    for (int v = 0; v < 4; ++v)
       _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * v),
-                         _mm256_max_epi32(_mm256_min_epi32(r, _mm256_set1_epi32(32767)), _mm256_set1_epi32(-32767)));
-    }
+                         llmserve::on_grid(_mm256_loadu_ps(xg + 8 * v), _mm256_set1_ps(inverse)));
     __m256 sum = _mm256_setzero_ps();
     for (int v = 0; v < 4; ++v) sum = _mm256_add_ps(sum, _mm256_loadu_ps(xg + 8 * v));
     out.xsum[g] = llmserve::hsum(sum);

@@ -179,25 +179,16 @@ void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
   out.chunks = (K + kChunkAvx2 - 1) / kChunkAvx2;
   out.x16.assign(static_cast<size_t>(out.chunks * kChunkAvx2), 0);
   out.step.assign(static_cast<size_t>(out.chunks), 0.0f);
-  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), limit = _mm256_set1_epi32(32767);
   for (int64_t c = 0; c < out.chunks; ++c) {
     const int64_t k0 = c * kChunkAvx2, n = std::min<int64_t>(kChunkAvx2, K - k0);
     alignas(32) float v[kChunkAvx2] = {};
     std::copy(x + k0, x + k0 + n, v);
-    __m256i top = _mm256_setzero_si256();  // max |x| as bits: unsigned order is float order, NaN and inf on top
-    for (int j = 0; j < 8; ++j)
-      top = _mm256_max_epu32(top, _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(v + 8 * j)), magnitude));
-    __m128i t = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
-    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4E));
-    t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xB1));
     float inverse;
-    out.step[c] = llmserve::grid_step(static_cast<uint32_t>(_mm_cvtsi128_si32(t)), inverse);
+    out.step[c] = llmserve::grid_step(llmserve::max_magnitude_bits(v, kChunkAvx2), inverse);
     const __m256 scale = _mm256_set1_ps(inverse);  // exact: a power of two
     for (int j = 0; j < 8; j += 2) {
-      __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8 * j), scale));
-      __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8 * j + 8), scale));
-      a = _mm256_max_epi32(_mm256_min_epi32(a, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
-      b = _mm256_max_epi32(_mm256_min_epi32(b, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+      const __m256i a = llmserve::on_grid(_mm256_load_ps(v + 8 * j), scale);
+      const __m256i b = llmserve::on_grid(_mm256_load_ps(v + 8 * j + 8), scale);
       // packs works per 128-bit lane: a0-3 b0-3 a4-7 b4-7; the permute puts them back in order
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.x16.data() + k0 + 8 * j), packed);

@@ -60,6 +60,24 @@ inline float hsum(__m256 v) {
   lo = _mm_hadd_ps(lo, lo);
   return _mm_cvtss_f32(lo);
 }
+// The one-row integer paths' 16-bit grid (grid_step above), eight lanes wide: the largest |x| of x[0, n) as
+// float bits (n a multiple of 8; unsigned order is float order, NaN and inf on top), and x on the grid,
+// rounded and held within +-32767 steps.
+inline uint32_t max_magnitude_bits(const float* x, int n) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i top = _mm256_setzero_si256();
+  for (int i = 0; i < n; i += 8)
+    top = _mm256_max_epu32(top, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), magnitude));
+  __m128i t = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+  t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xB1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(t));
+}
+inline __m256i on_grid(__m256 x, __m256 inverse) {
+  const __m256i limit = _mm256_set1_epi32(32767);
+  const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(x, inverse));
+  return _mm256_max_epi32(_mm256_min_epi32(r, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+}
 // exp(x) as 2^n * p(r) with Cephes' polynomial, x clamped to [-87, 88]: relative error below 2e-7. The
 // constants are shared by exp8 and exp16, which apply them in the same order (so the same bits per lane).
 struct ExpConstants {
