@@ -173,10 +173,16 @@ def _acronyms(text: str) -> dict[str, set[str]]:
     return out
 
 
-def respelled(a: str, b: str) -> set[str]:
+def respelled(a: str, b: str) -> frozenset[str]:
     """The words (lower case) of either question that the other writes another way: runs of words equal
-    once written as one (`_pieces`), a standard short name ("US" / "America"), or an acronym of words the
-    other spells out ("US" / "United States")."""
+    once written as one (`_pieces`), a standard short name or chat spelling ("US" / "America", "thru" /
+    "through"), an acronym of words the other spells out ("US" / "United States"), or a possessive typed
+    without its apostrophe ("kids" / "kid's")."""
+    return _respelled(*sorted((a, b)))  # symmetric: the names veto asks both ways, the detail veto once
+
+
+@functools.lru_cache(maxsize=4096)
+def _respelled(a: str, b: str) -> frozenset[str]:
     out: set[str] = set()
     wa, wb = {plain(w) for w, _ in tokens(a)}, {plain(w) for w, _ in tokens(b)}
     for x, y, other in ((wa, wb, b), (wb, wa, a)):  # "kids iPhone" / "kid's iPhone"
@@ -194,7 +200,7 @@ def respelled(a: str, b: str) -> set[str]:
             for acronym, spelled in other_acronyms.items():  # "US" or "America" / "United States"
                 if w == acronym or w in SAME_NAMES.get(acronym, ()):
                     out |= {w} | spelled
-    return out
+    return frozenset(out)
 
 
 def singular_name(name: str) -> str:
