@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tools.cache.ceiling import upper_bound, within
-from tools.cache.evaluate import Lookup, calibrate
+from tools.cache.evaluate import Lookup, at_matched_rates, calibrate, plain_at_matched_rate
 
 
 def test_the_bound_is_clopper_pearsons() -> None:
@@ -53,3 +53,25 @@ def test_a_trap_kind_too_small_to_show_its_ceiling_turns_the_tier_off() -> None:
     more_rows, more_lookups = traps_answered_above([0.6] * 1000)
     assert calibrate(rows + more_rows, lookups + more_lookups, decide, 0.01, per_kind=True) == 1.0
     assert calibrate(rows + more_rows, lookups + more_lookups, decide, 0.01, per_kind=False) == 0.6025
+
+
+def test_designs_compared_at_the_false_hit_rate_seen() -> None:
+    """The matched-rate reading takes, per budget, the most pairs served with the false hits seen on the
+    rows themselves within it: plain cosine at each of its own cosines, so a step between grid points is
+    never skipped."""
+    rows, lookups = traps_answered_above([0.99, 0.95, 0.9, 0.8])  # 4 traps
+    pairs = [0.995, 0.97, 0.93, 0.85, 0.7]  # should-hit pairs, each answered right at its cosine
+    for i, c in enumerate(pairs):
+        rows.append({"should_hit": True, "kind": "paraphrase", "b_group": f"p{i}"})
+        lookups.append(Lookup(None, None, [(c, f"p{i}", True, False, False)], plain=(c, f"p{i}")))
+    for lk, c in zip(lookups[:4], [0.99, 0.95, 0.9, 0.8], strict=True):
+        lk.plain = (c, "wrong")
+    # one trap of four allowed: plain down to 0.97 (the trap at 0.99 answered, the next at 0.95 not)
+    assert plain_at_matched_rate(rows, lookups, 0.25) == 0.97
+    assert plain_at_matched_rate(rows, lookups, 0.0) == 0.995
+    assert plain_at_matched_rate(rows, lookups, 0.5) == 0.93
+    grid = [round(0.5 + 0.005 * i, 4) for i in range(101)]
+    best = at_matched_rates(rows, lookups, decide, (0.0, 0.25, 0.5), grid)
+    assert [best[b][0].served()[0] for b in (0.0, 0.25, 0.5)] == [1, 2, 3]
+    assert [best[b][1] for b in (0.0, 0.25, 0.5)] == [0.995, 0.955, 0.905]
+    assert all(best[b][0].false_hits()[0] <= b * 4 for b in (0.0, 0.25, 0.5))
