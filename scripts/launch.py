@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
+from common.cpus import cgroup_cpu_limit, default_threads, usable_cpus
 from common.healthcheck import check_grpc, check_http
 from worker.engine.config import EngineConfig
 
@@ -37,11 +38,9 @@ SMALL_WORKER_ENV = {"WORKER_KV_CACHE_GB": "0.25", "WORKER_MAX_NUM_SEQS": "16", "
 
 
 def stack_default_threads() -> dict[str, str]:
-    """WORKER_NUM_THREADS as the stack picks it when unset (torch's default, one per physical core), for the
-    benchmarks that measure the stack at its defaults rather than the tests' one-thread worker."""
-    import torch
-
-    return {"WORKER_NUM_THREADS": str(torch.get_num_threads())}
+    """WORKER_NUM_THREADS as one worker picks it when unset (common/cpus.py), for the benchmarks that measure
+    the stack at its defaults rather than the tests' one-thread worker."""
+    return {"WORKER_NUM_THREADS": str(default_threads(usable_cpus(), cgroup_cpu_limit()))}
 
 
 class StartError(RuntimeError):

@@ -7,6 +7,8 @@ worker is up, and serves without the cache while the cache is away) and the dead
 as compose's restart policy does: after RESTART_BACKOFF_S, doubling on each exit in a row up to
 RESTART_BACKOFF_MAX_S, back to the start once a run lasted RESTART_STABLE_AFTER_S. Each exit and
 restart is logged. Ctrl-C or SIGTERM stops all (each service drains first; see docs/OPERATIONS.md).
+Several workers share this machine's cores: each is given its own (WORKER_CPUS) unless the operator set
+WORKER_CPUS or WORKER_NUM_THREADS.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.cpus import format_cpu_list, split_cpus, usable_cpus
 from scripts.launch import (
     ROOT,
     STOP_TIMEOUT_S,
@@ -146,6 +149,15 @@ def worker_models(s: StackSettings) -> list[str | None]:
     return [model for model in models for _ in range(s.workers)]
 
 
+def worker_cpus(workers: int, environ: Mapping[str, str]) -> list[str]:
+    """Each worker's WORKER_CPUS when several run here and the operator set neither WORKER_CPUS nor
+    WORKER_NUM_THREADS: the usable CPUs split into whole cores (common/cpus.py says why). Empty: leave the
+    workers to their defaults."""
+    if workers < 2 or environ.get("WORKER_CPUS") or environ.get("WORKER_NUM_THREADS"):
+        return []
+    return [format_cpu_list(part) for part in split_cpus(usable_cpus(), workers)]
+
+
 class Stack:
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
@@ -191,14 +203,19 @@ class Stack:
             line = f"cache service  grpc {cache_addr}, metrics http://{s.cache_host}:{s.cache_metrics_port}/metrics"
             pending.append((cache, lambda: grpc_serving(cache_addr), line))
         worker_addrs = []
-        for i, model in enumerate(worker_models(s)):
+        models = worker_models(s)
+        cpus = worker_cpus(len(models), os.environ)
+        for i, model in enumerate(models):
             port, metrics_port = s.worker_port + PORT_STRIDE * i, s.worker_metrics_port + PORT_STRIDE * i
             addr = f"{s.worker_host}:{port}"
             env = {"WORKER_PORT": str(port), "WORKER_METRICS_PORT": str(metrics_port)}
+            if cpus:
+                env["WORKER_CPUS"] = cpus[i]
             if model is not None:
                 env |= {"WORKER_MODEL": model, "WORKER_SERVED_MODEL_NAME": PurePath(model).name}
             worker = self.python(f"worker-{i}", "worker", env)
             line = f"worker-{i}       grpc {addr}, metrics http://{s.worker_host}:{metrics_port}/metrics"
+            line += f", CPUs {cpus[i]}" if cpus else ""
             pending.append((worker, lambda addr=addr: grpc_serving(addr), line))
             worker_addrs.append(addr if model is None else f"{PurePath(model).name}={addr}")
         for child, check, line in pending:

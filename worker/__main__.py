@@ -12,6 +12,7 @@ import asyncio
 import logging
 import sys
 
+from common.cpus import format_cpu_list, pin_process, usable_cpus
 from common.gen import worker_pb2, worker_pb2_grpc
 from common.grpc_server import GrpcServer, skip_final_collection, wait_for_stop_signal
 from common.logs import configure_logging
@@ -96,7 +97,14 @@ async def serve(settings: WorkerSettings) -> None:
 
 def main() -> None:
     configure_logging()  # LOG_FORMAT=json: JSON lines with the request id
-    asyncio.run(serve(WorkerSettings.from_cli(sys.argv[1:])))
+    settings = WorkerSettings.from_cli(sys.argv[1:])
+    if settings.cpus:  # before the engine's threads start, so they and torch's keep to these CPUs
+        if not settings.runs_on():
+            allowed = format_cpu_list(usable_cpus())
+            sys.exit(f"WORKER_CPUS={settings.cpus} names no CPU this process may use (it may use {allowed})")
+        pin_process(settings.runs_on())
+        log.info("running on CPUs %s", format_cpu_list(settings.runs_on()))
+    asyncio.run(serve(settings))
     skip_final_collection()
 
 

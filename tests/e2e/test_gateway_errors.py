@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -268,13 +269,21 @@ def test_gateway_recovers_when_the_worker_comes_back(log_dir: Path) -> None:
         down = httpx.post(url, json=CHAT, timeout=60)
         assert_openai_error(down, 503)
         assert httpx.get(f"{front.addr}/ready", timeout=30).status_code == 503
-        second = start_worker("worker-restart-2", log_dir, WORKER_PORT=port)
+        # the new worker on one CPU (as `make run` gives each of several workers its own): it and every
+        # thread it started keep to it
+        cpu = max(os.sched_getaffinity(0))
+        second = start_worker("worker-restart-2", log_dir, WORKER_PORT=port, WORKER_CPUS=str(cpu))
         try:
+            assert second.proc is not None
+            tasks = Path(f"/proc/{second.proc.pid}/task").iterdir()
+            assert {os.sched_getaffinity(int(t.name)) == {cpu} for t in tasks} == {True}
             deadline = time.monotonic() + 30  # the gateway's reconnect backoff is capped at 2 s
             while httpx.get(f"{front.addr}/ready", timeout=30).status_code != 200:
                 assert time.monotonic() < deadline, "the gateway never reconnected"
                 time.sleep(0.2)
             assert httpx.post(url, json=CHAT, timeout=60).status_code == 200
+            tasks = Path(f"/proc/{second.proc.pid}/task").iterdir()  # the model's threads, started since
+            assert {os.sched_getaffinity(int(t.name)) == {cpu} for t in tasks} == {True}
         finally:
             second.stop()
     finally:

@@ -48,7 +48,8 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "auto"  # one of DTYPES
     device: str = "auto"  # auto (cuda when there is one) | cpu | cuda[:N]
-    num_threads: int | None = None  # torch intra-op threads; None: torch's default
+    num_threads: int | None = None  # torch intra-op threads; None: torch's default (the worker's settings
+    # pick one per physical core it may use, common/cpus.py)
     linear_backend: str = "auto"  # one of LINEAR_BACKENDS
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
     quantization: str = "auto"  # one of QUANTIZATIONS

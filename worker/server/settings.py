@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.cpus import cgroup_cpu_limit, default_threads, parse_cpu_list, usable_cpus
 from worker.engine.config import (
     ATTENTION_BACKENDS,
     DTYPES,
@@ -31,7 +32,9 @@ class WorkerSettings(BaseSettings):
     served_model_name: str = PurePath(EngineConfig.model).name  # the name clients send as `model`
     dtype: Literal[DTYPES] = EngineConfig.dtype  # type: ignore[valid-type]
     device: str = EngineConfig.device
+    # unset: one per physical core of `cpus` (or of the CPUs it may use), within a container's CPU limit
     num_threads: int | None = EngineConfig.num_threads
+    cpus: str = ""  # taskset's form ("0-3,8"): the process runs on these CPUs only; empty: wherever allowed
     linear_backend: Literal[LINEAR_BACKENDS] = EngineConfig.linear_backend  # type: ignore[valid-type]
     attention_backend: Literal[ATTENTION_BACKENDS] = EngineConfig.attention_backend  # type: ignore[valid-type]
     quantization: Literal[QUANTIZATIONS] = EngineConfig.quantization  # type: ignore[valid-type]
@@ -66,13 +69,29 @@ class WorkerSettings(BaseSettings):
         """Flags (`--model PATH --dtype bfloat16 ...`) override the WORKER_* environment."""
         return cls(_cli_parse_args=argv, _cli_prog_name="python -m worker")
 
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        if value.strip():
+            parse_cpu_list(value)  # a ValueError names the bad part
+        return value.strip()
+
+    def cpu_list(self) -> list[int]:
+        return parse_cpu_list(self.cpus) if self.cpus else []
+
+    def runs_on(self) -> list[int]:
+        """The CPUs the worker runs on: `cpus` where this process may use them (the kernel keeps a mask
+        within the container's cpuset), else every CPU it may use."""
+        usable = usable_cpus()
+        return [cpu for cpu in self.cpu_list() if cpu in usable] if self.cpus else usable
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model,
             served_model_name=self.served_model_name,
             dtype=self.dtype,
             device=self.device,
-            num_threads=self.num_threads,
+            num_threads=self.num_threads or default_threads(self.runs_on(), cgroup_cpu_limit()),
             linear_backend=self.linear_backend,
             attention_backend=self.attention_backend,
             quantization=self.quantization,

@@ -1,0 +1,150 @@
+"""The fleet issue's own load against `make run` as a user starts it: WORKERS=2 WORKER_NUM_KV_BLOCKS=400.
+
+`make run` (scripts/run_stack.py) is started for each setting and policy in turn, with its embedded Redis,
+the semantic cache, and every worker setting at its default but the KV blocks; then the multi-tenant load
+of bench/fleet_bench.py (tenants each with their own ~460-token system prompt, chat requests in random
+tenant order at a fixed concurrency) goes through its gateway. Two ways of placing the workers' threads:
+
+- `split`: the stack's default, each worker on its own cores (WORKER_CPUS, common/cpus.py);
+- `oversubscribed`: what the stack did before, every worker with torch's default thread count (one per
+  physical core of the machine) on all the cores, set here as WORKER_NUM_THREADS.
+
+Per run: the fleet's prefix-cache hit rate, TTFT p50, output tok/s. Runs of a round use the same tenant
+order, each with fresh prompts; rounds alternate the order of the runs.
+
+    .venv/bin/python -m bench.make_run_fleet [--rounds 1] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from bench.fleet_bench import run_load, tenant_order, worker_stats
+from bench.report import median, publish
+from scripts.launch import ROOT, exit_on_sigterm, http_ok, stop_process
+from worker.model.cpu_kind import cpu_info
+
+GATEWAY = "http://127.0.0.1:8000"
+WORKER_ADDRS = ["127.0.0.1:50051", "127.0.0.1:50061"]  # run_stack's ports for two workers
+PLACEMENTS = ("split", "oversubscribed")
+POLICIES = ("round_robin", "cache_aware")
+
+
+@dataclass
+class Run:
+    placement: str
+    policy: str
+    round_index: int
+    hit_rate: float
+    ttft_p50_s: float
+    tok_s: float
+    wall_s: float
+
+
+def torch_default_threads() -> str:
+    import torch
+
+    return str(torch.get_num_threads())
+
+
+def start_stack(placement: str, policy: str, log_path: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "GATEWAY_", "CACHE_"))}
+    env |= {"WORKERS": "2", "WORKER_NUM_KV_BLOCKS": "400", "GATEWAY_ROUTING": policy, "HF_HUB_OFFLINE": "1"}
+    if placement == "oversubscribed":
+        env["WORKER_NUM_THREADS"] = torch_default_threads()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scripts.run_stack"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 300
+    while not http_ok(f"{GATEWAY}/ready"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc)
+            raise RuntimeError(f"make run did not come up; see {log_path}")
+        time.sleep(1)
+    return proc
+
+
+def measure(placement: str, policy: str, round_index: int, args: argparse.Namespace) -> Run:
+    order = tenant_order(f"{args.seed}-r{round_index}", args, skewed=False)
+    asyncio.run(run_load(GATEWAY, f"warm-up-{placement}-{policy}-{round_index}", [0, 1, 2, 3], args))
+    before = worker_stats(WORKER_ADDRS)
+    ttfts, tokens, wall = asyncio.run(
+        run_load(GATEWAY, f"{args.seed}-{placement}-{policy}-{round_index}", order, args)
+    )
+    after = worker_stats(WORKER_ADDRS)
+    hits = sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True))
+    queries = sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True))
+    return Run(placement, policy, round_index, hits / max(queries, 1), median(ttfts), tokens / wall, wall)
+
+
+def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
+    lines = [
+        "## `make run` with two workers: threads split or oversubscribed",
+        "",
+        f"`.venv/bin/python -m bench.make_run_fleet --rounds {args.rounds} --max-tokens {args.max_tokens}` "
+        f"on CPU: {cpu_info().describe()}. `WORKERS=2 WORKER_NUM_KV_BLOCKS=400 make run` "
+        "(scripts/run_stack.py, the semantic cache on), every other setting at its default; the fleet "
+        f"issue's load through its gateway: {args.tenants} tenants with their own ~460-token system "
+        f"prompts, {args.requests} chat requests in random tenant order at concurrency {args.concurrency}, "
+        f"{args.max_tokens} output tokens each. split: the stack's default, each worker on its own cores; "
+        "oversubscribed: every worker with torch's default thread count on all the cores, as the stack ran "
+        "them before. Medians over rounds.",
+        "",
+        "| workers' threads | policy | runs | fleet hit rate | TTFT p50 | output tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for placement in PLACEMENTS:
+        for policy in POLICIES:
+            mine = [r for r in runs if r.placement == placement and r.policy == policy]
+            if mine:
+                lines.append(
+                    f"| {placement} | {policy} | {len(mine)} | {median([r.hit_rate for r in mine]):.0%} | "
+                    f"{median([r.ttft_p50_s for r in mine]):.2f} s | {median([r.tok_s for r in mine]):.1f} |"
+                )
+    return lines
+
+
+def main() -> None:
+    exit_on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--tenants", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--prompt-words", type=int, default=435)
+    parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS)
+    parser.add_argument("--seed", default="measure")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    if http_ok(f"{GATEWAY}/ready"):
+        sys.exit("a stack already answers on 127.0.0.1:8000; stop it first")
+    log_dir = ROOT / ".run" / "make_run_fleet"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    plan = [(p, q) for p in args.placements for q in POLICIES]
+    runs: list[Run] = []
+    for round_index in range(args.rounds):
+        for placement, policy in plan if round_index % 2 == 0 else list(reversed(plan)):
+            proc = start_stack(placement, policy, str(log_dir / f"{placement}-{policy}.log"))
+            try:
+                run = measure(placement, policy, round_index, args)
+            finally:
+                stop_process(proc, timeout_s=90)
+            print(asdict(run), flush=True)
+            runs.append(run)
+    publish("make-run-fleet", report(runs, args), args.write_docs)
+
+
+if __name__ == "__main__":
+    main()
