@@ -12,13 +12,17 @@ tenant order at a fixed concurrency) goes through its gateway. Two ways of placi
 Per run: the fleet's prefix-cache hit rate, TTFT p50, output tok/s. Runs of a round use the same tenant
 order, each with fresh prompts; rounds alternate the order of the runs.
 
-    .venv/bin/python -m bench.make_run_fleet [--rounds 1] [--write-docs]
+    .venv/bin/python -m bench.make_run_fleet [--rounds 1] [--write-docs] [--report-only]
+
+Each run is appended to .run/make_run_fleet/results.jsonl; the table is made from every run there with the
+same load (`--fresh` forgets them first), so rounds can be added later.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +36,7 @@ from worker.model.cpu_kind import cpu_info
 
 GATEWAY = "http://127.0.0.1:8000"
 WORKER_ADDRS = ["127.0.0.1:50051", "127.0.0.1:50061"]  # run_stack's ports for two workers
+RESULTS = ROOT / ".run" / "make_run_fleet" / "results.jsonl"
 PLACEMENTS = ("split", "oversubscribed")
 POLICIES = ("round_robin", "cache_aware")
 
@@ -41,6 +46,7 @@ class Run:
     placement: str
     policy: str
     round_index: int
+    load: str  # requests, tenants, concurrency, output tokens: runs of one load share a table
     hit_rate: float
     ttft_p50_s: float
     tok_s: float
@@ -85,14 +91,24 @@ def measure(placement: str, policy: str, round_index: int, args: argparse.Namesp
     after = worker_stats(WORKER_ADDRS)
     hits = sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True))
     queries = sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in zip(after, before, strict=True))
-    return Run(placement, policy, round_index, hits / max(queries, 1), median(ttfts), tokens / wall, wall)
+    hit_rate = hits / max(queries, 1)
+    return Run(placement, policy, round_index, load_of(args), hit_rate, median(ttfts), tokens / wall, wall)
+
+
+def load_results() -> list[Run]:
+    return [Run(**json.loads(line)) for line in RESULTS.read_text().splitlines()] if RESULTS.exists() else []
+
+
+def load_of(args: argparse.Namespace) -> str:
+    return f"{args.requests}r-{args.tenants}t-c{args.concurrency}-{args.max_tokens}tok-{args.prompt_words}w"
 
 
 def report(runs: list[Run], args: argparse.Namespace) -> list[str]:
     lines = [
         "## `make run` with two workers: threads split or oversubscribed",
         "",
-        f"`.venv/bin/python -m bench.make_run_fleet --rounds {args.rounds} --max-tokens {args.max_tokens}` "
+        f"`.venv/bin/python -m bench.make_run_fleet --max-tokens {args.max_tokens} [--rounds N] "
+        "[--placements ...]` (runs added up in its results file) "
         f"on CPU: {cpu_info().describe()}. `WORKERS=2 WORKER_NUM_KV_BLOCKS=400 make run` "
         "(scripts/run_stack.py, the semantic cache on), every other setting at its default; the fleet "
         f"issue's load through its gateway: {args.tenants} tenants with their own ~460-token system "
@@ -127,14 +143,28 @@ def main() -> None:
     parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS)
     parser.add_argument("--seed", default="measure")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
+    parser.add_argument("--report-only", action="store_true", help="the table from the results file alone")
     args = parser.parse_args()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    if args.fresh and RESULTS.exists():
+        RESULTS.unlink()
+    if not args.report_only:
+        run_all(args)
+    runs = [r for r in load_results() if r.load == load_of(args)]
+    publish("make-run-fleet", report(runs, args), args.write_docs)
+
+
+def run_all(args: argparse.Namespace) -> None:
     if http_ok(f"{GATEWAY}/ready"):
         sys.exit("a stack already answers on 127.0.0.1:8000; stop it first")
     log_dir = ROOT / ".run" / "make_run_fleet"
     log_dir.mkdir(parents=True, exist_ok=True)
     plan = [(p, q) for p in args.placements for q in POLICIES]
-    runs: list[Run] = []
-    for round_index in range(args.rounds):
+    first = 1 + max(
+        (r.round_index for r in load_results() if r.load == load_of(args)), default=-1
+    )  # a new tenant order
+    for round_index in range(first, first + args.rounds):
         for placement, policy in plan if round_index % 2 == 0 else list(reversed(plan)):
             proc = start_stack(placement, policy, str(log_dir / f"{placement}-{policy}.log"))
             try:
@@ -142,8 +172,8 @@ def main() -> None:
             finally:
                 stop_process(proc, timeout_s=90)
             print(asdict(run), flush=True)
-            runs.append(run)
-    publish("make-run-fleet", report(runs, args), args.write_docs)
+            with RESULTS.open("a") as out:
+                out.write(json.dumps(asdict(run)) + "\n")
 
 
 if __name__ == "__main__":

@@ -215,3 +215,12 @@ def test_two_gateways_route_over_the_workers(docs: list[Doc]) -> None:
     assert find(docs, "Deployment", "gateway")["spec"]["replicas"] == 2
     settings = GatewaySettings(**{k.lower(): v for k, v in env_of(container(docs, "gateway")).items()})
     assert settings.gateway_routing == "cache_aware"
+
+
+def test_workers_have_a_cpu_limit_their_threads_follow(docs: list[Doc]) -> None:
+    """Without a CPU limit (or exclusive cores) every replica runs one thread per core of the node, and
+    replicas on one node oversubscribe it (common/cpus.py)."""
+    workers = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "worker"]
+    assert workers
+    for container in workers[0]["spec"]["template"]["spec"]["containers"]:
+        assert container["resources"]["limits"]["cpu"]
