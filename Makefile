@@ -95,6 +95,7 @@ bench: test-scenarios
 	$(PY) -m bench.quant_study --repeats 3 --write-docs
 	$(PY) -m bench.fleet_bench --fresh --write-docs
 	$(PY) -m bench.fleet_faults --runs 3 --write-docs
+	$(PY) -m bench.make_run_fleet --fresh --placements split --rounds 3 --write-docs
 	$(PY) -m bench.lora_peer_bench --write-docs
 
 # Containers (docs/OPERATIONS.md): images built from Debian's packages with nothing pulled from Docker Hub,
