@@ -161,9 +161,8 @@ def run_all(args: argparse.Namespace) -> None:
     log_dir = ROOT / ".run" / "make_run_fleet"
     log_dir.mkdir(parents=True, exist_ok=True)
     plan = [(p, q) for p in args.placements for q in POLICIES]
-    first = 1 + max(
-        (r.round_index for r in load_results() if r.load == load_of(args)), default=-1
-    )  # a new tenant order
+    done = [r.round_index for r in load_results() if r.load == load_of(args)]
+    first = 1 + max(done, default=-1)  # each round a new tenant order
     for round_index in range(first, first + args.rounds):
         for placement, policy in plan if round_index % 2 == 0 else list(reversed(plan)):
             proc = start_stack(placement, policy, str(log_dir / f"{placement}-{policy}.log"))

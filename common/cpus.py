@@ -2,7 +2,8 @@
 
 Two workers on the same cores each running one torch thread per core oversubscribe them: torch's OpenMP
 threads wait actively at every barrier, so a thread that is descheduled stalls its whole team (on two
-cores, two such workers made a step take many times as long). `make run` with WORKERS>1 therefore gives
+cores, two workers of two threads each served the fleet load at 5 tok/s, against 124 tok/s with a core
+each: docs/BENCHMARKS.md, "make run with two workers"). `make run` with WORKERS>1 therefore gives
 each worker its own cores (WORKER_CPUS) and one thread per physical core among them, as vLLM's CPU
 backend binds each rank's OpenMP threads to its own cores.
 """
@@ -83,31 +84,43 @@ def cgroup_cpu_limit(
     root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")
 ) -> float | None:
     """The CPUs' worth of time this process's cgroup may use (a container's CPU limit: cgroup v2 `cpu.max`,
-    or v1's CFS quota over period); None when unlimited or unreadable."""
+    or v1's CFS quota over period), the tightest along its path up to the root (Kubernetes sets a pod's
+    limit on the pod's cgroup too); None when unlimited or unreadable."""
     try:
         lines = own.read_text().splitlines()
     except OSError:
         lines = []
-    v2 = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
-    v1 = next((line.split(":", 2)[2] for line in lines if ":cpu:" in line or ":cpu," in line), None)
-    candidates = []
-    if v2 is not None:
-        candidates.append((root / v2.lstrip("/") / "cpu.max", None))
-    if v1 is not None:
-        base = root / "cpu" / v1.lstrip("/")
-        candidates.append((base / "cpu.cfs_quota_us", base / "cpu.cfs_period_us"))
-    for quota_path, period_path in candidates:
-        try:
-            if period_path is None:
-                quota, period = quota_path.read_text().split()
-            else:
-                quota, period = quota_path.read_text().strip(), period_path.read_text().strip()
-        except (OSError, ValueError):
-            continue
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            limits += [_read_quota(d / "cpu.max") for d in _up_from(root, path)]
+        elif "cpu" in controllers.split(","):  # v1
+            limits += [
+                _read_quota(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us")
+                for d in _up_from(root / "cpu", path)
+            ]
+    found = [limit for limit in limits if limit is not None]
+    return min(found) if found else None
+
+
+def _up_from(root: Path, path: str) -> list[Path]:
+    parts = [p for p in path.strip("/").split("/") if p]
+    return [root.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def _read_quota(quota_path: Path, period_path: Path | None = None) -> float | None:
+    """CPUs' worth from `cpu.max` ("quota period") or from v1's two files; None when unlimited or absent."""
+    try:
+        if period_path is None:
+            quota, period = quota_path.read_text().split()
+        else:
+            quota, period = quota_path.read_text().strip(), period_path.read_text().strip()
         if quota in ("max", "-1"):
             return None
         return int(quota) / int(period)
-    return None
+    except (OSError, ValueError):
+        return None
 
 
 def default_threads(cpus: list[int], limit: float | None, sys_cpu: Path = SYS_CPU) -> int:

@@ -108,6 +108,12 @@ def test_a_containers_cpu_limit_caps_the_threads(tmp_path: Path) -> None:
     )
     assert cgroup_cpu_limit(*v1) == 1.5
     assert cgroup_cpu_limit(tmp_path / "none", tmp_path / "missing") is None
+    pod = cgroup_files(
+        tmp_path / "pod",
+        "0::/kubepods/pod1/ctr\n",
+        {"kubepods/pod1/cpu.max": "300000 100000\n", "kubepods/pod1/ctr/cpu.max": "max 100000\n"},
+    )
+    assert cgroup_cpu_limit(*pod) == 3.0  # the pod's limit binds its containers
     sys_cpu = fake_topology(tmp_path / "sys", {c: (0, c) for c in range(8)})
     assert default_threads(list(range(8)), None, sys_cpu) == 8
     assert default_threads(list(range(8)), 2.5, sys_cpu) == 2  # a thread over the quota is throttled
