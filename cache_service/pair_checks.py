@@ -300,7 +300,9 @@ def veto(a: str, b: str) -> str:
         return "numbers differ"
     if bool(years(a)) != bool(years(b)) and not (na and nb):
         return "a year on one side only"  # "How many time zones does Russia have (in 2012)?"
-    if negated(wa) != negated(wb) or prefix_negated(wa, wb) or negating_words(wa) != negating_words(wb):
+    # polarity, not the words that carry it: "so I don't get charged" / "to avoid charges", and "won't stop
+    # calling" / "keeps calling" say the same; "avoid" or "not" on one side alone still differs
+    if negated(wa) ^ negating_words(wa) != negated(wb) ^ negating_words(wb) or prefix_negated(wa, wb):
         return "negation differs"
     if counted_swapped(wa, wb):
         return "units swapped"

@@ -189,3 +189,31 @@ def test_real_words_a_letter_apart_are_left_to_the_threshold() -> None:
     assert not real_word_typo("16gb", "16mb")
     # never accepted below the threshold as a near typo: another real word may be meant
     assert not near_typo("When do babies usually start crawling?", "When do babies usually stat crawling?")
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "How do I turn off data roaming so I don't get charged?",
+            "How can I turn off data roaming to avoid charges?",
+        ),
+        (
+            "How do I block a number that keeps calling me?",
+            "How do I block a number that won't stop calling me?",
+        ),
+        ("Which foods should I avoid when pregnant?", "Which foods should I not eat when pregnant?"),
+    ],
+)
+def test_a_negator_and_a_negating_verb_say_the_same(a: str, b: str) -> None:
+    """Polarity, not the words that carry it: "don't get charged" is "avoid charges", and "won't stop" is
+    "keeps"; one side negated against the other plain still differs (the test above)."""
+    assert veto(a, b) != "negation differs"
+
+
+def test_one_side_negated_by_a_verb_still_differs() -> None:
+    assert veto("Which foods should I eat when pregnant?", "Which foods should I avoid when pregnant?")
+    assert veto(
+        "How do I block a number that keeps calling me?", "How do I block a number that won't call me?"
+    )
+    assert veto("Is it safe to take melatonin every night?", "Is it safe to not take melatonin every night?")
