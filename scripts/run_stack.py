@@ -26,7 +26,7 @@ from pathlib import PurePath
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.cpus import format_cpu_list, split_cpus, usable_cpus
+from common.cpus import format_cpu_list, physical_cores, split_cpus, usable_cpus
 from scripts.launch import (
     ROOT,
     STOP_TIMEOUT_S,
@@ -158,6 +158,21 @@ def worker_cpus(workers: int, environ: Mapping[str, str]) -> list[str]:
     return [format_cpu_list(part) for part in split_cpus(usable_cpus(), workers)]
 
 
+def oversubscription_warning(workers: int, environ: Mapping[str, str], cores: int) -> str:
+    """A warning when the operator's WORKER_NUM_THREADS makes the workers' threads outnumber the cores
+    they share (no WORKER_CPUS to keep them apart); "" otherwise."""
+    threads = environ.get("WORKER_NUM_THREADS", "")
+    if workers < 2 or environ.get("WORKER_CPUS") or not threads.isdigit():
+        return ""
+    if workers * int(threads) <= cores:
+        return ""
+    return (
+        f"{workers} workers x WORKER_NUM_THREADS={threads} threads share {cores} cores: their threads wait "
+        "for each other at every step (many times slower); unset WORKER_NUM_THREADS and make run gives each "
+        "worker its own cores"
+    )
+
+
 class Stack:
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
@@ -205,6 +220,9 @@ class Stack:
         worker_addrs = []
         models = worker_models(s)
         cpus = worker_cpus(len(models), os.environ)
+        warning = oversubscription_warning(len(models), os.environ, physical_cores(usable_cpus()))
+        if warning:
+            say(warning)
         for i, model in enumerate(models):
             port, metrics_port = s.worker_port + PORT_STRIDE * i, s.worker_metrics_port + PORT_STRIDE * i
             addr = f"{s.worker_host}:{port}"

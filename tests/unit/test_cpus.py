@@ -19,7 +19,7 @@ from common.cpus import (
     split_cpus,
 )
 from scripts.launch import ROOT, clean_env
-from scripts.run_stack import worker_cpus
+from scripts.run_stack import oversubscription_warning, worker_cpus
 from worker.server.settings import WorkerSettings
 
 
@@ -132,3 +132,13 @@ def test_a_worker_given_no_cpu_it_may_use_says_so_and_exits() -> None:
     )
     assert done.returncode == 1
     assert "WORKER_CPUS=4096 names no CPU this process may use" in done.stderr
+
+
+def test_make_run_warns_when_the_operators_threads_outnumber_the_cores() -> None:
+    assert "unset WORKER_NUM_THREADS" in oversubscription_warning(2, {"WORKER_NUM_THREADS": "2"}, 2)
+    assert oversubscription_warning(2, {"WORKER_NUM_THREADS": "1"}, 2) == ""
+    assert oversubscription_warning(2, {"WORKER_NUM_THREADS": "4", "WORKER_CPUS": "0"}, 2) == ""
+    assert (
+        oversubscription_warning(1, {"WORKER_NUM_THREADS": "8"}, 2) == ""
+    )  # one worker: torch's own business
+    assert oversubscription_warning(3, {}, 2) == ""  # make run splits the cores itself
