@@ -38,6 +38,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     """Load the model and tokenizer, size the KV pool from the memory budget, wire everything."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    log.info("%d torch threads", torch.get_num_threads())
     hugepages.set_enabled(config.huge_pages)  # before the weights and the KV pool are allocated
     device = config.device
     if device == "auto":
