@@ -204,6 +204,7 @@ def dates(ws: list[str]) -> set[str]:
     """Calendar words, singular ("Sundays" = "sunday")."""
     found = set()
     for w in ws:
+        w = w.removesuffix("'s")  # "today's rate" is today's
         base = w[:-1] if w.endswith("s") and w[:-1] in DATE_WORDS else w
         if base in DATE_WORDS:
             found.add(base)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from cache_service.pair_checks import dates, words, years
 from cache_service.pair_checks import veto as number_negation_veto
-from cache_service.pair_checks import years
 from cache_service.vetoes import veto
 
 
@@ -78,3 +78,11 @@ def test_one_content_word_swapped_in_a_short_question_vetoes() -> None:
     assert veto("What is the cube root of 729?", "What is the square root of 729?") == "a detail differs"
     assert veto("Why is the sky blue in the colour photo?", "Why is the sky blue in the color photo?") == ""
     assert veto("Is it suitable for him?", "Is it appropriate for him?") == ""  # nothing else in common
+
+
+def test_a_date_word_in_the_possessive_is_that_date() -> None:
+    """ "today's rate" names today: the same date as "the rate today", another than "tomorrow's"."""
+    assert dates(words("What's today's euro to dollar rate?")) == {"today"}
+    today = "What is the exchange rate from euros to dollars today?"
+    assert veto(today, "What's today's euro to dollar rate?") == ""
+    assert veto("What's today's weather in Paris?", "What is the weather in Paris on Monday?") == "dates differ"
