@@ -392,6 +392,16 @@ def report(results: list[RunResult], args: argparse.Namespace) -> list[str]:
     return [*lines, "", key_movement()]
 
 
+def add_load_arguments(parser: argparse.ArgumentParser, requests: int, tenants: int, max_tokens: int) -> None:
+    """The multi-tenant load's flags, as run_load and tenant_order read them."""
+    parser.add_argument("--requests", type=int, default=requests)
+    parser.add_argument("--tenants", type=int, default=tenants)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--prompt-words", type=int, default=435)  # about 460 tokens, as the issue's 480
+    parser.add_argument("--seed", default="measure")
+
+
 def run_fleet(workers: int, kv_blocks: int, args: argparse.Namespace) -> None:
     """Start `workers` workers and a gateway per policy, run the rounds, append each run to RESULTS."""
     log_dir = ROOT / ".run" / "fleet_bench"
@@ -448,12 +458,7 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=[*POLICIES, *VARIANTS])
     parser.add_argument("--rounds", type=int, default=3, help="uniform-mix rounds per fleet")
     parser.add_argument("--skew-rounds", type=int, default=3, help="skewed-mix rounds per fleet")
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--tenants", type=int, default=12)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--prompt-words", type=int, default=435)  # about 460 tokens, as the issue's 480
-    parser.add_argument("--seed", default="measure")
+    add_load_arguments(parser, requests=96, tenants=12, max_tokens=8)
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
     parser.add_argument("--report-only", action="store_true", help="write the section from the results file")
     parser.add_argument("--write-docs", action="store_true")

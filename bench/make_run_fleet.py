@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from bench.fleet_bench import run_load, tenant_order, worker_stats
+from bench.fleet_bench import add_load_arguments, run_load, tenant_order, worker_stats
 from bench.report import median, publish
 from scripts.launch import ROOT, exit_on_sigterm, http_ok, stop_process
 from worker.model.cpu_kind import cpu_info
@@ -135,13 +135,8 @@ def main() -> None:
     exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("--tenants", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--prompt-words", type=int, default=435)
+    add_load_arguments(parser, requests=128, tenants=16, max_tokens=32)
     parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS)
-    parser.add_argument("--seed", default="measure")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
     parser.add_argument("--report-only", action="store_true", help="the table from the results file alone")

@@ -99,11 +99,12 @@ def main() -> None:
     configure_logging()  # LOG_FORMAT=json: JSON lines with the request id
     settings = WorkerSettings.from_cli(sys.argv[1:])
     if settings.cpus:  # before the engine's threads start, so they and torch's keep to these CPUs
-        if not settings.runs_on():
+        cpus = settings.runs_on()
+        if not cpus:
             allowed = format_cpu_list(usable_cpus())
             sys.exit(f"WORKER_CPUS={settings.cpus} names no CPU this process may use (it may use {allowed})")
-        pin_process(settings.runs_on())
-        log.info("running on CPUs %s", format_cpu_list(settings.runs_on()))
+        pin_process(cpus)
+        log.info("running on CPUs %s", format_cpu_list(cpus))
     asyncio.run(serve(settings))
     skip_final_collection()
 
