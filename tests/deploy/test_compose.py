@@ -138,6 +138,14 @@ def test_worker_can_be_scaled(services: dict[str, dict[str, Any]]) -> None:
     assert not worker.get("deploy", {}).get("replicas"), "replica count is for --scale to choose"
 
 
+def test_worker_replicas_take_their_cpu_limit_from_one_variable(services: dict[str, dict[str, Any]]) -> None:
+    """Scaled replicas on one host share its cores unless each gets a limit, which the worker's default
+    thread count follows (common/cpus.py); 0, compose's "no limit", is the default for a single replica."""
+    cpus = services["worker"]["cpus"]
+    assert cpus == "${WORKER_CPU_LIMIT:-0.0}"
+    assert float(interpolate(cpus)) == 0
+
+
 def test_addresses_point_at_services_and_their_ports(services: dict[str, dict[str, Any]]) -> None:
     worker = settings_for("worker", services)
     cache = settings_for("cache_service", services)
