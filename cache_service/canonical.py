@@ -70,6 +70,8 @@ _SIGN_OFFS = (
     "if you know", "if you can", "if possible", "if you could", "if anyone knows",
     "any ideas", "any idea", "any thoughts", "any advice", "any tips", "any suggestions", "lol",
     "thank u", "thanks u", "tnx", "urgent", "quick question", "just wondering",
+    # punctuation spoken to a dictation app, left in as words
+    "question mark", "exclamation mark", "exclamation point",
 )  # fmt: skip
 
 

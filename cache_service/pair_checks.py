@@ -77,6 +77,9 @@ _BARE |= {
     "shes": "she is",
 }
 _BARE_WORD = re.compile(r"\b(" + "|".join(sorted(_BARE, key=len, reverse=True)) + r")\b", re.I)
+# "w/o" and "w/" are written "without" and "with" in notes and chat: "Arduino w/o delay()"
+_WITHOUT = re.compile(r"\bw/o\b|\bwith out\b", re.I)  # "with out": "without" split in two
+_WITH = re.compile(r"\bw/(?=\s)", re.I)
 
 
 def expand_contractions(text: str) -> str:
@@ -84,6 +87,7 @@ def expand_contractions(text: str) -> str:
     text = text.replace("’", "'")
     for pattern, replacement in _CONTRACTIONS:
         text = pattern.sub(replacement, text)
+    text = _WITH.sub("with", _WITHOUT.sub("without", text))
     return _BARE_WORD.sub(lambda m: _BARE[m.group(1).lower()], text)
 
 
@@ -116,22 +120,71 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower().replace("’", "'"))
 
 
+_SCALES = {"hundred": 100.0, "thousand": 1e3, "million": 1e6, "billion": 1e9}
+
+
 def numbers(ws: list[str]) -> list[float]:
-    """Every number written in digits or as a word, as a sorted multiset ("1,000" = 1000, "2nd" = 2)."""
+    """Every number written in digits or as a word, as a sorted multiset ("1,000" = 1000, "2nd" = 2); number
+    words in a row are one number ("twenty five" = 25, "ten thousand" = 10000, "three hundred and fifty" =
+    350, "10 thousand" = 10000)."""
     out: list[float] = []
-    previous_tens = False  # "twenty five", "twenty-fifth": one number
-    for w in ws:
+    run: list[tuple[str, float]] = []  # the number words (and a number before a scale) being read
+
+    def close() -> None:
+        if run:
+            out.append(_run_value(run))
+            run.clear()
+
+    for i, w in enumerate(ws):
         value = _value(w)
+        ahead = ws[i + 1] if i + 1 < len(ws) else ""
+        if (
+            w == "and"
+            and run
+            and run[-1][0] in _SCALES
+            and _value(ahead) is not None
+            and ahead in NUMBER_WORDS
+        ):
+            continue  # "three hundred and fifty"
         if value is None:
-            previous_tens = False
+            close()
             continue
-        if previous_tens and 1 <= value <= 9:
-            out[-1] += value
-            previous_tens = False
-            continue
-        out.append(value)
-        previous_tens = w in NUMBER_WORDS and 20 <= value <= 90 and value % 10 == 0
+        word = w in NUMBER_WORDS or w in ORDINAL_WORDS  # "twenty fifth"
+        joins = run and (
+            w in _SCALES  # "ten thousand", "10 thousand"
+            or (word and run[-1][0] in NUMBER_WORDS and _joins(run, value))
+        )
+        if not joins:
+            close()
+        if word or ahead in _SCALES:
+            run.append((w if word else "#", value))
+        else:
+            out.append(value)
+    close()
     return sorted(out)
+
+
+def _joins(run: list[tuple[str, float]], value: float) -> bool:
+    """Whether a number word continues the run: a smaller part after a tens word ("twenty five") or after a
+    scale ("hundred fifty"); never two units in a row ("two three")."""
+    last_word, last = run[-1]
+    if last_word in _SCALES:
+        return value < last
+    return 20 <= last <= 90 and last % 10 == 0 and 1 <= value <= 9
+
+
+def _run_value(run: list[tuple[str, float]]) -> float:
+    total = current = 0.0
+    for word, value in run:
+        if word in _SCALES:
+            if value == 100:
+                current = (current or 1) * 100
+            else:
+                total += (current or 1) * value
+                current = 0.0
+        else:
+            current += value
+    return total + current
 
 
 def _value(w: str) -> float | None:

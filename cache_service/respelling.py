@@ -86,11 +86,30 @@ _SAME_NAMES = (
     ("temp", "temperature"), ("info", "information"), ("pic", "picture photo"), ("pics", "pictures photos"),
     ("fridge", "refrigerator"), ("approx", "approximately"), ("max", "maximum"),
 )  # fmt: skip
-SAME_NAMES: dict[str, set[str]] = {}
-for _short, _longs in _SAME_NAMES:
-    for _long in _longs.split():
-        SAME_NAMES.setdefault(_short, set()).add(_long)
-        SAME_NAMES.setdefault(_long, set()).add(_short)
+# More clipped words, chat and notes spellings, British and American forms and library short names, matched
+# word to word only: never as the initials of the other side's words ("pd" is not "polars drop").
+_CLIPPED = (
+    ("hr", "hour"), ("hrs", "hours"), ("min", "minute"), ("mins", "minutes"), ("sec", "second"),
+    ("secs", "seconds"), ("calc", "calculate calculation"), ("col", "column"), ("cols", "columns"),
+    ("conc", "concentration"), ("soln", "solution"), ("std", "standard"), ("vs", "versus"),
+    ("b4", "before"), ("rn", "now"), ("wanna", "want"), ("gonna", "going"), ("tbh", "honest"),
+    ("ty", "thanks"), ("cause", "because"), ("mum", "mom"), ("whilst", "while"), ("amongst", "among"),
+    ("deg", "degree degrees"), ("yt", "youtube"), ("np", "numpy"), ("pd", "pandas"),
+    ("sklearn", "scikit-learn"), ("mobo", "motherboard"), ("vol", "volume"), ("vols", "volumes"),
+)  # fmt: skip
+
+
+def _both_ways(table: tuple[tuple[str, str], ...]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for short, longs in table:
+        for long in longs.split():
+            out.setdefault(short, set()).add(long)
+            out.setdefault(long, set()).add(short)
+    return out
+
+
+SAME_NAMES = _both_ways(_SAME_NAMES)
+CLIPPED = _both_ways(_CLIPPED)
 NOT_NAMES = frozenset({"ok"})  # "OK" typed in capitals is a word of assent, not a name
 _ACRONYM_GLUE = frozenset({"of", "and", "the"})
 _NUMBER_AND_UNIT = re.compile(r"(\d+)([a-z]+)")
@@ -195,8 +214,9 @@ def _respelled(a: str, b: str) -> frozenset[str]:
         out |= runs_a[key] | runs_b[key]
     for x, y, other_acronyms in ((wa, wb, _acronyms(b)), (wb, wa, _acronyms(a))):
         for w in x:
-            if SAME_NAMES.get(w, set()) & y:
-                out |= {w} | (SAME_NAMES[w] & y)
+            other_spellings = SAME_NAMES.get(w, set()) | CLIPPED.get(w, set())
+            if other_spellings & y:
+                out |= {w} | (other_spellings & y)
             for acronym, spelled in other_acronyms.items():  # "US" or "America" / "United States"
                 if w == acronym or w in SAME_NAMES.get(acronym, ()):
                     out |= {w} | spelled

@@ -26,7 +26,15 @@ from __future__ import annotations
 import re
 
 from cache_service.canonical import case_says_nothing, clause_orders, near_typo, strip_wrappers
-from cache_service.pair_checks import NEGATORS, dates, expand_contractions, on_mistyped, words
+from cache_service.pair_checks import (
+    NEGATORS,
+    NUMBER_WORDS,
+    dates,
+    expand_contractions,
+    numbers,
+    on_mistyped,
+    words,
+)
 from cache_service.pair_checks import veto as number_negation_veto
 from cache_service.respelling import NOT_NAMES, respelled, singular_name
 from cache_service.respelling import plain as _plain
@@ -199,6 +207,37 @@ def direction_veto(a: str, b: str) -> str:
     return ""
 
 
+# Words that join two things without ranking them: "red vs brown" asks what "brown vs red" asks.
+SYMMETRIC = frozenset("and or vs versus & + between".split())
+
+
+def _traded(x: list[str], y: list[str]) -> tuple[int, int] | None:
+    """The two places where `x` and `y`, word for word the same otherwise, hold each other's words."""
+    if len(x) != len(y):
+        return None
+    diffs = [i for i, (u, v) in enumerate(zip(x, y, strict=True)) if u != v]
+    if len(diffs) != 2 or (x[diffs[0]], x[diffs[1]]) != (y[diffs[1]], y[diffs[0]]):
+        return None
+    return diffs[0], diffs[1]
+
+
+def order_veto(a: str, b: str) -> str:
+    """The same question word for word but for two content words that traded places: who does what to
+    whom changed ("turn my pink hydrangea blue" / "... blue hydrangea pink", "baking soda instead of baking
+    powder" / the other way round, "slow on wifi, fine on ethernet" / the other way round). Two things joined
+    by "and", "or" or "vs" may trade places; a clause may move (canonical keys)."""
+    from cache_service.canonical import canonical_words
+
+    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    places = _traded(wa, wb)
+    if places is None or not _content([wa[places[0]], wa[places[1]]]) == {wa[places[0]], wa[places[1]]}:
+        return ""
+    if SYMMETRIC.intersection(wa[places[0] + 1 : places[1]]):
+        return ""
+    return "order differs"
+
+
 def veto(a: str, b: str) -> str:
     """Why `a` and `b` (two user turns) can't share an answer, "" when nothing objects."""
     # Two questions a few mistyped letters apart (canonical.near_typo: numbers and function words other
@@ -218,7 +257,7 @@ def veto(a: str, b: str) -> str:
     la, lb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
     if _unmatched_names(a, na, lb, b) or _unmatched_names(b, nb, la, a):
         return "names differ"
-    return direction_veto(a, b) or ("" if typos_only else detail_veto(a, b))
+    return direction_veto(a, b) or order_veto(a, b) or ("" if typos_only else detail_veto(a, b))
 
 
 # English function words (articles, pronouns, auxiliaries, prepositions, question words, conjunctions,
@@ -231,6 +270,16 @@ FUNCTION_WORDS = frozenset(
     and or but so if then because while when where what which who whom whose why how there here just
     also too very really please thanks thank hi hello hey get got go going make way there's it's
     not tell show explain know want like wonder wondering""".split()
+)
+# Words that carry the writer's stance or the rhythm of speech, not the question: interjections and chat
+# acronyms of them, fillers, and adverbs of emphasis, candour or hedging ("is it sooo bad", "literally no
+# experience", "how long does it normally take", "roughly"). A closed class of English, not taken from any
+# evaluation set; "only", "still", "even", "already" and "always" stay content words (they change the scope).
+STANCE_WORDS = frozenset(
+    """um umm uh uhm er erm hmm oh ah wow lol lmao lmfao rofl omg wtf ngl tbh imo imho idk fr btw
+    literally honestly basically actually truly totally absolutely seriously genuinely kinda sorta
+    definitely certainly surely anyway anyways probably maybe perhaps possibly roughly approximately approx
+    normally usually typically generally""".split()
 )
 # The share of content words (Jaccard) two questions must have in common for a one-sided word to be a
 # changed detail rather than a rewording; chosen on the tune split (0.2, 0.35, 0.5 tried).
@@ -274,16 +323,81 @@ def _aligned_pairs(a: str, b: str) -> set[str]:
     return {w for x, y in diffs if aligned_typo(x, y) for w in (x, y)}
 
 
+_STRETCHED = re.compile(r"([a-z])\1{2,}")
+
+
+def _stretched_forms(word: str) -> set[str]:
+    """A word typed with a letter held down ("sooo", "helppp", "wtfff"): the run as one letter and as two."""
+    return {_STRETCHED.sub(r"\1", word), _STRETCHED.sub(r"\1\1", word)}
+
+
 def _typed_for(x: str, y: str) -> bool:
-    """Whether one word can be the other mistyped (typos.py), or a code typed with a doubled or swapped
-    letter."""
+    """Whether one word can be the other mistyped (typos.py), a code typed with a doubled or swapped
+    letter, or either typed with a letter held down ("sooo" / "so")."""
     from cache_service.canonical import typo_pair
     from cache_service.typos import real_word_typo
 
+    if _STRETCHED.search(x) or _STRETCHED.search(y):
+        if _stretched_forms(x) & (_stretched_forms(y) | {y}) or x in _stretched_forms(y):
+            return True
     return typo_pair(x, y) or real_word_typo(x, y) or _retyped_code(x, y)
 
 
+_SUFFIXES = (
+    ("ies", "y"),
+    ("es", ""),
+    ("s", ""),
+    ("ing", ""),
+    ("ing", "e"),
+    ("ed", ""),
+    ("ed", "e"),
+    ("d", ""),
+)
+
+
+def _stems(word: str) -> set[str]:
+    """The word without a regular inflection (plural, third person, -ing, -ed), each way it may undo
+    ("supplies" -> "supply", "declaring" -> "declar", "declare"; "stopped" -> "stop")."""
+    out = {word}
+    for suffix, back in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            stem = word[: -len(suffix)] + back
+            out.add(stem)
+            if not back and len(stem) >= 4 and stem[-1] == stem[-2] and stem[-1] not in "aeiouls":
+                out.add(stem[:-1])  # "stopped" -> "stop"
+    return out
+
+
+def _inflected(x: str, y: str) -> bool:
+    """One word is the other with a regular inflection ("supplier" / "suppliers", "shows" / "showing")."""
+    return x != y and x.isalpha() and y.isalpha() and bool(_stems(x) & _stems(y))
+
+
+# Symbols typed for words: a symbol on one side stands for any of these on the other ("$15" / "15
+# dollars", "4070 + ryzen" / "4070 and ryzen", "> 50" / "greater than 50", "~60" / "about 60").
+_SYMBOL_WORDS = {
+    "&": {"and"}, "+": {"and", "plus"}, "$": {"dollar", "dollars", "bucks", "usd"},
+    "£": {"pound", "pounds", "quid", "gbp"}, "€": {"euro", "euros", "eur"}, "@": {"at"},
+    ">": {"greater", "more", "above", "over"}, "<": {"less", "fewer", "below", "under"},
+    "=": {"equals", "equal", "is"}, "~": {"about", "approximately", "approx", "around", "roughly"},
+    "°": {"degree", "degrees", "deg"}, "%": {"percent", "percentage"}, "/": {"per", "out", "of"},
+}  # fmt: skip
+
+
+def _symbols_spelled(a: str, b: str, words_a: list[str], words_b: list[str]) -> set[str]:
+    """The symbols of either side that the other writes as a word, and those words (a symbol is looked
+    for in the text as typed: "°" is no word of its own)."""
+    out: set[str] = set()
+    for x, y, text_x, text_y in ((set(words_a), set(words_b), a, b), (set(words_b), set(words_a), b, a)):
+        for symbol, spelled in _SYMBOL_WORDS.items():
+            if (symbol in x or symbol in text_x) and symbol not in text_y and spelled & y:
+                out |= {symbol} | (spelled & y)
+    return out
+
+
 QUANTIFIERS = frozenset("any all every each only just both either some most".split())
+# Words that count without a number ("stop apps updating" / "stop just one app updating")
+COUNT_WORDS = frozenset("one single each every all both multiple several many few any".split())
 
 
 def _quantifier_added(longer: list[str], shorter: list[str]) -> bool:
@@ -310,11 +424,25 @@ def detail_veto(a: str, b: str) -> str:
     wa = [w for clause in canonical_words(a, correct=False) for w in clause]
     wb = [w for clause in canonical_words(b, correct=False) for w in clause]
     same = respelled(a, b)
+    # said without saying anything new: a word of stance on either side, a symbol the other side spells
+    unsaid = STANCE_WORDS | _symbols_spelled(a, b, wa, wb)
+    # With the same numbers on both sides, a number in words ("ten thousand") and a plural or another form
+    # of the same word ("switch supplier" / "switch suppliers") say nothing new; with other numbers they
+    # may ("a tablespoon" / "4 tablespoons").
+    counted_a, counted_b = COUNT_WORDS.intersection(wa), COUNT_WORDS.intersection(wb)
+    same_numbers = numbers(words(a)) == numbers(words(b)) and counted_a == counted_b
+    if same_numbers:
+        unsaid |= {w for w in wa + wb if w in NUMBER_WORDS}
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb - same, cb - ca - same
     swapped = _one_word_swapped(wa, wb)
     swapped = None if swapped and set(swapped) <= same else swapped
-    explained = swapped and (_typed_for(*swapped) or aligned_typo(*swapped))
+    explained = swapped and (
+        _typed_for(*swapped)
+        or aligned_typo(*swapped)
+        or set(swapped) <= unsaid
+        or (same_numbers and _inflected(*swapped))
+    )
     if swapped and ca & cb and not explained:
         return "a detail differs"  # "the square root of 144" / "the cube root of 144", however short
     if _quantifier_added(wa, wb) or _quantifier_added(wb, wa):
@@ -327,6 +455,10 @@ def detail_veto(a: str, b: str) -> str:
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]
     wb += [w for clause in canonical_words(b, correct=False, expand=False) for w in clause]
     aligned = _aligned_pairs(a, b)
-    unexplained_a = {x for x in only_a if not any(_typed_for(x, y) for y in wb) and x not in aligned}
-    unexplained_b = {y for y in only_b if not any(_typed_for(x, y) for x in wa) and y not in aligned}
+
+    def explained_by(word: str, other: list[str]) -> bool:
+        return any(_typed_for(word, w) or (same_numbers and _inflected(word, w)) for w in other)
+
+    unexplained_a = {x for x in only_a - unsaid if not explained_by(x, wb) and x not in aligned}
+    unexplained_b = {y for y in only_b - unsaid if not explained_by(y, wa) and y not in aligned}
     return "a detail differs" if unexplained_a or unexplained_b else ""

@@ -21,6 +21,10 @@ entries stored at once. Three splits, by topic (never by pair):
   speaker, a support agent pasting tickets, a student; data/writers/NAME/, copied unchanged, each with its
   README.md), frozen before the redesigned cache (canonical tier, vetoes) was measured on them. Their rows
   carry the writer's name in `writer`;
+- `tune` also holds the tune-side writers of data/writers_tune/NAME/ (2026-12-05: voice dictation, a lab
+  technician's units and abbreviations, a parent's long messages, a gamer's slang, British office English),
+  written to the same brief with two more near repeats per seed (`n_more`): the near repeats people make,
+  in voices the older tune data lacks, to choose rules on without reading a frozen split;
 - `writers2`, frozen, only evaluated: three more out-of-style writers (a retiree, a software developer, a
   shopkeeper; data/writers/NAME/ as above, their seeds, conversations and README.md copied unread; their
   generator scripts left out), frozen (2026-12-04) after the calibration rule and the near-repeat and veto
@@ -41,6 +45,7 @@ HERE = Path(__file__).parent / "data"
 WRITERS = HERE / "writers"
 WRITER_NAMES = ("phone", "nonnative", "agent", "student")
 WRITERS2_NAMES = ("retiree", "dev", "shopkeeper")
+WRITERS_TUNE = HERE / "writers_tune"
 
 # (seed files, topic prefix, split: None = by topic hash)
 SINGLE_SOURCES = (
@@ -91,19 +96,24 @@ def read_seeds(files: tuple[str, ...]) -> list[dict]:
     return [json.loads(line) for f in files for line in (HERE / f).read_text().splitlines() if line.strip()]
 
 
-def writer_rows(names: tuple[str, ...] = WRITER_NAMES, split: str = "writers") -> list[dict]:
+def writer_rows(
+    names: tuple[str, ...] = WRITER_NAMES, split: str = "writers", root: Path = WRITERS, prefix: str = "w"
+) -> list[dict]:
     """The out-of-style writers' seeds and conversations, split `split`, each row marked with its writer."""
     rows: list[dict] = []
     for name in names:
-        folder = WRITERS / name
-        for file, make, prefix in (
-            ("seeds.jsonl", single_pairs, "ws"),
-            ("conversations.jsonl", conversation_pairs, "wv"),
+        folder = root / name
+        for file, make, kind in (
+            ("seeds.jsonl", single_pairs, "s"),
+            ("conversations.jsonl", conversation_pairs, "v"),
         ):
+            if not (folder / file).exists():
+                continue
             lines = [line for line in (folder / file).read_text().splitlines() if line.strip()]
             for n, line in enumerate(lines):
                 rows += [
-                    {**r, "writer": name} for r in make(json.loads(line), f"{prefix}-{name}-{n:03d}", split)
+                    {**r, "writer": name}
+                    for r in make(json.loads(line), f"{prefix}{kind}-{name}-{n:03d}", split)
                 ]
     return rows
 
@@ -121,7 +131,8 @@ def single_pairs(seed: dict, topic: str, split: str | None) -> list[dict]:
         "a_group": topic,
     }
     rows = [{**base, "kind": "paraphrase", "b": p, "b_group": topic} for p in seed["p"]]
-    rows.append({**base, "kind": "near_repeat", "b": seed["n"], "b_group": topic})
+    for near in (seed["n"], *seed.get("n_more", ())):
+        rows.append({**base, "kind": "near_repeat", "b": near, "b_group": topic})
     for field, kind in TRAP_KINDS.items():
         if field in seed:
             rows.append({**base, "kind": kind, "b": seed[field], "b_group": f"{topic}:{field}"})
@@ -233,6 +244,11 @@ def build() -> list[dict]:
     rows += writer_rows()
     rows += writer_rows(WRITERS2_NAMES, "writers2")
     rows += legacy_pairs()
+    # last, so that adding tune-side writers leaves every earlier row's id as it was
+    tune_writers = (
+        tuple(sorted(d.name for d in WRITERS_TUNE.iterdir() if d.is_dir())) if WRITERS_TUNE.exists() else ()
+    )
+    rows += writer_rows(tune_writers, "tune", WRITERS_TUNE, "t")
     rows = without_frozen_texts(rows)
     for i, r in enumerate(rows):
         r["id"] = f"{r['topic']}-{i:04d}"

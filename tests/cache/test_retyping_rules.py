@@ -1,0 +1,116 @@
+"""How people retype the same question says nothing new (cache_service/vetoes.py, respelling.py,
+pair_checks.py): a word of stance, a letter held down, a symbol for a word, a clipped word, a dictated
+question mark, a number in words, a plural. What the answer depends on still differs: two words that
+traded places, a count, another number, another word."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache_service.canonical import canonical_keys
+from cache_service.pair_checks import numbers, words
+from cache_service.vetoes import order_veto, veto
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # stance: fillers, emphasis, candour, hedging
+        ("is it bad to charge my phone overnight", "is it honestly bad to charge my phone overnight"),
+        ("how long does a passport renewal take", "how long does a passport renewal normally take"),
+        ("how many cups of rice for 4 people", "roughly how many cups of rice for 4 people"),
+        ("my laptop fan is so loud, how do i fix it", "my laptop fan is literally so loud, how do i fix it"),
+        # a letter held down
+        ("why is my wifi so slow at night", "why is my wifi sooo slow at night"),
+        ("printer wont connect to wifi help", "printer wont connect to wifi helppp"),
+        # symbols for words, either way round
+        (
+            "can i pay rent with a credit card & get points",
+            "can i pay rent with a credit card and get points",
+        ),
+        ("is a $20 bottle of wine ok as a gift", "is a 20 dollars bottle of wine ok as a gift"),
+        ("formula to count cells > 100 in column B", "formula to count cells greater than 100 in column B"),
+        (
+            "oven at 180 °C for how long for chicken thighs",
+            "oven at 180 deg C for how long for chicken thighs",
+        ),
+        # clipped words and chat spellings
+        ("how many hours of sleep does a teenager need", "how many hrs of sleep does a teenager need"),
+        (
+            "best way to calculate compound interest in a sheet",
+            "best way to calc compound interest in a sheet",
+        ),
+        (
+            "can i bring a laptop w/o a case in my carry on",
+            "can i bring a laptop without a case in my carry on",
+        ),
+        ("how do i clean a cast iron pan without soap", "how do i clean a cast iron pan with out soap"),
+        # dictated punctuation
+        ("how do i defrost a chicken quickly", "how do i defrost a chicken quickly question mark"),
+        # numbers in words, the same value
+        ("how far is ten thousand steps in miles", "how far is 10,000 steps in miles"),
+        ("can i rent a car if i am under twenty five", "can i rent a car if i am under 25"),
+        # another form of the same word, with the same numbers and counts
+        (
+            "how long does it take to switch energy supplier",
+            "how long does it take to switch energy suppliers",
+        ),
+        ("why is my screen showing lines", "why is my screen shows lines"),
+    ],
+)
+def test_a_question_retyped_passes(a: str, b: str) -> None:
+    assert veto(a, b) == "", veto(a, b)
+    assert veto(b, a) == "", veto(b, a)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # two content words traded places
+        ("can i use butter instead of oil in brownies", "can i use oil instead of butter in brownies"),
+        ("how do i turn my red hair blonde", "how do i turn my blonde hair red"),
+        ("why is my phone slow on wifi but fine on 5g", "why is my phone slow on 5g but fine on wifi"),
+        # a count said without a number, or another number
+        ("how do i stop apps from updating", "how do i stop just one app from updating"),
+        ("how many teaspoons in a tablespoon", "how many teaspoons in 4 tablespoons"),
+        ("how far is ten thousand steps in miles", "how far is 12,000 steps in miles"),
+        ("is two weeks notice enough when quitting", "is one week notice enough when quitting"),
+        # a word of stance does not hide a changed word
+        ("is it honestly safe to eat raw eggs", "is it honestly safe to eat raw flour"),
+        # "w/o" and "w/" are without and with
+        ("how to debounce a button w/o a delay", "how to debounce a button w/ a delay"),
+        # a short name matches its word, never the initials of other words ("pd" / "polars drop")
+        ("pandas: drop rows where column temp is NaN", "polars: drop rows where column temp is NaN"),
+    ],
+)
+def test_what_the_answer_depends_on_still_differs(a: str, b: str) -> None:
+    assert veto(a, b) != ""
+    assert veto(b, a) != ""
+
+
+def test_two_things_joined_by_and_or_vs_may_trade_places() -> None:
+    assert order_veto("red vs brown switches for gaming", "brown vs red switches for gaming") == ""
+    assert (
+        order_veto(
+            "difference between a roth and a traditional ira",
+            "difference between a traditional and a roth ira",
+        )
+        == ""
+    )
+    assert order_veto("can i use butter instead of oil", "can i use oil instead of butter") == "order differs"
+
+
+def test_number_words_in_a_row_are_one_number() -> None:
+    assert numbers(words("walking ten thousand steps")) == [10000.0]
+    assert numbers(words("10 thousand steps")) == [10000.0]
+    assert numbers(words("three hundred and fifty grams")) == [350.0]
+    assert numbers(words("two thousand five hundred")) == [2500.0]
+    assert numbers(words("the twenty fifth of May")) == [25.0]
+    assert numbers(words("I have 2 kids and 3 cats")) == [2.0, 3.0]
+    assert numbers(words("two three")) == [2.0, 3.0]
+
+
+def test_a_dictated_question_mark_is_framing_like_a_sign_off() -> None:
+    assert canonical_keys("how do i defrost a chicken quickly question mark") == canonical_keys(
+        "How do I defrost a chicken quickly?"
+    )
