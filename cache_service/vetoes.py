@@ -120,7 +120,17 @@ def _unmatched_names(text: str, found: set[str], other_words: set[str], other: s
     for name in [n for n in out if "-" in n and n in text and any(c.isdigit() for c in n)]:
         if any(typo_pair(name, w) for w in other_words):
             out.discard(name)
-    return {n for n in out if not any(_retyped_code(n, w) for w in other_words)}
+
+    def retyped(name: str, word: str) -> bool:
+        return _retyped_code(name, word) and not (_in_capitals(name, text) and _in_capitals(word, other))
+
+    return {n for n in out if not any(retyped(n, w) for w in other_words)}
+
+
+def _in_capitals(word: str, text: str) -> bool:
+    """`word` is typed in capitals in `text`: an acronym, whose letters in another order make another one
+    ("ADC" / "DAC"), not a mistyping."""
+    return any(_plain(t) == word and t.isalpha() and t.isupper() for t, _ in _tokens(text))
 
 
 def _retyped_code(x: str, y: str) -> bool:

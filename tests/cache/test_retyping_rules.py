@@ -79,6 +79,8 @@ def test_a_question_retyped_passes(a: str, b: str) -> None:
         ("is it honestly safe to eat raw eggs", "is it honestly safe to eat raw flour"),
         # "w/o" and "w/" are without and with
         ("how to debounce a button w/o a delay", "how to debounce a button w/ a delay"),
+        # an acronym typed in capitals with its letters in another order is another acronym
+        ("what is the resolution of the Pico ADC", "what is the resolution of the Pico DAC"),
         # a short name matches its word, never the initials of other words ("pd" / "polars drop")
         ("pandas: drop rows where column temp is NaN", "polars: drop rows where column temp is NaN"),
     ],
