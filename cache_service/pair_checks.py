@@ -138,13 +138,7 @@ def numbers(ws: list[str]) -> list[float]:
     for i, w in enumerate(ws):
         value = _value(w)
         ahead = ws[i + 1] if i + 1 < len(ws) else ""
-        if (
-            w == "and"
-            and run
-            and run[-1][0] in _SCALES
-            and _value(ahead) is not None
-            and ahead in NUMBER_WORDS
-        ):
+        if w == "and" and run and run[-1][0] in _SCALES and ahead in NUMBER_WORDS:
             continue  # "three hundred and fifty"
         if value is None:
             close()

@@ -390,17 +390,19 @@ _SYMBOL_WORDS = {
     "£": {"pound", "pounds", "quid", "gbp"}, "€": {"euro", "euros", "eur"}, "@": {"at"},
     ">": {"greater", "more", "above", "over"}, "<": {"less", "fewer", "below", "under"},
     "=": {"equals", "equal", "is"}, "~": {"about", "approximately", "approx", "around", "roughly"},
-    "°": {"degree", "degrees", "deg"}, "%": {"percent", "percentage"}, "/": {"per", "out", "of"},
+    "°": {"degree", "degrees", "deg"}, "%": {"percent", "percentage"},
 }  # fmt: skip
+_UNTOKENIZED = "°~"  # symbols the canonical words leave out, looked for in the text as typed
 
 
 def _symbols_spelled(a: str, b: str, words_a: list[str], words_b: list[str]) -> set[str]:
-    """The symbols of either side that the other writes as a word, and those words (a symbol is looked
-    for in the text as typed: "°" is no word of its own)."""
+    """The symbols of either side that the other writes as a word, and those words ("°" and "~" are
+    looked for in the text as typed: they are no words of their own)."""
     out: set[str] = set()
     for x, y, text_x, text_y in ((set(words_a), set(words_b), a, b), (set(words_b), set(words_a), b, a)):
         for symbol, spelled in _SYMBOL_WORDS.items():
-            if (symbol in x or symbol in text_x) and symbol not in text_y and spelled & y:
+            typed = symbol in x or (symbol in _UNTOKENIZED and symbol in text_x)
+            if typed and symbol not in y and symbol not in text_y and spelled & y:
                 out |= {symbol} | (spelled & y)
     return out
 
