@@ -424,6 +424,26 @@ def _quantifier_added(longer: list[str], shorter: list[str]) -> bool:
     return False
 
 
+FRAME_SHARE = 0.6
+
+
+def _same_frame(wa: list[str], wb: list[str]) -> bool:
+    """The two questions open and close with the same words, which cover most of the shorter one: only
+    the part between them differs ("how do i get my toddler to | sleep through the night" / "| eat
+    vegetables"), so a content word changed there is the point, however few content words they share
+    (one at least: "is it | suitable | for him" / "| appropriate |" share no topic, only function words)."""
+    shorter = min(len(wa), len(wb))
+    if shorter < 4:
+        return False
+    prefix = 0
+    while prefix < shorter and wa[prefix] == wb[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < shorter - prefix and wa[-1 - suffix] == wb[-1 - suffix]:
+        suffix += 1
+    return prefix + suffix >= FRAME_SHARE * shorter
+
+
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
     "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
@@ -461,7 +481,9 @@ def detail_veto(a: str, b: str) -> str:
         return "a detail differs"  # "drop rows where column is NaN" / "... where any column is NaN"
     # a word written another way on the other side ("2.4ghz" / "2.4 GHz") counts as shared, half per side
     half = len((ca ^ cb) & same) / 2
-    if not (only_a or only_b) or len(ca & cb) + half < MIN_SHARED * (len(ca | cb) - half):
+    if not (only_a or only_b):
+        return ""
+    if len(ca & cb) + half < MIN_SHARED * (len(ca | cb) - half) and not (ca & cb and _same_frame(wa, wb)):
         return ""
     # a typo inside a contraction ("What'ss") leaves it unexpanded: compare with the other side as typed
     wa += [w for clause in canonical_words(a, correct=False, expand=False) for w in clause]

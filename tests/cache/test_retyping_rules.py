@@ -116,3 +116,22 @@ def test_a_dictated_question_mark_is_framing_like_a_sign_off() -> None:
     assert canonical_keys("how do i defrost a chicken quickly question mark") == canonical_keys(
         "How do I defrost a chicken quickly?"
     )
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How do I get my puppy to sleep through the night?", "How do I get my puppy to eat dry food?"),
+        ("How do you say 'good morning' in Korean?", "How do you write 'good morning' in Korean?"),
+        ("Is a peanut a nut or a legume?", "Is a peanut a seed?"),
+    ],
+)
+def test_a_changed_middle_inside_the_same_frame_is_a_changed_detail(a: str, b: str) -> None:
+    """Few content words in common, but the same opening and closing words around the one part that
+    differs: the question asks something else about the same thing."""
+    assert veto(a, b) == "a detail differs"
+
+
+def test_a_rewording_keeps_no_frame() -> None:
+    assert veto("Who invented the telephone?", "Which inventor is credited with the first telephone?") == ""
+    assert veto("How do I get my puppy to eat dry food?", "What makes a puppy eat kibble?") == ""
