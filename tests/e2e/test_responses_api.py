@@ -7,34 +7,18 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
 
 from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import MODEL_NAME, Service, start_gateway, start_redis
 from tests.e2e.conftest import wait_for_idle
+from tests.e2e.sample_schemas import RESPONSES_WEATHER_TOOL, Capital
 
 QUESTION = "What is the capital of France?"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
-
-
-class Capital(BaseModel):
-    city: Literal["Paris", "London", "Rome", "Berlin"]
-    is_capital: bool
+WEATHER = RESPONSES_WEATHER_TOOL
 
 
 @pytest.fixture(scope="module")

@@ -6,34 +6,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Literal
 
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
 
 from scripts.launch import MODEL_NAME, Service
+from tests.e2e.sample_schemas import CHAT_WEATHER_TOOL, Capital
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "London", "Rome"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
-class Capital(BaseModel):
-    city: Literal["Paris", "London", "Rome", "Berlin"]
-    is_capital: bool
+WEATHER_TOOL = CHAT_WEATHER_TOOL
 
 
 @pytest.fixture(scope="module")
