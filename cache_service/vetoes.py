@@ -447,9 +447,11 @@ def _same_frame(wa: list[str], wb: list[str]) -> bool:
 def detail_veto(a: str, b: str) -> str:
     """Nearly the same question with a content word added, dropped or swapped ("change a flat tire" /
     "... on a bicycle", "a marathon in miles" / "... in kilometers"; a question word for word the same but
-    for one content word, however short, with another one in common): the difference is the point. A
-    rewording changes most of the words and is left to the embedding; a mistyped word is not a difference
-    (canonical.near_typo)."""
+    for one content word, however short, with another one in common; a changed middle between the same
+    opening and closing words, `_same_frame`): the difference is the point. A rewording changes most of
+    the words and is left to the embedding; a mistyped word, a word of stance, a symbol spelled out or, with
+    the same numbers, another form of a word is not a difference (canonical.near_typo, STANCE_WORDS,
+    _SYMBOL_WORDS, _inflected)."""
     from cache_service.canonical import canonical_words
     from cache_service.typos import aligned_typo
 
