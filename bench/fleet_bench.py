@@ -146,7 +146,9 @@ async def one_request(
                 tokens = event["usage"]["completion_tokens"]
                 cached = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     ttft = ttft if ttft is not None else time.perf_counter() - start
-    TRACE.append({"tenant": hash(system), "start": start, "end": time.perf_counter(), "cached": cached})
+    TRACE.append(
+        {"tenant": hash(system), "start": start, "end": time.perf_counter(), "cached": cached, "ttft": ttft}
+    )
     return ttft, tokens
 
 
