@@ -39,4 +39,16 @@ void for_each_channel_run(int64_t N, int64_t channel_block, const Rows& rows) {
   });
 }
 
+// One row x against every weight row, x first laid out once per call as a `Grid` by build(x, K, grid):
+// the grid is the calling thread's (reused, no allocation per call) and reaches the threads that run the
+// weight rows by reference, as rows(width, grid, n) for weight rows [n, n + width) (for_each_channel_run).
+template <typename Grid, int C, typename Build, typename Rows>
+void one_row_with_grid(const float* x, int64_t K, int64_t N, int64_t channel_block, const Build& build,
+                       const Rows& rows) {
+  thread_local Grid scratch;
+  build(x, K, scratch);
+  const Grid& grid = scratch;  // a thread_local named in the lambda would be each worker thread's own
+  for_each_channel_run<C>(N, channel_block, [&](auto width, int64_t n) { rows(width, grid, n); });
+}
+
 }  // namespace llmserve

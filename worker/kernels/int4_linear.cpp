@@ -468,23 +468,20 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
 #endif
 #ifdef LLMSERVE_INT4_ONE_ROW
   if (M == 1) {
-    thread_local GridRow scratch;  // reused: no allocation per call
-    grid_row(xp, K, scratch);
-    const GridRow& xg = scratch;  // the caller's (a thread_local named in the lambda would be each worker's own)
-    llmserve::for_each_channel_run<kOneRowChannels>(N, kChannelBlock, [&](auto width, int64_t n) {
-      one_row_channels<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
-    });
+    llmserve::one_row_with_grid<GridRow, kOneRowChannels>(
+        xp, K, N, kChannelBlock, grid_row, [&](auto width, const GridRow& xg, int64_t n) {
+          one_row_channels<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
+        });
     return;
   }
 #endif
 #ifdef LLMSERVE_INT4_ONE_ROW_AVX2
   if (M == 1) {
-    thread_local GridRowAvx2 scratch;  // reused: no allocation per call
-    grid_row_avx2(xp, K, scratch);
-    const GridRowAvx2& xg = scratch;
-    llmserve::for_each_channel_run<kOneRowChannelsAvx2>(N, kChannelBlock, [&](auto width, int64_t n) {
-      one_row_channels_avx2<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups, op + n);
-    });
+    llmserve::one_row_with_grid<GridRowAvx2, kOneRowChannelsAvx2>(
+        xp, K, N, kChannelBlock, grid_row_avx2, [&](auto width, const GridRowAvx2& xg, int64_t n) {
+          one_row_channels_avx2<decltype(width)::value>(xg, K, wp + n * (K / 2), sp + n * groups, mp + n * groups,
+                                                        op + n);
+        });
     return;
   }
 #endif
