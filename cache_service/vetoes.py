@@ -337,8 +337,9 @@ _STRETCHED = re.compile(r"([a-z])\1{2,}")
 
 
 def _stretched_forms(word: str) -> set[str]:
-    """A word typed with a letter held down ("sooo", "helppp", "wtfff"): the run as one letter and as two."""
-    return {_STRETCHED.sub(r"\1", word), _STRETCHED.sub(r"\1\1", word)}
+    """A word typed with a letter held down ("sooo", "helppp", "wtfff"): the run as one letter and as two
+    (a word without such a run: itself)."""
+    return {word, _STRETCHED.sub(r"\1", word), _STRETCHED.sub(r"\1\1", word)}
 
 
 def _typed_for(x: str, y: str) -> bool:
@@ -347,9 +348,8 @@ def _typed_for(x: str, y: str) -> bool:
     from cache_service.canonical import typo_pair
     from cache_service.typos import real_word_typo
 
-    if _STRETCHED.search(x) or _STRETCHED.search(y):
-        if _stretched_forms(x) & (_stretched_forms(y) | {y}) or x in _stretched_forms(y):
-            return True
+    if (_STRETCHED.search(x) or _STRETCHED.search(y)) and _stretched_forms(x) & _stretched_forms(y):
+        return True
     return typo_pair(x, y) or real_word_typo(x, y) or _retyped_code(x, y)
 
 
