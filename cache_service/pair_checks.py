@@ -331,6 +331,17 @@ def years(text: str) -> set[str]:
 _ON_MISTYPED = re.compile(r"\bno(?=[ \t]+(?:the|a|an|my|your|his|her|our|their|its|this|that|these|those)\b)")
 
 
+_RATIO = re.compile(r"\d\s*[/:]\s*\d")  # "80/20", "16:9": shares written without a percent sign
+_PERCENT = re.compile(r"%|\bper ?cent\b|\bpct\b", re.I)
+
+
+def percents(text: str) -> list[float]:
+    """The numbers said as percentages ("50%", "50 percent", "fifty per cent"), sorted."""
+    ws = words(_PERCENT.sub(" percent ", text))
+    said = [_value(w) for w, after in zip(ws, ws[1:] + [""], strict=True) if after == "percent"]
+    return sorted(v for v in said if v is not None)
+
+
 def on_mistyped(text: str) -> str:
     return _ON_MISTYPED.sub("on", text)
 
@@ -354,6 +365,8 @@ def veto(a: str, b: str) -> str:
         return "negation differs"
     if counted_swapped(wa, wb):
         return "units swapped"
+    if na == nb and percents(a) != percents(b) and not _RATIO.search(a + " " + b):
+        return "units differ"  # "cells > 50" / "cells > 50%"
     ra, rb = sorted(_RELATIONS.findall(a)), sorted(_RELATIONS.findall(b))
     if ra and rb and ra != rb:
         return "relations differ"

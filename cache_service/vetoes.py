@@ -154,12 +154,14 @@ def _retyped_code(x: str, y: str) -> bool:
 
 
 _CLAUSE = re.compile(r"(?<!\d),|,(?!\d)|;")
+_SENTENCE = re.compile(r"[.?!]+(?=\s|$)")
 
 
-def _anchor_orders(text: str, anchors: set[str]) -> set[tuple[str, ...]]:
-    """The order the anchors come in, for every order of the text's clauses (a clause moved around a comma
-    keeps its meaning; a word moved inside a clause may not)."""
-    clauses = [[w for w in (_plain(t) for t, _ in _tokens(c)) if w in anchors] for c in _CLAUSE.split(text)]
+def _anchor_orders(text: str, anchors: set[str], sentences: bool = False) -> set[tuple[str, ...]]:
+    """The order the anchors come in, for every order of the text's clauses (of its sentences, with
+    `sentences`): a clause moved around a comma keeps its meaning; a word moved inside a clause may not."""
+    parts = (_SENTENCE if sentences else _CLAUSE).split(text)
+    clauses = [[w for w in (_plain(t) for t, _ in _tokens(c)) if w in anchors] for c in parts]
     orders = clause_orders(clauses)
     return {tuple(dict.fromkeys(w for clause in order for w in clause)) for order in orders}
 
@@ -214,7 +216,19 @@ def direction_veto(a: str, b: str) -> str:
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
         if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):
             return "direction differs"
+    if (wa | wb) & DIRECTION_WORDS and _same_words(a, b):
+        # the same words rearranged around "than", "to", "from" inside a sentence: "my choice rather than my
+        # employer's requirement" / "my employer's requirement rather than my choice" (sentences and
+        # clauses may move)
+        anchors = {w for w in wa & wb if w not in FUNCTION_WORDS}
+        moved = any(_anchor_orders(a, anchors, by) & _anchor_orders(b, anchors, by) for by in (False, True))
+        if len(anchors) >= 2 and not moved:
+            return "direction differs"
     return ""
+
+
+def _same_words(a: str, b: str) -> bool:
+    return sorted(_plain(w) for w, _ in _tokens(a)) == sorted(_plain(w) for w, _ in _tokens(b))
 
 
 # Words that join two things without ranking them: "red vs brown" asks what "brown vs red" asks.
@@ -267,7 +281,52 @@ def veto(a: str, b: str) -> str:
     la, lb = {_plain(w) for w, _ in _tokens(a)}, {_plain(w) for w, _ in _tokens(b)}
     if _unmatched_names(a, na, lb, b) or _unmatched_names(b, nb, la, a):
         return "names differ"
+    if not typos_only and negation_moved(a, b):
+        return "negation differs"
     return direction_veto(a, b) or order_veto(a, b) or ("" if typos_only else detail_veto(a, b))
+
+
+# Words a negator reaches across to what it negates ("does not even hum", "without a lot of carbs", "do not
+# want to lose", "without using bleach").
+_NEGATION_GAP = frozenset(
+    """even really a an the any be been have to at all ever yet just lot lots of much many too enough
+    want wanna need try trying using use""".split()
+)
+
+
+def _negations(text: str) -> tuple[set[str], set[str], set[str]]:
+    """What the negators ("not", "no", "without", "never") are put on: the stems of the first content word
+    after each, past a few small words ("does not even hum"); of every word they reach, up to the end of
+    the phrase ("without drainage holes", "do not own a stud finder"); and of the content words said
+    plainly."""
+    ws = words(text)
+    heads, reached = set(), set()
+    for i, w in enumerate(ws):
+        if w in NEGATORS:
+            j = i + 1
+            while j < len(ws) and ws[j] in _NEGATION_GAP:
+                j += 1
+            if j < len(ws) and _content([ws[j]]):
+                heads.add(j)
+            while j < len(ws) and (_content([ws[j]]) or ws[j] in _ARTICLES):
+                reached.add(j)
+                j += 1
+    stems = lambda at: {s for j in at for s in _stems(ws[j])}  # noqa: E731
+    said = {j for j, w in enumerate(ws) if j not in reached and _content([w])}
+    return stems(heads), stems(reached), stems(said)
+
+
+_ARTICLES = frozenset("a an the".split())
+
+
+def negation_moved(a: str, b: str) -> bool:
+    """Both sides negate, but not the same words, and what one negates first the other says plainly: "hums
+    but will not spin" / "does not hum at all" (one negation each, so the count of negators agrees)."""
+    head_a, neg_a, said_a = _negations(a)
+    head_b, neg_b, said_b = _negations(b)
+    if not (head_a and head_b) or neg_a & neg_b:
+        return False
+    return bool((head_a - said_a) & said_b or (head_b - said_b) & said_a)
 
 
 # English function words (articles, pronouns, auxiliaries, prepositions, question words, conjunctions,
