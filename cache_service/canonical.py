@@ -188,7 +188,36 @@ def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
 @functools.lru_cache(maxsize=16384)
 def _keys(text: str, expand: bool, correct: bool = False, strip: bool = True) -> frozenset[str]:
     orders = clause_orders(canonical_words(text, correct, expand, strip))
-    return frozenset(" ".join(w for clause in order for w in clause) for order in orders)
+    keys = {" ".join(w for clause in order for w in clause) for order in orders}
+    return frozenset(keys | _sentence_keys(text, expand, correct, strip))
+
+
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+MAX_SENTENCE_KEYS = 12
+
+
+def _sentence_keys(text: str, expand: bool, correct: bool, strip: bool) -> set[str]:
+    """In a message of several sentences, a clause moved inside one of them ("... I'm not sure how to
+    apply. Step by step, could you walk me through it?"): that sentence's clauses in every order, the other
+    sentences as written (the whole message's clauses are split at commas across sentences, so these
+    orders are not among its own)."""
+    text = unicodedata.normalize("NFKC", text)
+    sentences = [s for s in _SENTENCE_BREAK.split(strip_wrappers(text) if strip else text) if s.strip()]
+    if len(sentences) < 2:
+        return set()
+    words = [
+        [w for clause in canonical_words(s, correct, expand, strip=False) for w in clause] for s in sentences
+    ]
+    out: set[str] = set()
+    for i, sentence in enumerate(sentences):
+        clauses = canonical_words(sentence, correct, expand, strip=False)
+        if not 2 <= len(clauses) <= MAX_CLAUSES:
+            continue
+        before, after = sum(words[:i], []), sum(words[i + 1 :], [])
+        out |= {" ".join(before + sum(order, []) + after) for order in itertools.permutations(clauses)}
+        if len(out) >= MAX_SENTENCE_KEYS:
+            break
+    return out
 
 
 def canonical_text(text: str) -> str:

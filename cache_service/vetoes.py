@@ -25,7 +25,13 @@ from __future__ import annotations
 
 import re
 
-from cache_service.canonical import case_says_nothing, clause_orders, near_typo, strip_wrappers
+from cache_service.canonical import (
+    canonical_keys,
+    case_says_nothing,
+    clause_orders,
+    near_typo,
+    strip_wrappers,
+)
 from cache_service.pair_checks import (
     NEGATORS,
     NUMBER_WORDS,
@@ -222,9 +228,19 @@ def direction_veto(a: str, b: str) -> str:
         # clauses may move)
         anchors = {w for w in wa & wb if w not in FUNCTION_WORDS}
         moved = any(_anchor_orders(a, anchors, by) & _anchor_orders(b, anchors, by) for by in (False, True))
-        if len(anchors) >= 2 and not moved:
+        if (
+            len(anchors) >= 2
+            and not moved
+            and not canonical_keys(a, correct=False) & canonical_keys(b, False)
+        ):
             return "direction differs"
     return ""
+
+
+def _clause_moved(a: str, b: str) -> bool:
+    """The same words in the same clauses, a clause moved (canonical keys in common): no word changed place
+    inside its clause."""
+    return bool(canonical_keys(a, correct=False) & canonical_keys(b, correct=False))
 
 
 def _same_words(a: str, b: str) -> bool:
@@ -272,6 +288,8 @@ def veto(a: str, b: str) -> str:
         on_mistyped(strip_wrappers(expand_contractions(b))),
     )
     reason = number_negation_veto(a, b)
+    if reason == "units swapped" and _clause_moved(a, b):
+        reason = ""  # "is 16gb enough or do i need 32?? mostly ..." / "or do i need 32, is 16gb enough?? ..."
     if reason and not (typos_only and reason == "negation differs"):
         return reason
     da, db = dates(words(a)), dates(words(b))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cache_service.canonical import canonical_keys, canonical_text, clause_orders
+from cache_service.vetoes import veto
 from tools.cache import perturb
 
 
@@ -93,3 +94,44 @@ def test_clause_moves_of_questions_written_apart_keep_their_key() -> None:
     moves = [(q, m) for q, m in moves if m is not None and m != q]
     kept = sum(same(q, m) for q, m in moves)
     assert len(moves) > 600 and kept >= 0.98 * len(moves), (kept, len(moves))
+
+
+def test_the_suite_moves_a_clause_inside_the_question_sentence_only() -> None:
+    rng = perturb.rng_for("clause", "", "x")
+    one = "How do I open a joint account, with my partner?"
+    assert perturb.move_clause(one, rng) == "With my partner, how do I open a joint account?"
+    message = (
+        "Hi, my son is 8 and has homework I can't remember how to do myself. Could you explain the bus stop "
+        "method, using 156 divided by 6? Thanks, Claire"
+    )
+    moved = perturb.move_clause(message, perturb.rng_for("clause", "", message))
+    assert moved == (
+        "Hi, my son is 8 and has homework I can't remember how to do myself. Using 156 divided by 6, could "
+        "you explain the bus stop method? Thanks, Claire"
+    )
+    # several sentences and none of them asked: no clause move is made up
+    assert perturb.move_clause("I need a will. Tell me how, for England.", rng) is None
+
+
+@pytest.mark.parametrize(
+    ("written", "moved"),
+    [
+        (
+            "Is it safe to drink coffee while pregnant? I have like 2 cups a day",
+            "While pregnant, is it safe to drink coffee? I have like 2 cups a day",
+        ),
+        (
+            "I can get a free bus pass, but I'm not sure how to apply. Could you walk me through it, step by "
+            "step?",
+            "I can get a free bus pass, but I'm not sure how to apply. Step by step, could you walk me "
+            "through it?",
+        ),
+        (
+            "is 16gb ram enough for gaming in 2024 or do i need 32?? mostly play warzone",
+            "For gaming in 2024 or do i need 32, is 16gb ram enough?? mostly play warzone",
+        ),
+    ],
+)
+def test_a_clause_moved_inside_one_sentence_of_several_keeps_the_key(written: str, moved: str) -> None:
+    assert canonical_keys(written) & canonical_keys(moved)
+    assert veto(moved, written) == ""

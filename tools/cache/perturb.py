@@ -11,7 +11,8 @@ Kinds:
   name, a number or a code (a typo there makes another name);
 - wrapper: a greeting, a sign-off, a lead-in or an add-on, or a greeting and a sign-off together;
 - clause: the question's clauses swapped around a comma, or a trailing clause ("... to open an account",
-  "... if it rains") moved to the front with a comma;
+  "... if it rains") moved to the front with a comma; in a message of several sentences, inside the
+  question's own sentence (before 2026-12-05 a clause could be carried across sentences);
 - case: all lower case, all upper case, or every word capitalized;
 - punctuation: the final mark dropped or doubled, commas dropped, spaces doubled.
 
@@ -125,7 +126,26 @@ def wrap(text: str, vocab: dict[str, list[str]], rng: random.Random) -> str:
     return text
 
 
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+
+
 def move_clause(text: str, rng: random.Random) -> str | None:
+    """A clause moved inside its sentence; in a message of several sentences, inside the question's own
+    (the last one asked), so no clause is carried across a sentence boundary ("... how | to do myself.
+    Could you explain ..." is no clause move anyone types)."""
+    sentences = _SENTENCE_END.split(text.strip())
+    if len(sentences) == 1:
+        return _move_in_sentence(text, rng)
+    asked = [i for i, sentence in enumerate(sentences) if sentence.endswith("?")]
+    if not asked:
+        return None
+    moved = _move_in_sentence(sentences[asked[-1]], rng)
+    if moved is None:
+        return None
+    return " ".join([*sentences[: asked[-1]], moved, *sentences[asked[-1] + 1 :]])
+
+
+def _move_in_sentence(text: str, rng: random.Random) -> str | None:
     body, mark = _body(text)
     commas = re.split(r"(?<!\d),|,(?!\d)", body)  # a comma inside a number ("3,000") splits nothing
     if len(commas) == 2:
