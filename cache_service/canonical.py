@@ -205,16 +205,15 @@ def _sentence_keys(text: str, expand: bool, correct: bool, strip: bool) -> set[s
     sentences = [s for s in _SENTENCE_BREAK.split(strip_wrappers(text) if strip else text) if s.strip()]
     if len(sentences) < 2:
         return set()
-    words = [
-        [w for clause in canonical_words(s, correct, expand, strip=False) for w in clause] for s in sentences
-    ]
+    clauses = [canonical_words(s, correct, expand, strip=False) for s in sentences]
+    written = [" ".join(w for clause in own for w in clause) for own in clauses]
     out: set[str] = set()
-    for i, sentence in enumerate(sentences):
-        clauses = canonical_words(sentence, correct, expand, strip=False)
-        if not 2 <= len(clauses) <= MAX_CLAUSES:
+    for i, own in enumerate(clauses):
+        if not 2 <= len(own) <= MAX_CLAUSES:
             continue
-        before, after = sum(words[:i], []), sum(words[i + 1 :], [])
-        out |= {" ".join(before + sum(order, []) + after) for order in itertools.permutations(clauses)}
+        before, after = written[:i], written[i + 1 :]
+        moved = (" ".join(w for clause in order for w in clause) for order in itertools.permutations(own))
+        out |= {" ".join(part for part in (*before, m, *after) if part) for m in moved}
         if len(out) >= MAX_SENTENCE_KEYS:
             break
     return out

@@ -228,11 +228,7 @@ def direction_veto(a: str, b: str) -> str:
         # clauses may move)
         anchors = {w for w in wa & wb if w not in FUNCTION_WORDS}
         moved = any(_anchor_orders(a, anchors, by) & _anchor_orders(b, anchors, by) for by in (False, True))
-        if (
-            len(anchors) >= 2
-            and not moved
-            and not canonical_keys(a, correct=False) & canonical_keys(b, False)
-        ):
+        if len(anchors) >= 2 and not moved and not _clause_moved(a, b):
             return "direction differs"
     return ""
 
@@ -312,6 +308,9 @@ _NEGATION_GAP = frozenset(
 )
 
 
+_ARTICLES = frozenset("a an the".split())
+
+
 def _negations(text: str) -> tuple[set[str], set[str], set[str]]:
     """What the negators ("not", "no", "without", "never") are put on: the stems of the first content word
     after each, past a few small words ("does not even hum"); of every word they reach, up to the end of
@@ -329,12 +328,12 @@ def _negations(text: str) -> tuple[set[str], set[str], set[str]]:
             while j < len(ws) and (_content([ws[j]]) or ws[j] in _ARTICLES):
                 reached.add(j)
                 j += 1
-    stems = lambda at: {s for j in at for s in _stems(ws[j])}  # noqa: E731
     said = {j for j, w in enumerate(ws) if j not in reached and _content([w])}
+
+    def stems(at: set[int]) -> set[str]:
+        return {stem for j in at for stem in _stems(ws[j])}
+
     return stems(heads), stems(reached), stems(said)
-
-
-_ARTICLES = frozenset("a an the".split())
 
 
 def negation_moved(a: str, b: str) -> bool:
