@@ -200,7 +200,8 @@ def _sentence_keys(text: str, expand: bool, correct: bool, strip: bool) -> set[s
     """In a message of several sentences, a clause moved inside one of them ("... I'm not sure how to
     apply. Step by step, could you walk me through it?"): that sentence's clauses in every order, the other
     sentences as written (the whole message's clauses are split at commas across sentences, so these
-    orders are not among its own)."""
+    orders are not among its own); and each sentence moved to the front or to the end ("How much sleep does
+    a 12-year-old need? My son is 12 and ...")."""
     text = unicodedata.normalize("NFKC", text)
     sentences = [s for s in _SENTENCE_BREAK.split(strip_wrappers(text) if strip else text) if s.strip()]
     if len(sentences) < 2:
@@ -216,6 +217,10 @@ def _sentence_keys(text: str, expand: bool, correct: bool, strip: bool) -> set[s
         out |= {" ".join(part for part in (*before, m, *after) if part) for m in moved}
         if len(out) >= MAX_SENTENCE_KEYS:
             break
+    if len(written) <= MAX_ROTATED:  # one sentence moved to the front or to the end: the question put first
+        for k, moved in enumerate(written):
+            rest = written[:k] + written[k + 1 :]
+            out |= {" ".join(part for part in order if part) for order in ([moved, *rest], [*rest, moved])}
     return out
 
 

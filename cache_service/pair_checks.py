@@ -158,6 +158,39 @@ def numbers(ws: list[str]) -> list[float]:
     return sorted(out)
 
 
+def spoken_numbers(ws: list[str]) -> list[float]:
+    """`numbers` with numbers read aloud in parts: a run of number words that counting does not join, every
+    part under 100 and each after the first two digits long or an "oh", is its parts' digits in a row ("one
+    eighty" = 180, "three fifty" = 350, "twenty fifteen" = 2015, "one oh two" = 102)."""
+    out: list[str] = []
+    i = 0
+    while i < len(ws):
+        j = i
+        while j < len(ws) and (ws[j] in _SPOKEN_PARTS or NUMBER_WORDS.get(ws[j], 100) < 100):
+            j += 1
+        digits = _spoken_digits(ws[i:j]) if j - i >= 2 else None
+        out += [digits] if digits else ws[i : max(j, i + 1)]
+        i = max(j, i + 1)
+    return numbers(out)
+
+
+_SPOKEN_PARTS = {"one": 1.0, "oh": 0.0}
+
+
+def _spoken_digits(run: list[str]) -> str | None:
+    parts: list[tuple[str, float]] = []
+    for w in run:
+        value = NUMBER_WORDS.get(w, _SPOKEN_PARTS.get(w))
+        if parts and parts[-1][0] not in _SPOKEN_PARTS and value is not None and _joins(parts[-1:], value):
+            parts[-1] = (parts[-1][0] + " " + w, parts[-1][1] + value)  # "eighty five"
+        else:
+            parts.append((w, value))
+    later = parts[1:]
+    if not later or any(v < 10 and w != "oh" and parts[k][0] != "oh" for k, (w, v) in enumerate(later)):
+        return None
+    return "".join("0" if w == "oh" else str(int(v)) for w, v in parts)
+
+
 def _joins(run: list[tuple[str, float]], value: float) -> bool:
     """Whether a number word continues the run: a smaller part after a tens word ("twenty five") or after a
     scale ("hundred fifty"); never two units in a row ("two three")."""
@@ -233,9 +266,10 @@ def _phrasal_negator(ws: list[str]) -> bool:
 
 
 def negating_words(ws: list[str]) -> bool:
-    """Whether a negating verb or word ("avoid", "prevent", "stop", "fail", "opposite", "except") or phrasal
-    verb ("turn down", "rule out", "keep ... from doing") is said."""
-    return any(w in NEGATING_WORDS for w in ws) or _phrasal_negator(ws)
+    """Whether a negating verb or word ("avoid", "prevent", "stop", "fail", "opposite", "except", "instead",
+    "rather than") or phrasal verb ("turn down", "rule out", "keep ... from doing") is said."""
+    rather_than = any(w == "rather" and after == "than" for w, after in zip(ws, ws[1:], strict=False))
+    return any(w in NEGATING_WORDS for w in ws) or rather_than or _phrasal_negator(ws)
 
 
 # "aren'r", "don'y": "n't" mistyped (never a possessive or another contraction: "men's", "John'd", "Ian'm")
@@ -342,6 +376,12 @@ def percents(text: str) -> list[float]:
     return sorted(v for v in said if v is not None)
 
 
+def read_aloud_equal(wa: list[str], wb: list[str], na: list[float], nb: list[float]) -> bool:
+    """The same numbers once one side's are read as spoken ("one eighty" / "180")."""
+    sa, sb = spoken_numbers(wa), spoken_numbers(wb)
+    return sa == nb or na == sb or sa == sb
+
+
 def on_mistyped(text: str) -> str:
     return _ON_MISTYPED.sub("on", text)
 
@@ -355,7 +395,7 @@ def veto(a: str, b: str) -> str:
     "just now") as an added detail."""
     wa, wb = words(a), words(b)
     na, nb = numbers(wa), numbers(wb)
-    if na and nb and na != nb:
+    if na and nb and na != nb and not read_aloud_equal(wa, wb, na, nb):
         return "numbers differ"
     if bool(years(a)) != bool(years(b)) and not (na and nb):
         return "a year on one side only"  # "How many time zones does Russia have (in 2012)?"

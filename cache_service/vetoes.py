@@ -39,6 +39,7 @@ from cache_service.pair_checks import (
     expand_contractions,
     numbers,
     on_mistyped,
+    read_aloud_equal,
     words,
 )
 from cache_service.pair_checks import veto as number_negation_veto
@@ -221,7 +222,8 @@ def direction_veto(a: str, b: str) -> str:
     if (wa | wb) & DIRECTION_WORDS or _same_content_words(a, b):
         anchors = (names(a) & names(b)) | {w for w in wa & wb if w[:1].isdigit()}
         if len(anchors) >= 2 and not _anchor_orders(a, anchors) & _anchor_orders(b, anchors):
-            return "direction differs"
+            if not _clause_moved(a, b):
+                return "direction differs"
     if (wa | wb) & DIRECTION_WORDS and _same_words(a, b):
         # the same words rearranged around "than", "to", "from" inside a sentence: "my choice rather than my
         # employer's requirement" / "my employer's requirement rather than my choice" (sentences and
@@ -488,6 +490,16 @@ QUANTIFIERS = frozenset("any all every each only just both either some most".spl
 COUNT_WORDS = frozenset("one single each every all both multiple several many few any".split())
 
 
+def _count_words(ws: list[str]) -> set[str]:
+    """The count words said, but for "one" read aloud as the first part of a number ("one eighty")."""
+    ahead = [*ws[1:], ""]
+    return {
+        w
+        for w, after in zip(ws, ahead, strict=True)
+        if w in COUNT_WORDS and not (w == "one" and (after in NUMBER_WORDS or after == "oh"))
+    }
+
+
 def _quantifier_added(longer: list[str], shorter: list[str]) -> bool:
     """`longer` is `shorter` word for word with one quantifier put in: the scope is the point. "any" after
     a negator (up to three words before) says nothing more ("without using any chemicals")."""
@@ -539,8 +551,10 @@ def detail_veto(a: str, b: str) -> str:
     # With the same numbers on both sides, a number in words ("ten thousand") and a plural or another form
     # of the same word ("switch supplier" / "switch suppliers") say nothing new; with other numbers they
     # may ("a tablespoon" / "4 tablespoons").
-    counted_a, counted_b = COUNT_WORDS.intersection(wa), COUNT_WORDS.intersection(wb)
-    same_numbers = numbers(words(a)) == numbers(words(b)) and counted_a == counted_b
+    counted_a, counted_b = _count_words(wa), _count_words(wb)
+    wa_, wb_ = words(a), words(b)
+    na, nb = numbers(wa_), numbers(wb_)
+    same_numbers = (na == nb or read_aloud_equal(wa_, wb_, na, nb)) and counted_a == counted_b
     if same_numbers:
         unsaid |= {w for w in wa + wb if w in NUMBER_WORDS}
     ca, cb = _content(wa), _content(wb)

@@ -135,3 +135,50 @@ def test_a_changed_middle_inside_the_same_frame_is_a_changed_detail(a: str, b: s
 def test_a_rewording_keeps_no_frame() -> None:
     assert veto("Who invented the telephone?", "Which inventor is credited with the first telephone?") == ""
     assert veto("How do I get my puppy to eat dry food?", "What makes a puppy eat kibble?") == ""
+
+
+@pytest.mark.parametrize(
+    ("spoken", "typed"),
+    [
+        ("how much protein do i need if i weigh one eighty", "how much protein do i need if i weigh 180"),
+        (
+            "my toddler has a fever of one oh two, when should i worry",
+            "my toddler has a fever of 102, when should i worry",
+        ),
+        ("tire pressure on a twenty fifteen honda civic", "tire pressure on a 2015 honda civic"),
+        (
+            "is a blood pressure of one thirty over eighty five normal",
+            "is a blood pressure of 130 over 85 normal",
+        ),
+    ],
+)
+def test_a_number_read_aloud_in_parts_is_the_number(spoken: str, typed: str) -> None:
+    assert veto(spoken, typed) == ""
+
+
+def test_numbers_read_aloud_still_differ_from_other_numbers() -> None:
+    assert veto("i weigh one eighty, how much protein", "i weigh 150, how much protein") == "numbers differ"
+    assert (
+        veto("tire pressure on a twenty fifteen civic", "tire pressure on a 2016 civic") == "numbers differ"
+    )
+    assert numbers(words("two three hour sessions")) == [2.0, 3.0]  # two units in a row are two numbers
+
+
+def test_rather_than_says_what_instead_of_says() -> None:
+    a = "How do I change Excel so dates show as day/month/year instead of the American format?"
+    b = "How do I change Excel so dates show as day/month/year rather than the American format?"
+    assert "negation" not in veto(a, b)
+    assert veto("dates as day/month/year in Excel", "dates as day/month/year rather than that in Excel") != ""
+
+
+def test_a_sentence_moved_to_the_front_keeps_the_key() -> None:
+    written = (
+        "My son Ethan is 12 and has just started secondary school. How many hours of sleep does a 12-year-old"
+        " need? He gets about 8 on school nights."
+    )
+    moved = (
+        "How many hours of sleep does a 12-year-old need? My son Ethan is 12 and has just started secondary "
+        "school. He gets about 8 on school nights."
+    )
+    assert canonical_keys(written) & canonical_keys(moved)
+    assert veto(moved, written) == ""
