@@ -45,6 +45,7 @@ at start) the search scans in float16 instead. All index state changes on the ev
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -428,8 +429,8 @@ class VectorIndex:
         self._partitions: dict[str, Partition] = {}
         self._owner: dict[str, str] = {}  # entry id -> partition
         # The canonical tier: (partition, canonical key) -> entry ids; entry id -> (its keys, its question)
-        self._canonical: dict[tuple[str, str], set[str]] = {}
-        self._canonical_of: dict[str, tuple[frozenset[str], str]] = {}
+        self._canonical: dict[tuple[str, bytes], set[str]] = {}
+        self._canonical_of: dict[str, tuple[frozenset[bytes], str]] = {}
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -470,7 +471,7 @@ class VectorIndex:
         part.add(entry_id, vector, query)
         self._owner[entry_id] = partition
         question = Conversation.decode(query).question
-        keys = canonical_keys(question)
+        keys = _digests(canonical_keys(question))
         self._canonical_of[entry_id] = (keys, question)
         for key in keys:
             self._canonical.setdefault((partition, key), set()).add(entry_id)
@@ -495,7 +496,7 @@ class VectorIndex:
 
     def canonical_matches(self, partition: str, keys: frozenset[str]) -> list[tuple[str, str]]:
         """(entry id, stored question) of the entries in `partition` sharing a canonical key with `keys`."""
-        ids = sorted({i for key in keys for i in self._canonical.get((partition, key), ())})
+        ids = sorted({i for key in _digests(keys) for i in self._canonical.get((partition, key), ())})
         return [(i, self._canonical_of[i][1]) for i in ids]
 
     def has_partition(self, partition: str) -> bool:
@@ -507,3 +508,9 @@ class VectorIndex:
     def search(self, partition: str, vector: np.ndarray, k: int, min_similarity: float) -> list[Candidate]:
         part = self._partitions.get(partition)
         return part.search(vector, k, min_similarity) if part is not None else []
+
+
+def _digests(keys: frozenset[str]) -> frozenset[bytes]:
+    """Canonical keys held as 16-byte digests: a long message has up to ~30 keys of its whole text (clause
+    and sentence orders), and the index keeps them for every entry."""
+    return frozenset(hashlib.blake2b(key.encode(), digest_size=16).digest() for key in keys)
