@@ -186,10 +186,12 @@ def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=16384)
-def _keys(text: str, expand: bool, correct: bool = False, strip: bool = True) -> frozenset[str]:
+def _keys(
+    text: str, expand: bool, correct: bool = False, strip: bool = True, sentences: bool = True
+) -> frozenset[str]:
     orders = clause_orders(canonical_words(text, correct, expand, strip))
     keys = {" ".join(w for clause in order for w in clause) for order in orders}
-    return frozenset(keys | _sentence_keys(text, expand, correct, strip))
+    return frozenset(keys | _sentence_keys(text, expand, correct, strip)) if sentences else frozenset(keys)
 
 
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
@@ -251,7 +253,7 @@ def _word_orders(text: str) -> set[tuple[str, ...]]:
     out = set()
     for expand in (True, False):
         for strip in (True, False):
-            for key in _keys(text, expand, False, strip):
+            for key in _keys(text, expand, False, strip, sentences=False):  # pairs of keys are compared
                 out.add(tuple(key.split(" ")))
     return out
 
