@@ -181,7 +181,9 @@ def canonical_words(
 
 
 def canonical_keys(text: str, correct: bool = True) -> frozenset[str]:
-    """Every key of `text`: its clauses in each order they may have been typed in (clause_orders)."""
+    """Every key of `text`: its clauses in each order they may have been typed in (clause_orders); in a
+    message of several sentences, also a clause moved inside one sentence and a sentence moved to either
+    end (_sentence_keys)."""
     return _keys(text, True, correct)
 
 
