@@ -158,6 +158,9 @@ def numbers(ws: list[str]) -> list[float]:
     return sorted(out)
 
 
+_SPOKEN_PARTS = {"one": 1.0, "oh": 0.0}  # "one" is no number word alone ("one of them"); "oh" is a zero
+
+
 def spoken_numbers(ws: list[str]) -> list[float]:
     """`numbers` with numbers read aloud in parts: a run of number words that counting does not join, every
     part under 100 and each after the first two digits long or an "oh", is its parts' digits in a row ("one
@@ -174,9 +177,6 @@ def spoken_numbers(ws: list[str]) -> list[float]:
     return numbers(out)
 
 
-_SPOKEN_PARTS = {"one": 1.0, "oh": 0.0}
-
-
 def _spoken_digits(run: list[str]) -> str | None:
     parts: list[tuple[str, float]] = []
     for w in run:
@@ -185,8 +185,9 @@ def _spoken_digits(run: list[str]) -> str | None:
             parts[-1] = (parts[-1][0] + " " + w, parts[-1][1] + value)  # "eighty five"
         else:
             parts.append((w, value))
-    later = parts[1:]
-    if not later or any(v < 10 and w != "oh" and parts[k][0] != "oh" for k, (w, v) in enumerate(later)):
+    # every part after the first is two digits ("one eighty"), an "oh", or one digit after an "oh"
+    later = list(zip(parts, parts[1:], strict=False))
+    if not later or any(v < 10 and w != "oh" and before != "oh" for (before, _), (w, v) in later):
         return None
     return "".join("0" if w == "oh" else str(int(v)) for w, v in parts)
 

@@ -552,9 +552,9 @@ def detail_veto(a: str, b: str) -> str:
     # of the same word ("switch supplier" / "switch suppliers") say nothing new; with other numbers they
     # may ("a tablespoon" / "4 tablespoons").
     counted_a, counted_b = _count_words(wa), _count_words(wb)
-    wa_, wb_ = words(a), words(b)
-    na, nb = numbers(wa_), numbers(wb_)
-    same_numbers = (na == nb or read_aloud_equal(wa_, wb_, na, nb)) and counted_a == counted_b
+    plain_a, plain_b = words(a), words(b)
+    na, nb = numbers(plain_a), numbers(plain_b)
+    same_numbers = (na == nb or read_aloud_equal(plain_a, plain_b, na, nb)) and counted_a == counted_b
     if same_numbers:
         unsaid |= {w for w in wa + wb if w in NUMBER_WORDS}
     ca, cb = _content(wa), _content(wb)
