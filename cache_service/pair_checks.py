@@ -123,6 +123,11 @@ def words(text: str) -> list[str]:
 _SCALES = {"hundred": 100.0, "thousand": 1e3, "million": 1e6, "billion": 1e9}
 
 
+def with_next(ws: list[str]) -> zip:
+    """Each word with the one after it ("" after the last)."""
+    return zip(ws, [*ws[1:], ""], strict=True)
+
+
 def numbers(ws: list[str]) -> list[float]:
     """Every number written in digits or as a word, as a sorted multiset ("1,000" = 1000, "2nd" = 2); number
     words in a row are one number ("twenty five" = 25, "ten thousand" = 10000, "three hundred and fifty" =
@@ -269,7 +274,7 @@ def _phrasal_negator(ws: list[str]) -> bool:
 def negating_words(ws: list[str]) -> bool:
     """Whether a negating verb or word ("avoid", "prevent", "stop", "fail", "opposite", "except", "instead",
     "rather than") or phrasal verb ("turn down", "rule out", "keep ... from doing") is said."""
-    rather_than = any(w == "rather" and after == "than" for w, after in zip(ws, ws[1:], strict=False))
+    rather_than = any(w == "rather" and after == "than" for w, after in with_next(ws))
     return any(w in NEGATING_WORDS for w in ws) or rather_than or _phrasal_negator(ws)
 
 
@@ -373,7 +378,7 @@ _PERCENT = re.compile(r"%|\bper ?cent\b|\bpct\b", re.I)
 def percents(text: str) -> list[float]:
     """The numbers said as percentages ("50%", "50 percent", "fifty per cent"), sorted."""
     ws = words(_PERCENT.sub(" percent ", text))
-    said = [_value(w) for w, after in zip(ws, ws[1:] + [""], strict=True) if after == "percent"]
+    said = [_value(w) for w, after in with_next(ws) if after == "percent"]
     return sorted(v for v in said if v is not None)
 
 

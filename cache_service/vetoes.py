@@ -40,6 +40,7 @@ from cache_service.pair_checks import (
     numbers,
     on_mistyped,
     read_aloud_equal,
+    with_next,
     words,
 )
 from cache_service.pair_checks import veto as number_negation_veto
@@ -492,10 +493,9 @@ COUNT_WORDS = frozenset("one single each every all both multiple several many fe
 
 def _count_words(ws: list[str]) -> set[str]:
     """The count words said, but for "one" read aloud as the first part of a number ("one eighty")."""
-    ahead = [*ws[1:], ""]
     return {
         w
-        for w, after in zip(ws, ahead, strict=True)
+        for w, after in with_next(ws)
         if w in COUNT_WORDS and not (w == "one" and (after in NUMBER_WORDS or after == "oh"))
     }
 
