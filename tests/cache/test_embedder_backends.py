@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,18 @@ def torch_embedder() -> Embedder:
     return Embedder(backend="torch")
 
 
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One export the tests read (an export takes seconds); a test that damages it works on a copy."""
+    folder = str(tmp_path_factory.mktemp("onnx"))
+    Embedder(onnx_dir=folder)
+    return folder
+
+
+def copy_of(export_dir: str, tmp_path) -> str:
+    return shutil.copytree(export_dir, tmp_path / "onnx")
+
+
 def test_auto_runs_float32_on_onnxruntime_and_bf16_on_torch() -> None:
     assert resolve_backend("auto", "float32") == "onnxruntime"
     assert resolve_backend("auto", "bfloat16") == "torch"
@@ -39,8 +52,10 @@ def test_auto_runs_float32_on_onnxruntime_and_bf16_on_torch() -> None:
         resolve_backend("tensorrt", "float32")
 
 
-def test_onnxruntime_gives_torchs_vectors_on_a_padded_batch(tmp_path, torch_embedder: Embedder) -> None:
-    embedder = Embedder(onnx_dir=str(tmp_path))
+def test_onnxruntime_gives_torchs_vectors_on_a_padded_batch(
+    export_dir: str, torch_embedder: Embedder
+) -> None:
+    embedder = Embedder(onnx_dir=export_dir)
     assert embedder.backend == "onnxruntime" and torch_embedder.backend == "torch"
     assert np.allclose(embedder.encode(TEXTS), torch_embedder.encode(TEXTS), atol=1e-5)
     assert embedder._transformer is None, "torch's copy of the weights is let go: ONNX Runtime has its own"
@@ -74,13 +89,13 @@ def test_the_export_is_written_once_and_reused(tmp_path) -> None:
     )
 
 
-def test_a_start_from_the_export_needs_no_sentence_transformers(tmp_path) -> None:
+def test_a_start_from_the_export_needs_no_sentence_transformers(export_dir: str) -> None:
     """Later starts read the export, the tokenizer and the sentence settings alone (sentence-transformers'
     imports cost seconds), and check the export's probe vectors against those kept at export time."""
-    path = Embedder(onnx_dir=str(tmp_path))._onnx.path
+    path = Embedder(onnx_dir=export_dir)._onnx.path
     code = (
         "import sys, numpy as np; from cache_service.embedder import Embedder, PROBE; "
-        f"e = Embedder(onnx_dir={str(tmp_path)!r}); "
+        f"e = Embedder(onnx_dir={export_dir!r}); "
         "assert 'sentence_transformers' not in sys.modules, 'imported'; "
         "print(e._onnx.path); np.save(sys.stdout.buffer, e.encode(PROBE))"
     )
@@ -95,19 +110,23 @@ def test_a_start_from_the_export_needs_no_sentence_transformers(tmp_path) -> Non
     assert np.allclose(vectors, np.load(reference_path(path)), atol=1e-5)
 
 
-def test_an_export_that_disagrees_with_its_reference_is_checked_against_the_model(tmp_path) -> None:
-    path = Embedder(onnx_dir=str(tmp_path))._onnx.path
+def test_an_export_that_disagrees_with_its_reference_is_checked_against_the_model(
+    export_dir: str, tmp_path
+) -> None:
+    folder = copy_of(export_dir, tmp_path)
+    path = Embedder(onnx_dir=folder)._onnx.path
     np.save(reference_path(path), -np.load(reference_path(path)))  # the kept reference now contradicts it
     # Checked against sentence-transformers instead, which agrees with the export: the reference is rewritten.
-    embedder = Embedder(onnx_dir=str(tmp_path))
+    embedder = Embedder(onnx_dir=folder)
     assert np.allclose(np.load(reference_path(path)), embedder.encode(PROBE), atol=1e-5)
 
 
-def test_a_damaged_export_is_written_again(tmp_path) -> None:
-    path = Embedder(onnx_dir=str(tmp_path))._onnx.path
+def test_a_damaged_export_is_written_again(export_dir: str, tmp_path) -> None:
+    folder = copy_of(export_dir, tmp_path)
+    path = Embedder(onnx_dir=folder)._onnx.path
     with open(path, "r+b") as f:
         f.truncate(1000)
-    embedder = Embedder(onnx_dir=str(tmp_path))
+    embedder = Embedder(onnx_dir=folder)
     assert embedder._onnx.path == path and os.path.getsize(path) > 1_000_000
     assert np.allclose(np.linalg.norm(embedder.encode(TEXTS), axis=1), 1.0, atol=1e-5)
 

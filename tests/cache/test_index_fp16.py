@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from cache_service import index as index_module
 from cache_service.index import RESCORE_ROWS, SPLIT_MIN_ROWS, Partition, Scanner, VectorIndex
 
 DIM = 384
@@ -40,9 +41,23 @@ def assert_matches_reference(found: list, matrix: np.ndarray, ids: list[str], q:
 
 
 @pytest.mark.parametrize("scan_threads", [1, 2])
-def test_fp16_index_finds_the_float32_top_candidates(scan_threads: int) -> None:
+def test_fp16_index_finds_the_float32_top_candidates(
+    scan_threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A split scan from 2,048 rows rather than SPLIT_MIN_ROWS (the same code on a tenth of the rows), and one
+    # torch thread, the service's setting, where the split runs at all.
+    monkeypatch.setattr(index_module, "SPLIT_MIN_ROWS", 2048)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        check_fp16_index(scan_threads)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def check_fp16_index(scan_threads: int) -> None:
     rng = np.random.default_rng(7)
-    n = SPLIT_MIN_ROWS * 2 + 123  # large enough for the scan (and its split) rather than the exact path
+    n = index_module.SPLIT_MIN_ROWS * 2 + 123  # large enough for the scan (and its split), not the exact path
     matrix = units(rng, n)
     ids = [f"e{i}" for i in range(n)]
     # Clusters of near-duplicates around a few centres, so the top candidates are close to each other.
@@ -54,6 +69,7 @@ def test_fp16_index_finds_the_float32_top_candidates(scan_threads: int) -> None:
     for i, entry_id in enumerate(ids):
         index.add(entry_id, "p", "s", matrix[i], f"q{i}")
     assert index.scan_threads == scan_threads
+    assert index._scanner.parts(n) == scan_threads  # the scan is split where there are two threads
     try:
         queries = [near(rng, matrix[c], 0.3) for c in centres] + list(units(rng, 20))
         for q in queries:

@@ -1,0 +1,32 @@
+"""How `make test` shares out the work between its two pytest-xdist processes (`--dist loadfile`).
+
+Each unit of work is a whole test file, so a module's fixtures start their processes once. Files that
+share a session fixture's processes are one unit, so those processes start in one xdist process rather
+than once in each (the pair of workers the fleet and scale-out files share takes ~20 s to start on two
+cores).
+"""
+
+from __future__ import annotations
+
+import pytest
+from xdist.scheduler import LoadFileScheduling
+
+# Test file -> the unit it runs in, where that is not the file alone.
+SHARED_UNITS = {
+    "tests/observability/test_fleet.py": "worker_pair",
+    "tests/observability/test_scale_out.py": "worker_pair",
+}
+
+
+class SharedFileScheduling(LoadFileScheduling):
+    """xdist's file units, with the files of SHARED_UNITS joined."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = super()._split_scope(nodeid)
+        return SHARED_UNITS.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler for any other mode
+    return SharedFileScheduling(config, log)
