@@ -370,6 +370,18 @@ STANCE_WORDS = frozenset(
     definitely certainly surely anyway anyways probably maybe perhaps possibly roughly approximately approx
     normally usually typically generally""".split()
 )
+# Closed-class words FUNCTION_WORDS leaves out (reflexive pronouns, an unexpanded "'d", prepositions and
+# conjunctions that link rather than count, place or time: "via" / "through", "instead of" / "rather than"):
+# a question that differs only by one of them asks nothing new, so the detail veto does not count them, but
+# they stay content words elsewhere (MIN_SHARED was chosen with them counted). Not the indefinite pronouns
+# ("everyone" / "anyone" is a scope) nor "per" ("drops per mL" / "drops in 5 mL"); "-body" and "-one" are
+# one word (_SAME_PRONOUN).
+LINKING_WORDS = frozenset(
+    """yourselves himself herself itself ourselves themselves i'd you'd he'd she'd we'd they'd it'd that'd
+    doing via through throughout within during upon among amongst toward towards despite although though
+    whether whilst instead rather""".split()
+)
+_SAME_PRONOUN = {"somebody": "someone", "anybody": "anyone", "everybody": "everyone"}
 # The share of content words (Jaccard) two questions must have in common for a one-sided word to be a
 # changed detail rather than a rewording; chosen on the tune split (0.2, 0.35, 0.5 tried).
 MIN_SHARED = 0.35
@@ -543,11 +555,11 @@ def detail_veto(a: str, b: str) -> str:
     from cache_service.canonical import canonical_words
     from cache_service.typos import aligned_typo
 
-    wa = [w for clause in canonical_words(a, correct=False) for w in clause]
-    wb = [w for clause in canonical_words(b, correct=False) for w in clause]
+    wa = [_SAME_PRONOUN.get(w, w) for clause in canonical_words(a, correct=False) for w in clause]
+    wb = [_SAME_PRONOUN.get(w, w) for clause in canonical_words(b, correct=False) for w in clause]
     same = respelled(a, b)
     # said without saying anything new: a word of stance on either side, a symbol the other side spells
-    unsaid = STANCE_WORDS | _symbols_spelled(a, b, wa, wb)
+    unsaid = STANCE_WORDS | LINKING_WORDS | _symbols_spelled(a, b, wa, wb)
     # With the same numbers on both sides, a number in words ("ten thousand") and a plural or another form
     # of the same word ("switch supplier" / "switch suppliers") say nothing new; with other numbers they
     # may ("a tablespoon" / "4 tablespoons").

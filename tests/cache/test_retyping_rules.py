@@ -56,6 +56,14 @@ from cache_service.vetoes import order_veto, veto
             "how long does it take to switch energy suppliers",
         ),
         ("why is my screen showing lines", "why is my screen shows lines"),
+        # a linking word for another, or "-body" for "-one"
+        ("can i send money abroad through paypal", "can i send money abroad via paypal"),
+        ("should i tip in cash instead of on the card", "should i tip in cash rather than on the card"),
+        ("what to get somebody who has everything", "what to get someone who has everything"),
+        (
+            "what documents i'd need to open a bank account",
+            "what documents i would need to open a bank account",
+        ),
     ],
 )
 def test_a_question_retyped_passes(a: str, b: str) -> None:
@@ -83,6 +91,9 @@ def test_a_question_retyped_passes(a: str, b: str) -> None:
         ("what is the resolution of the Pico ADC", "what is the resolution of the Pico DAC"),
         # a short name matches its word, never the initials of other words ("pd" / "polars drop")
         ("pandas: drop rows where column temp is NaN", "polars: drop rows where column temp is NaN"),
+        # an indefinite pronoun is a scope; "per" is a rate
+        ("can everyone see my shared calendar", "can anyone see my shared calendar"),
+        ("how many calories per slice of pizza", "how many calories in 3 slices of pizza"),
     ],
 )
 def test_what_the_answer_depends_on_still_differs(a: str, b: str) -> None:
