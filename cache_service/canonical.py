@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
-from cache_service.phatic import audience_only, strip_phatic, wrapper_clause
+from cache_service.phatic import audience_only, closing_asked_about, strip_phatic, wrapper_clause
 from cache_service.typos import typo_edits
 
 _GREETINGS = (
@@ -119,7 +119,14 @@ def strip_wrappers(text: str) -> str:
         before = text
         text = strip_phatic(text)
         for pattern in (_CLOSING,) if _PURPOSE.match(text) else (_OPENING, _CLOSING):
-            shorter = pattern.sub("", text, count=1).strip()
+            found = pattern.search(text)
+            if (
+                found is None
+                or pattern is _CLOSING
+                and closing_asked_about(text[: found.start()], found.group())
+            ):
+                continue
+            shorter = (text[: found.start()] + text[found.end() :]).strip()
             if len(shorter.split()) >= 2 and shorter != text:
                 text = shorter
         if text == before:

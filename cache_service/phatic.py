@@ -361,6 +361,12 @@ def _strip_runs(text: str) -> str:
             start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
         start -= 1
+    if (
+        start is not None
+        and start > 0
+        and closing_asked_about(text[: matches[start].start()], text[matches[start].start() :])
+    ):
+        start = None
     run = [m.group().lower() for m in matches[run_start:]] if run_start is not None else []
     for i, word in enumerate(run):
         # a condition on answering ("... if possible", "... if you know") or the manner of the answer ("...
@@ -376,6 +382,19 @@ def _strip_runs(text: str) -> str:
         tail = text[matches[-1].end() :]
         text = text[: matches[start].start()].rstrip(" ,:;-") + tail.strip(" ,:;-")
     return text
+
+
+_NEVER_ASKED = frozenset("please pls plz kindly question".split())  # "question": a dictated "question mark"
+
+
+def closing_asked_about(before: str, closing: str) -> bool:
+    """A sign-off right after a preposition is what the question asks about ("... end an email to my
+    landlord with Kind regards?", "... sign a letter with Yours faithfully"), not the writer's; a pleading
+    word or a dictated question mark never is ("What is Python for please?", "... in my carry on question
+    mark")."""
+    words, said = _WORD.findall(before), _WORD.findall(closing)
+    never = bool(said) and _normal(said[0]) in _NEVER_ASKED
+    return bool(words) and words[-1].lower() in _PREPOSITIONS and not never
 
 
 def wrapper_clause(clause: str) -> bool:

@@ -67,3 +67,16 @@ def test_a_greeting_clause_between_moved_clauses_goes() -> None:
     assert canonical_keys("When I run the tests, how do I fix it?") & canonical_keys(
         "heyo when I run the tests, how do I fix it?"
     )
+
+
+def test_a_sign_off_after_a_preposition_is_what_is_asked() -> None:
+    """Which sign-off to write is the question: one sign-off never shares a key with another."""
+    kind = canonical_keys("Should I end an email to my landlord with Kind regards?")
+    assert not kind & canonical_keys("Should I end an email to my landlord with Best wishes?")
+    assert canonical_text("Is it ok to sign a work email with Cheers").endswith("with cheers")
+    # the writer's own sign-off still goes, and so do pleading words and a dictated mark after a preposition
+    assert canonical_text("How do I descale a kettle? Kind regards, Sam") == canonical_text(STORED)
+    assert canonical_text("What is Python for please?") == canonical_text("What is Python for")
+    assert canonical_text("what can i bring in my carry on question mark") == canonical_text(
+        "What can I bring in my carry on?"
+    )
