@@ -90,7 +90,12 @@ for _pair in _OPPOSITE_PAIRS:
 DIRECTION_WORDS = frozenset("to from into in than vs versus per over against".split())
 
 
+_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)", re.I)
+
+
 def _is_name(word: str, sentence_start: bool) -> bool:
+    if _ORDINAL.fullmatch(word):
+        return False  # "15th", "1st": a number, which the numbers veto reads ("15th March" / "15 March")
     if any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
         return True  # a code or model: "PS5", "E24", "iOS17"
     if word[1:] != word[1:].lower() and any(c.isupper() for c in word[1:]):
@@ -568,7 +573,7 @@ def detail_veto(a: str, b: str) -> str:
     na, nb = numbers(plain_a), numbers(plain_b)
     same_numbers = (na == nb or read_aloud_equal(plain_a, plain_b, na, nb)) and counted_a == counted_b
     if same_numbers:
-        unsaid |= {w for w in wa + wb if w in NUMBER_WORDS}
+        unsaid |= {w for w in wa + wb if w in NUMBER_WORDS or _ORDINAL.fullmatch(w)}
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb - same, cb - ca - same
     swapped = _one_word_swapped(wa, wb)

@@ -56,6 +56,12 @@ from cache_service.vetoes import order_veto, veto
             "how long does it take to switch energy suppliers",
         ),
         ("why is my screen showing lines", "why is my screen shows lines"),
+        # an ordinal as a number or a word
+        (
+            "when is my last day if i give notice on 15th may",
+            "when is my last day if i give notice on 15 may",
+        ),
+        ("what to pack for the 1st day of school", "what to pack for the first day of school"),
         # a linking word for another, or "-body" for "-one"
         ("can i send money abroad through paypal", "can i send money abroad via paypal"),
         ("should i tip in cash instead of on the card", "should i tip in cash rather than on the card"),
@@ -91,6 +97,8 @@ def test_a_question_retyped_passes(a: str, b: str) -> None:
         ("what is the resolution of the Pico ADC", "what is the resolution of the Pico DAC"),
         # a short name matches its word, never the initials of other words ("pd" / "polars drop")
         ("pandas: drop rows where column temp is NaN", "polars: drop rows where column temp is NaN"),
+        # another ordinal
+        ("what to pack for the 1st day of school", "what to pack for the 2nd day of school"),
         # an indefinite pronoun is a scope; "per" is a rate
         ("can everyone see my shared calendar", "can anyone see my shared calendar"),
         ("how many calories per slice of pizza", "how many calories in 3 slices of pizza"),
