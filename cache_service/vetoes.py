@@ -35,6 +35,7 @@ from cache_service.canonical import (
 from cache_service.pair_checks import (
     NEGATORS,
     NUMBER_WORDS,
+    ORDINAL_WORDS,
     dates,
     expand_contractions,
     numbers,
@@ -573,7 +574,7 @@ def detail_veto(a: str, b: str) -> str:
     na, nb = numbers(plain_a), numbers(plain_b)
     same_numbers = (na == nb or read_aloud_equal(plain_a, plain_b, na, nb)) and counted_a == counted_b
     if same_numbers:
-        unsaid |= {w for w in wa + wb if w in NUMBER_WORDS or _ORDINAL.fullmatch(w)}
+        unsaid |= {w for w in wa + wb if w in NUMBER_WORDS or w in ORDINAL_WORDS or _ORDINAL.fullmatch(w)}
     ca, cb = _content(wa), _content(wb)
     only_a, only_b = ca - cb - same, cb - ca - same
     swapped = _one_word_swapped(wa, wb)
