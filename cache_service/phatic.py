@@ -384,17 +384,21 @@ def _strip_runs(text: str) -> str:
     return text
 
 
-_NEVER_ASKED = frozenset("please pls plz kindly question".split())  # "question": a dictated "question mark"
+# The words of a letter's closing ("Kind regards", "Yours faithfully", "Cheers"): what a question about how to
+# close a letter names, unlike thanks or wishes to the reader ("thanks so much", "have a great day").
+_VALEDICTIONS = frozenset(
+    "regards wishes sincerely faithfully truly cordially respectfully cheers best yours".split()
+)
 
 
 def closing_asked_about(before: str, closing: str) -> bool:
-    """A sign-off right after a preposition is what the question asks about ("... end an email to my
-    landlord with Kind regards?", "... sign a letter with Yours faithfully"), not the writer's; a pleading
-    word or a dictated question mark never is ("What is Python for please?", "... in my carry on question
-    mark")."""
-    words, said = _WORD.findall(before), _WORD.findall(closing)
-    never = bool(said) and _normal(said[0]) in _NEVER_ASKED
-    return bool(words) and words[-1].lower() in _PREPOSITIONS and not never
+    """A letter's closing right after a preposition is what the question asks about ("... end an email to
+    my landlord with Kind regards?", "... sign a letter with Yours faithfully"), not the writer's own; thanks
+    after a preposition are ("... cooked to thanks so much", "... depend on the spots? Thanks for any
+    advice")."""
+    words = _WORD.findall(before)
+    said = {_normal(w) for w in _WORD.findall(closing)}
+    return bool(words) and words[-1].lower() in _PREPOSITIONS and bool(said & _VALEDICTIONS)
 
 
 def wrapper_clause(clause: str) -> bool:

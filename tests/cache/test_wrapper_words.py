@@ -77,6 +77,9 @@ def test_a_sign_off_after_a_preposition_is_what_is_asked() -> None:
     # the writer's own sign-off still goes, and so do pleading words and a dictated mark after a preposition
     assert canonical_text("How do I descale a kettle? Kind regards, Sam") == canonical_text(STORED)
     assert canonical_text("What is Python for please?") == canonical_text("What is Python for")
+    assert canonical_text("what screws is the shelf fixed with thanks so much") == canonical_text(
+        "What screws is the shelf fixed with?"
+    )
     assert canonical_text("what can i bring in my carry on question mark") == canonical_text(
         "What can I bring in my carry on?"
     )
