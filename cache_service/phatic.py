@@ -289,6 +289,13 @@ def _run_classes(matches: list[re.Match[str]]) -> list[str]:
     return _in_context([m.group() for m in matches], classes)
 
 
+def _writer_knows(matches: list[re.Match[str]], i: int) -> bool:
+    """The leading run so far is "if I (we) ... know": a condition on the writer's side, which the question
+    depends on, unlike the reader's knowing ("If anyone knows, ...", "If you know, ...")."""
+    run = [m.group().lower() for m in matches[: i + 1]]
+    return run[-1] == "know" and run[0] == "if" and bool({"i", "we"} & set(run[1:]))
+
+
 def _strip_runs(text: str) -> str:
     """Leading and trailing runs of function and phatic words without punctuation around them."""
     matches = list(_WORD.finditer(text))
@@ -320,6 +327,8 @@ def _strip_runs(text: str) -> str:
         ask_next = i + 1 < len(matches) and _word_class(matches[i + 1].group()) == "keep"
         if m.group().lower() in _THIRD_PERSON:
             break  # someone else's asking is the question's ("they wanted me to ...")
+        if _writer_knows(matches, i):
+            break  # "If I know their name, should I ...": the writer's condition, not asking the reader
         if _normal(m.group()) in _ASKING or m.group().lower() == "but" and (cut >= 0 or ask_next):
             cut = i  # "sorry if ... but", "might be a silly one but what ..."
         elif cut == i - 1 and _normal(m.group()) in _OBJECTS | _CONJUNCTIONS and cut >= 0:

@@ -83,3 +83,9 @@ def test_a_sign_off_after_a_preposition_is_what_is_asked() -> None:
     assert canonical_text("what can i bring in my carry on question mark") == canonical_text(
         "What can I bring in my carry on?"
     )
+
+
+def test_the_writers_own_condition_stays() -> None:
+    """ "If I know ..." is the question's condition; the reader's knowing is a wrapper."""
+    assert canonical_text("if i know my password can i reset it").startswith("if i know my password")
+    assert canonical_text("If anyone knows, how do I descale a kettle?") == canonical_text(STORED)
