@@ -10,6 +10,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.launch import Service, free_port, grpc_serving, http_ok, python_service
+from tests.support.net import wait_for
 
 
 @dataclass
@@ -121,6 +122,22 @@ def scrape(url: str) -> Scrape:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
             declared.add(sample.name)
     return Scrape(samples, declared)
+
+
+def wait_idle(worker: Worker) -> Scrape:
+    """The worker's page once it reports no running request and no KV block held (the engine thread
+    publishes metrics just after a request's last chunk leaves, and a cancelled call is counted when the
+    engine sees it go)."""
+
+    def idle() -> bool:
+        page = scrape(worker.metrics_url)
+        return (
+            page.value("llmserve:num_requests_running") == 0
+            and page.value("llmserve:kv_cache_usage_perc") == 0
+        )
+
+    wait_for(idle, what="the worker to report no running request and no KV block held")
+    return scrape(worker.metrics_url)
 
 
 def running(pair: tuple[Worker, Worker]) -> tuple[Worker, Worker]:

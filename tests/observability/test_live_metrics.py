@@ -17,7 +17,7 @@ from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import ROOT
 from tests.deploy.files import DASHBOARD
 from tests.observability.conftest import PRICE_PER_HOUR_USD
-from tests.observability.stack import Cache, Gateway, Scrape, Worker, scrape
+from tests.observability.stack import Cache, Gateway, Scrape, Worker, scrape, wait_idle
 from tests.support.net import wait_for
 
 pytestmark = pytest.mark.slow
@@ -35,17 +35,6 @@ def generate(worker: Worker, prompt: str, max_tokens: int) -> list[worker_pb2.Ge
 
 def delta(before: Scrape, after: Scrape, name: str, **labels: str) -> float:
     return after.value(name, **labels) - before.value(name, **labels)
-
-
-def wait_idle(worker: Worker) -> Scrape:
-    """The engine thread publishes metrics just after the last chunk leaves: wait for the idle state."""
-
-    def idle() -> bool:
-        page = scrape(worker.metrics_url)
-        return page.value(W + "num_requests_running") == 0 and page.value(W + "kv_cache_usage_perc") == 0
-
-    wait_for(idle, what="the worker to report no running request and no KV block held")
-    return scrape(worker.metrics_url)
 
 
 def test_one_request_counts_its_tokens_and_observes_ttft_once(priced_worker: Worker) -> None:
