@@ -18,12 +18,17 @@ SHARED_UNITS = {
 }
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit a test runs in: its file's, or the shared one its file names in SHARED_UNITS."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_UNITS.get(path, path)
+
+
 class SharedFileScheduling(LoadFileScheduling):
-    """xdist's file units, with the files of SHARED_UNITS joined."""
+    """xdist's file units (pytest-xdist 3.8's scope hook), with the files of SHARED_UNITS joined."""
 
     def _split_scope(self, nodeid: str) -> str:
-        path = super()._split_scope(nodeid)
-        return SHARED_UNITS.get(path, path)
+        return unit_of(nodeid)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
