@@ -398,16 +398,29 @@ def _strip_runs(text: str) -> str:
 _VALEDICTIONS = frozenset(
     "regards wishes sincerely faithfully truly cordially respectfully cheers best yours".split()
 )
+# Verbs of saying or writing: after them, "... reply to thanks", "... end a text with xoxo" name the words
+# the question is about.
+_SPEAKING = frozenset(
+    """say saying said reply replying respond responding answer answering write writing end ending sign
+    signing close closing open opening start starting begin greet greeting translate spell
+    pronounce""".split()
+)
+_MEANING = frozenset("mean means meaning".split())
 
 
 def closing_asked_about(before: str, closing: str) -> bool:
-    """A letter's closing right after a preposition is what the question asks about ("... end an email to
-    my landlord with Kind regards?", "... sign a letter with Yours faithfully"), not the writer's own; thanks
-    after a preposition are ("... cooked to thanks so much", "... depend on the spots? Thanks for any
-    advice")."""
-    words = _WORD.findall(before)
+    """Words of a sign-off that are what the question asks about, not the writer's own: right after a
+    preposition, a letter's closing ("... end an email to my landlord with Kind regards?") or any after a verb
+    of saying or writing ("how do i reply to thanks", "... end a text with xoxo"); or what they mean ("what
+    does cheers mean"). Thanks after a stranded preposition otherwise go ("... cooked to thanks so much",
+    "... depend on the spots? Thanks for any advice")."""
+    words = [w.lower() for w in _WORD.findall(before)]
     said = {_normal(w) for w in _WORD.findall(closing)}
-    return bool(words) and words[-1].lower() in _PREPOSITIONS and bool(said & _VALEDICTIONS)
+    if said & _MEANING:
+        return True
+    if not words or words[-1] not in _PREPOSITIONS:
+        return False
+    return bool(said & _VALEDICTIONS or _SPEAKING.intersection(words))
 
 
 def wrapper_clause(clause: str) -> bool:

@@ -74,6 +74,12 @@ def test_a_sign_off_after_a_preposition_is_what_is_asked() -> None:
     kind = canonical_keys("Should I end an email to my landlord with Kind regards?")
     assert not kind & canonical_keys("Should I end an email to my landlord with Best wishes?")
     assert canonical_text("Is it ok to sign a work email with Cheers").endswith("with cheers")
+    # any sign-off after a verb of saying or writing, and one whose meaning is asked
+    assert not canonical_keys("how do i reply to thanks") & canonical_keys("how do i reply to sorry")
+    assert not canonical_keys("can i end a text to my mum with xoxo") & canonical_keys(
+        "can i end a text to my mum with lol"
+    )
+    assert not canonical_keys("what does cheers mean") & canonical_keys("what does thanks mean")
     # the writer's own sign-off still goes, and so do pleading words and a dictated mark after a preposition
     assert canonical_text("How do I descale a kettle? Kind regards, Sam") == canonical_text(STORED)
     assert canonical_text("What is Python for please?") == canonical_text("What is Python for")
