@@ -398,29 +398,36 @@ def _strip_runs(text: str) -> str:
 _VALEDICTIONS = frozenset(
     "regards wishes sincerely faithfully truly cordially respectfully cheers best yours".split()
 )
-# Verbs of saying or writing: after them, "... reply to thanks", "... end a text with xoxo" name the words
-# the question is about.
+# Verbs of saying, writing or singing: after them, "... reply to thanks", "... end a text with xoxo", "is it
+# polite to say sorry first", "who sang Hello" name the words the question is about.
 _SPEAKING = frozenset(
     """say saying said reply replying respond responding answer answering write writing end ending sign
-    signing close closing open opening start starting begin greet greeting translate spell
-    pronounce""".split()
+    signing close closing open opening start starting begin greet greeting translate spell pronounce call
+    calling address sing sang sung""".split()
 )
 _MEANING = frozenset("mean means meaning".split())
+_DETERMINERS = frozenset("a an the this that these those my your our their his her".split())
+_PLEADING = frozenset("please pls plz kindly".split())
+_PERSONS = frozenset("me you him her us them".split())  # "should i call him sir"
 
 
 def closing_asked_about(before: str, closing: str) -> bool:
-    """Words of a sign-off that are what the question asks about, not the writer's own: right after a
-    preposition, a letter's closing ("... end an email to my landlord with Kind regards?") or any after a verb
-    of saying or writing ("how do i reply to thanks", "... end a text with xoxo"); or what they mean ("what
-    does cheers mean"). Thanks after a stranded preposition otherwise go ("... cooked to thanks so much",
-    "... depend on the spots? Thanks for any advice")."""
+    """Words of a sign-off that are what the question asks about, not the writer's own: after a verb of
+    saying or writing ("is it polite to say sorry first", "should i call him sir", "how do i reply to
+    thanks"), after a preposition a letter's closing or any when such a verb came before ("... end an email
+    with Kind regards?", "... end a text to my mum with xoxo"), after a determiner ("reply to a thank you
+    email"), or what they mean ("what does cheers mean"). Thanks after a stranded preposition otherwise go
+    ("... cooked to thanks so much"), and a pleading word always does ("What is Python for please?")."""
     words = [w.lower() for w in _WORD.findall(before)]
-    said = {_normal(w) for w in _WORD.findall(closing)}
-    if said & _MEANING:
-        return True
-    if not words or words[-1] not in _PREPOSITIONS:
+    said = [_normal(w) for w in _WORD.findall(closing)]
+    if not words or not said or said[0] in _PLEADING:
         return False
-    return bool(said & _VALEDICTIONS or _SPEAKING.intersection(words))
+    spoken = words[-1] in _SPEAKING or len(words) > 1 and words[-2] in _SPEAKING and words[-1] in _PERSONS
+    if spoken or _MEANING.intersection(said) or words[-1] in _DETERMINERS:
+        return True
+    return words[-1] in _PREPOSITIONS and bool(
+        _VALEDICTIONS.intersection(said) or _SPEAKING.intersection(words)
+    )
 
 
 def wrapper_clause(clause: str) -> bool:

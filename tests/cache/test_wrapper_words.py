@@ -80,6 +80,15 @@ def test_a_sign_off_after_a_preposition_is_what_is_asked() -> None:
         "can i end a text to my mum with lol"
     )
     assert not canonical_keys("what does cheers mean") & canonical_keys("what does thanks mean")
+    # right after such a verb (or its person), or a determiner
+    assert not canonical_keys("is it polite to say sorry first") & canonical_keys(
+        "is it polite to say thanks first"
+    )
+    assert not canonical_keys("should i call him sir or mate") & canonical_keys("should i call him mate")
+    assert not canonical_keys("do i reply to a thank you email") & canonical_keys("do i reply to an email")
+    assert not canonical_keys("Who sang Hello") & canonical_keys("Who sang Thank You")
+    # a verb that only opens or ends something else says nothing of the thanks after its object
+    assert canonical_text("how do i open a jar thanks") == canonical_text("How do I open a jar?")
     # the writer's own sign-off still goes, and so do pleading words and a dictated mark after a preposition
     assert canonical_text("How do I descale a kettle? Kind regards, Sam") == canonical_text(STORED)
     assert canonical_text("What is Python for please?") == canonical_text("What is Python for")
