@@ -28,7 +28,13 @@ from collections.abc import Iterator
 
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
-from cache_service.phatic import audience_only, closing_asked_about, strip_phatic, wrapper_clause
+from cache_service.phatic import (
+    audience_only,
+    closing_asked_about,
+    opening_asked_about,
+    strip_phatic,
+    wrapper_clause,
+)
 from cache_service.typos import typo_edits
 
 _GREETINGS = (
@@ -124,6 +130,8 @@ def strip_wrappers(text: str) -> str:
                 found is None
                 or pattern is _CLOSING
                 and closing_asked_about(text[: found.start()], found.group())
+                or pattern is _OPENING
+                and opening_asked_about(text[found.end() :])
             ):
                 continue
             shorter = (text[: found.start()] + text[found.end() :]).strip()

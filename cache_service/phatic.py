@@ -337,6 +337,7 @@ def _strip_runs(text: str) -> str:
         cut >= 0
         and _core_ok(text[matches[cut].end() :])
         and not _QUOTE.search(text[: matches[cut].end() + 1])
+        and not opening_asked_about(text[matches[cut].end() :])
     ):
         text = text[matches[cut].end() :].lstrip(" ,:;-")
         matches = list(_WORD.finditer(text))
@@ -409,6 +410,21 @@ _MEANING = frozenset("mean means meaning".split())
 _DETERMINERS = frozenset("a an the this that these those my your our their his her".split())
 _PLEADING = frozenset("please pls plz kindly".split())
 _PERSONS = frozenset("me you him her us them".split())  # "should i call him sir"
+
+
+# Words that join a greeting or thanks to the rest as its subject: "Hello in Japanese?", "please vs kindly
+# in emails", "thanks meaning in slang" ask about the words ("Thanks in advance, ..." does not).
+_JOINING = frozenset("in vs versus or and meaning means mean translation translated".split())
+
+
+def opening_asked_about(after: str) -> bool:
+    """The greeting or thanks just before `after` is what the question asks about (see _JOINING): joined to
+    a clause that asks nothing itself ("Hi in excel how do i sum a column" greets)."""
+    clause = _WORD.findall(_BOUNDARY.split(after, maxsplit=1)[0])
+    words = [w.lower() for w in clause[:2]]
+    if not words or words[0] not in _JOINING or words == ["in", "advance"]:
+        return False
+    return all(_word_class(w) != "keep" for w in clause[1:])
 
 
 def closing_asked_about(before: str, closing: str) -> bool:

@@ -104,3 +104,14 @@ def test_the_writers_own_condition_stays() -> None:
     """ "If I know ..." is the question's condition; the reader's knowing is a wrapper."""
     assert canonical_text("if i know my password can i reset it").startswith("if i know my password")
     assert canonical_text("If anyone knows, how do I descale a kettle?") == canonical_text(STORED)
+
+
+def test_a_greeting_joined_to_the_rest_is_what_is_asked() -> None:
+    """ "hi meaning in slang" asks about the greeting; "Thanks in advance, ..." and "Hi in excel how do i ..."
+    only wrap the question."""
+    assert not canonical_keys("please vs kindly in emails") & canonical_keys("sorry vs kindly in emails")
+    assert not canonical_keys("hi meaning in slang") & canonical_keys("hey meaning in slang")
+    assert canonical_text("Thanks in advance, how do I descale a kettle?") == canonical_text(STORED)
+    assert canonical_text("hi in excel how do i sum a column") == canonical_text(
+        "In Excel, how do I sum a column?"
+    )
