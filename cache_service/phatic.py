@@ -407,7 +407,7 @@ _SPEAKING = frozenset(
     calling address sing sang sung""".split()
 )
 _MEANING = frozenset("mean means meaning".split())
-_DETERMINERS = frozenset("a an the this that these those my your our their his her".split())
+_DETERMINERS = frozenset("a an the my your our their his her".split())  # not "this": "help with this thanks"
 _PLEADING = frozenset("please pls plz kindly".split())
 _PERSONS = frozenset("me you him her us them".split())  # "should i call him sir"
 

@@ -89,6 +89,7 @@ def test_a_sign_off_after_a_preposition_is_what_is_asked() -> None:
     assert not canonical_keys("Who sang Hello") & canonical_keys("Who sang Thank You")
     # a verb that only opens or ends something else says nothing of the thanks after its object
     assert canonical_text("how do i open a jar thanks") == canonical_text("How do I open a jar?")
+    assert canonical_text("what do i do about this thanks") == canonical_text("What do I do about this?")
     # the writer's own sign-off still goes, and so do pleading words and a dictated mark after a preposition
     assert canonical_text("How do I descale a kettle? Kind regards, Sam") == canonical_text(STORED)
     assert canonical_text("What is Python for please?") == canonical_text("What is Python for")
