@@ -410,8 +410,6 @@ _MEANING = frozenset("mean means meaning".split())
 _DETERMINERS = frozenset("a an the my your our their his her".split())  # not "this": "help with this thanks"
 _PLEADING = frozenset("please pls plz kindly".split())
 _PERSONS = frozenset("me you him her us them".split())  # "should i call him sir"
-_BE = frozenset("is are was were am be been seem seems".split())
-_SUBJECTS = frozenset("it this that he she they you we i".split())
 
 
 # Words that join a greeting or thanks to the rest as its subject: "Hello in Japanese?", "please vs kindly
@@ -434,16 +432,14 @@ def closing_asked_about(before: str, closing: str) -> bool:
     saying or writing ("is it polite to say sorry first", "should i call him sir", "how do i reply to
     thanks"), after a preposition a letter's closing or any when such a verb came before ("... end an email
     with Kind regards?", "... end a text to my mum with xoxo"), after a determiner ("reply to a thank you
-    email"), after "is" ("is it urgent"), or what they mean ("what does cheers mean"). Thanks after a
-    stranded preposition otherwise go ("... cooked to thanks so much"), and a pleading word always does
-    ("What is Python for please?")."""
+    email"), or what they mean ("what does cheers mean"). Thanks after a stranded preposition otherwise go
+    ("... cooked to thanks so much"), and a pleading word always does ("What is Python for please?")."""
     words = [w.lower() for w in _WORD.findall(before)]
     said = [_normal(w) for w in _WORD.findall(closing)]
     if not words or not said or said[0] in _PLEADING:
         return False
     spoken = words[-1] in _SPEAKING or len(words) > 1 and words[-2] in _SPEAKING and words[-1] in _PERSONS
-    predicate = words[-1] in _BE or len(words) > 1 and words[-2] in _BE and words[-1] in _SUBJECTS
-    if spoken or predicate or _MEANING.intersection(said) or words[-1] in _DETERMINERS:
+    if spoken or _MEANING.intersection(said) or words[-1] in _DETERMINERS:
         return True
     return words[-1] in _PREPOSITIONS and bool(
         _VALEDICTIONS.intersection(said) or _SPEAKING.intersection(words)

@@ -116,10 +116,3 @@ def test_a_greeting_joined_to_the_rest_is_what_is_asked() -> None:
     assert canonical_text("hi in excel how do i sum a column") == canonical_text(
         "In Excel, how do I sum a column?"
     )
-
-
-def test_a_sign_off_after_is_is_the_predicate() -> None:
-    """ "Is it urgent" asks whether it is urgent; it never becomes "Is it"."""
-    assert not canonical_keys("Is it urgent") & canonical_keys("Is it asap")
-    assert canonical_text("how do I descale a kettle asap") == canonical_text(STORED)
-    assert canonical_text("is that normal thanks") == canonical_text("Is that normal?")
