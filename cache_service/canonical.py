@@ -126,13 +126,13 @@ def strip_wrappers(text: str) -> str:
         text = strip_phatic(text)
         for pattern in (_CLOSING,) if _PURPOSE.match(text) else (_OPENING, _CLOSING):
             found = pattern.search(text)
-            if (
-                found is None
-                or pattern is _CLOSING
-                and closing_asked_about(text[: found.start()], found.group())
-                or pattern is _OPENING
-                and opening_asked_about(text[found.end() :])
-            ):
+            if found is None:
+                continue
+            if pattern is _CLOSING:
+                asked = closing_asked_about(text[: found.start()], found.group())
+            else:
+                asked = opening_asked_about(text[found.end() :])
+            if asked:  # the greeting or sign-off is what the question is about
                 continue
             shorter = (text[: found.start()] + text[found.end() :]).strip()
             if len(shorter.split()) >= 2 and shorter != text:

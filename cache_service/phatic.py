@@ -292,8 +292,9 @@ def _run_classes(matches: list[re.Match[str]]) -> list[str]:
 def _writer_knows(matches: list[re.Match[str]], i: int) -> bool:
     """The leading run so far is "if I (we) ... know": a condition on the writer's side, which the question
     depends on, unlike the reader's knowing ("If anyone knows, ...", "If you know, ...")."""
-    run = [m.group().lower() for m in matches[: i + 1]]
-    return run[-1] == "know" and run[0] == "if" and bool({"i", "we"} & set(run[1:]))
+    if matches[i].group().lower() != "know" or matches[0].group().lower() != "if":
+        return False
+    return any(m.group().lower() in ("i", "we") for m in matches[1:i])
 
 
 def _strip_runs(text: str) -> str:
