@@ -583,6 +583,8 @@ def main(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
         "",
     ]
     lines += suite_lines
+    lines += ["", "Perturbation suite, both designs at the same false-hit rate seen on it (as above):", ""]
+    lines += matched_rate_table(suite, suite_lookups)
     lines += [
         "",
         f"Perturbation suite by kind at {d:.0%} (should-hit copies served; perturbed traps answered):",
