@@ -10,8 +10,8 @@ Per fault: requests that failed (split: their stream had started before the faul
 streams on the faulted worker took to end with an error event, how long until both gateways took a
 stopped worker out of routing (their `worker_routable` gauge), and output tok/s in the 10 s before each
 fault and 10 s after it ended, and semantic-cache hits among the requests that started then. At the end:
-KV blocks still held on each worker. Writes the `fleet-faults`
-section of docs/BENCHMARKS.md.
+KV blocks still held on each worker. Writes the `fleet-faults-<cpu kind>`
+section of docs/BENCHMARKS.md (a run on another kind of CPU adds its own beside it).
 
     .venv/bin/python -m bench.fleet_faults [--runs 3] [--write-docs]
 """
@@ -31,7 +31,7 @@ import grpc
 import httpx
 
 from bench.fleet_bench import cpu_note
-from bench.report import median, publish
+from bench.report import cpu_section, median, publish
 from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import (
     MODEL_NAME,
@@ -43,6 +43,7 @@ from scripts.launch import (
     start_redis,
     start_worker,
 )
+from worker.model.cpu_kind import cpu_info
 
 WORKER_ENV = {"WORKER_NUM_THREADS": "1", "WORKER_NUM_KV_BLOCKS": "400", "WORKER_MAX_NUM_SEQS": "16"}
 CONCURRENCY = 6
@@ -357,7 +358,7 @@ def main() -> None:
     for _ in range(args.runs):
         runs.append(one_run())
         print(json.dumps(runs[-1]), flush=True)
-    publish("fleet-faults", report(runs), args.write_docs)
+    publish(cpu_section("fleet-faults", cpu_info().kind), report(runs), args.write_docs)
 
 
 if __name__ == "__main__":
