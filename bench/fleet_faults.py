@@ -311,7 +311,7 @@ def report(runs: list[dict]) -> list[str]:
     ]
     out_of_routing = [r["out_of_routing_s"] for r in runs]
     return [
-        "## Fleet faults under load",
+        f"## Fleet faults under load, CPU kind {cpu_info().kind}",
         "",
         f"`.venv/bin/python -m bench.fleet_faults --runs {len(runs)} --write-docs` on {cpu_note()}. "
         "2 gateways "
