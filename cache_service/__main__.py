@@ -8,13 +8,22 @@ import sys
 
 from redis.exceptions import RedisError
 
-from cache_service.server import serve
-from cache_service.settings import CacheSettings
+from cache_service.artifacts import ArtifactError
+from cache_service.artifacts import verify as verify_artifacts
 from common.grpc_server import skip_final_collection
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        verify_artifacts()  # the settings read the calibration: check it before they do
+    except ArtifactError as exc:
+        logging.getLogger("cache_service").error("cannot start: %s", exc)
+        sys.exit(1)
+    # Imported after the check: the calibration and the word list are located and read on import.
+    from cache_service.server import serve
+    from cache_service.settings import CacheSettings
+
     settings = CacheSettings()
     try:
         asyncio.run(serve(settings))

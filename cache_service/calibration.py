@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
-CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+from cache_service.artifacts import path_of
+
+CALIBRATION_FILE = path_of("calibration")  # listed in cache_service/artifacts.json
 BUDGETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
 SEMANTIC_OFF = 1.01  # above any cosine: no semantic hit
 

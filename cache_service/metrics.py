@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from cache_service.artifacts import Artifact
 from cache_service.batcher import EMBEDDING, KINDS, LOOKUP, BatchStats
 from common.prometheus import init_labels  # also: no _created series
 
@@ -68,6 +71,17 @@ class CacheMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.artifact_info = Gauge(
+            "llmserve_cache_artifact_info",
+            "The data files the cache decides with (cache_service/artifacts.json), each at 1: its format and "
+            "the first 12 hex digits of its sha256, so a fleet's replicas can be seen to run the same ones.",
+            ["artifact", "format", "sha256"],
+            registry=r,
+        )
+
+    def on_artifacts(self, artifacts: Iterable[Artifact]) -> None:
+        for a in artifacts:
+            self.artifact_info.labels(artifact=a.name, format=str(a.format), sha256=a.sha256[:12]).set(1)
 
     def on_embedding_batch(self, stats: BatchStats) -> None:
         self.embedding_seconds.observe(stats.seconds)

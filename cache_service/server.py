@@ -10,6 +10,7 @@ import uuid
 from threadpoolctl import threadpool_limits
 
 from cache_service import spelling
+from cache_service.artifacts import verify as verify_artifacts
 from cache_service.batcher import MicroBatcher
 from cache_service.core import SemanticCache
 from cache_service.embedder import Embedder
@@ -42,7 +43,9 @@ def limit_blas_threads() -> None:
 
 async def serve(settings: CacheSettings) -> None:
     limit_blas_threads()
+    artifacts = verify_artifacts()  # before anything is loaded from them (the calibration: in settings)
     metrics = CacheMetrics()
+    metrics.on_artifacts(artifacts.values())
     store = RedisStore(settings.redis_url)
     await store.ping()
     model = settings.model()

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import functools
 import gzip
-from pathlib import Path
 
-FREQUENCY_FILE = Path(__file__).with_name("word_frequency.tsv.gz")
+from cache_service.artifacts import path_of
+
+FREQUENCY_FILE = path_of("word_frequency")  # listed in cache_service/artifacts.json
 KNOWN_ZIPF = 3.5  # the only corrections: words at least this common
 # Words at least this common are never corrected: the list's rarer words are as often names typed in lower
 # case ("etsy" would become "easy") or terms ("chmod") as misspellings.

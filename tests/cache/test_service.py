@@ -204,6 +204,7 @@ def test_stats_and_metrics(stub, cache_service: CacheService) -> None:
         "llmserve_cache_embedding_batches_total",
         "llmserve_cache_embedding_inputs_total",
         "llmserve_cache_lookup_seconds_bucket",
+        'llmserve_cache_artifact_info{artifact="calibration"',
     ):
         assert name in text
 

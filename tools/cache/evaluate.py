@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from cache_service import calibration
+from cache_service.artifacts import sha256_of
 from cache_service.calibration import BUDGETS, CALIBRATION_FILE, thresholds_for
 from cache_service.canonical import canonical_keys, near_typo
 from cache_service.core import TOP_K, TYPO_FLOOR
@@ -52,9 +53,10 @@ from cache_service.framing import framed_question
 from cache_service.keys import ParsedKey, normalize_text, parse_key
 from cache_service.vetoes import veto
 from common.gen import cache_pb2
-from tools.cache import ceiling, perturb
+from tools.cache import ceiling, manifest, perturb
 
 HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
 DATA = HERE / "data" / "cache_pairs.jsonl"
 DUPLICATES = HERE / "data" / "cache_tune_duplicates.jsonl"
 VECTOR_CACHE = Path(os.environ.get("CACHE_EVAL_VECTORS", "/tmp/llmserve-cache-eval"))
@@ -336,6 +338,7 @@ def write_calibration(model: str, thresholds: dict[float, float]) -> None:
         f"within {KIND_LIMIT}x it for every trap kind"
     )
     CALIBRATION_FILE.write_text(json.dumps({"about": about, "models": models}, indent=1) + "\n")
+    manifest.record("calibration", {str(DATA.relative_to(ROOT)): sha256_of(DATA), "split": "tune"})
     calibration._table.cache_clear()
 
 

@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from cache_service.spelling import FREQUENCY_FILE
+from tools.cache import manifest
 
 WHEEL = "wordfreq==3.1.1"
 LIST = "wordfreq/data/large_en.msgpack.gz"
@@ -57,6 +58,7 @@ def main() -> None:
         )
         wheel = next(folder.glob("wordfreq-*.whl"))
     FREQUENCY_FILE.write_bytes(build(wheel))
+    manifest.record("word_frequency", {"package": WHEEL, "list": LIST})
     print(f"{FREQUENCY_FILE}: {FREQUENCY_FILE.stat().st_size} bytes")
 
 
