@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from cache_service import calibration
-from cache_service.artifacts import sha256_of
+from cache_service.artifacts import read_manifest, sha256_of
 from cache_service.calibration import BUDGETS, CALIBRATION_FILE, thresholds_for
 from cache_service.canonical import canonical_keys, near_typo
 from cache_service.core import TOP_K, TYPO_FLOOR
@@ -457,6 +457,12 @@ def main(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
         "--failures", type=int, default=0, help="with --quick: print this many failing suite rows per kind"
     )
     args = parser.parse_args(argv)
+    calibrated_on = read_manifest()["calibration"].built_from.get(str(DATA.relative_to(ROOT)))
+    if calibrated_on != sha256_of(DATA) and not args.write_calibration:
+        print(
+            f"note: {CALIBRATION_FILE.name} was calibrated on another {DATA.name} (artifacts.json)",
+            file=sys.stderr,
+        )
     if args.quick:
         return args, quick(args.embedding_model, args.suite_from, args.failures)
     started = time.perf_counter()
