@@ -89,8 +89,6 @@ def test_product_and_tests_import_no_benchmark_or_study(package: str) -> None:
         pytest.skip(f"no {package}/")
 
     def allowed(module: str, name: str) -> bool:
-        if module.startswith("tests.cache."):
-            return True  # the semantic cache's data and studies move with its own redesign
         return top(name) not in ("bench", "studies")
 
     assert violations((package,), allowed) == []
