@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from cache_service import spelling
 from cache_service.pair_checks import expand_contractions
 from cache_service.phatic import (
+    FUNCTION,
     audience_only,
     closing_asked_about,
     opening_asked_about,
@@ -135,11 +136,18 @@ def strip_wrappers(text: str) -> str:
             if asked:  # the greeting or sign-off is what the question is about
                 continue
             shorter = (text[: found.start()] + text[found.end() :]).strip()
-            if len(shorter.split()) >= 2 and shorter != text:
+            if len(shorter.split()) >= 2 and shorter != text and not _function_words_only(shorter):
                 text = shorter
         if text == before:
             break
     return text
+
+
+def _function_words_only(text: str) -> bool:
+    """Nothing left but function words ("Is it", "Are they"): what was cut was the question's complement
+    ("Is it urgent?", "Is it asap?"), not a sign-off. A question word keeps what is left a question ("how
+    much is it | asap")."""
+    return all(w in FUNCTION for w in _TOKEN.findall(text.lower()))
 
 
 def _wrapper_only(clause: str) -> bool:

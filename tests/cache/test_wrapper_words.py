@@ -116,3 +116,13 @@ def test_a_greeting_joined_to_the_rest_is_what_is_asked() -> None:
     assert canonical_text("hi in excel how do i sum a column") == canonical_text(
         "In Excel, how do I sum a column?"
     )
+
+
+def test_a_sign_off_word_that_completes_the_question_stays() -> None:
+    """ "Is it urgent?" without "urgent" is "Is it": function words alone are no question, so the word was
+    its complement. After a question that stands on its own ("How much is it"), the same word still goes."""
+    assert not canonical_keys("Is it urgent?") & canonical_keys("Is it asap?")
+    assert not canonical_keys("Are they urgent?") & canonical_keys("Are they?")
+    assert canonical_text("how much is it asap") == canonical_text("How much is it?")
+    assert canonical_text("Hi, is it urgent?") == canonical_text("Is it urgent?")
+    assert canonical_text("Hi there, thanks!") == canonical_text("hi there")
