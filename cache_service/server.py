@@ -43,7 +43,7 @@ def limit_blas_threads() -> None:
 
 async def serve(settings: CacheSettings) -> None:
     limit_blas_threads()
-    artifacts = verify_artifacts()  # before anything is loaded from them (the calibration: in settings)
+    artifacts = verify_artifacts()  # `python -m cache_service` checked them already; a direct caller had not
     metrics = CacheMetrics()
     metrics.on_artifacts(artifacts.values())
     store = RedisStore(settings.redis_url)
