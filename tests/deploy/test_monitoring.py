@@ -44,6 +44,8 @@ def exported_sample_names() -> set[str]:
                 names.add(family.name + "_total")
             if family.type == "histogram":
                 names.update(family.name + s for s in ("_bucket", "_count", "_sum"))
+            if family.type == "gauge":  # a labelled gauge (an info gauge) has no sample before it is set
+                names.add(family.name)
     return names
 
 
