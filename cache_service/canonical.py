@@ -32,6 +32,7 @@ from cache_service.phatic import (
     FUNCTION,
     audience_only,
     closing_asked_about,
+    completes,
     opening_asked_about,
     strip_phatic,
     wrapper_clause,
@@ -136,7 +137,12 @@ def strip_wrappers(text: str) -> str:
             if asked:  # the greeting or sign-off is what the question is about
                 continue
             shorter = (text[: found.start()] + text[found.end() :]).strip()
-            if len(shorter.split()) >= 2 and shorter != text and not _function_words_only(shorter):
+            # a sign-off may not be what its clause asks about, nor a greeting all that there is to ask
+            if pattern is _CLOSING:
+                says_nothing = completes(text[: found.start()].rstrip(" ,;:.!?"))
+            else:
+                says_nothing = _function_words_only(shorter)
+            if len(shorter.split()) >= 2 and shorter != text and not says_nothing:
                 text = shorter
         if text == before:
             break
@@ -144,9 +150,7 @@ def strip_wrappers(text: str) -> str:
 
 
 def _function_words_only(text: str) -> bool:
-    """Nothing left but function words ("Is it", "Are they"): what was cut was the question's complement
-    ("Is it urgent?", "Is it asap?"), not a sign-off. A question word keeps what is left a question ("how
-    much is it | asap")."""
+    """Nothing but function words: what a greeting led into asks nothing without it."""
     return all(w in FUNCTION for w in _TOKEN.findall(text.lower()))
 
 

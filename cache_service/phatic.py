@@ -75,6 +75,14 @@ KEEP = NEGATORS | frozenset(
     most least than versus vs over under upper lower higher left right top bottom early late earlier
     later""".split()
 )
+_LAST_CLAUSE = re.compile(r"[,;:.!?]|\s[-–—]+\s")  # where the clause before a word begins
+_COORDINATORS = frozenset("and or but".split())
+_COPULAS = frozenset("is are was were am".split())
+_SUBJECTS = frozenset("it this that they these those he she".split())
+# What a question opens with when it has no question word: an auxiliary or a modal ("Can I ...", "Is ...").
+_QUESTION_OPENERS = frozenset(
+    "is are was were am do does did can could should would will shall may might must have has had".split()
+)
 _CONJUNCTIONS = frozenset("but so and anyway well ok okay".split())  # left at the front by a dropped clause
 # Where a leading run without punctuation may end: an asking or phatic word, and what follows it ("tell
 # me", "help us", "question but").
@@ -201,6 +209,34 @@ def _droppable(words: list[str], trailing: bool, quoted: bool = False, next_to_w
     return strong > 0 and negation_ok and all(c in ("strong", "weak", "negator") for c in classes)
 
 
+def completes(before: str) -> bool:
+    """A word right after an unfinished question, an auxiliary opening a clause of function words alone ("Is
+    it | urgent?", "..., is it | asap", "... and is there | anything we should do?"), is its complement,
+    not a sign-off: without it nothing is asked. A question word makes the clause a question already ("how
+    much is it | asap"), and a clause that asks nothing leaves the sign-off one ("... and on | Have a great
+    day!")."""
+    words = [w.lower() for w in _WORD.findall(_LAST_CLAUSE.split(before)[-1])]
+    joined = [i for i, w in enumerate(words) if w in _COORDINATORS]
+    clause = words[joined[-1] + 1 :] if joined else words
+    return bool(clause) and clause[0] in _QUESTION_OPENERS and all(w in FUNCTION for w in clause)
+
+
+def _copula_question(words: list[str]) -> bool:
+    """ "is it urgent", "are they ok": a copula and its subject ask about the word after them."""
+    lowered = [w.lower() for w in words]
+    return len(lowered) >= 3 and lowered[0] in _COPULAS and lowered[1] in _SUBJECTS
+
+
+def _asks_of_a_statement(words: list[str], before: str) -> bool:
+    """A trailing "is it urgent?" after a statement ("my boiler is broken, | is it urgent?") is the question
+    itself. After a question it is only a tag on it ("Can I bring my dog, | is that ok?")."""
+    if not _copula_question(words):
+        return False
+    head = [w.lower() for w in _WORD.findall(before)]
+    asked = "?" in before or bool(head) and (head[0] in _QUESTION_OPENERS or head[0] in KEEP)
+    return not asked
+
+
 def _is_signature(words: list[str]) -> bool:
     return 1 <= len(words) <= 2 and all(w[:1].isupper() and w[1:].islower() for w in words)
 
@@ -255,6 +291,8 @@ def _strip_clauses(text: str) -> str:
         after_question = "?" in between and (len(words) > 1 or [_normal(w) for w in words] == ["best"])
         alone = after_question or after_wrapper and bool(_SENTENCE_END.search(between))
         alone = alone or bool(words) and all(w.lower() in _DISCOURSE for w in words)  # "..., honestly?"
+        if _asks_of_a_statement(words, text[segments[lo][0] : s]):
+            break
         if _is_signature(words) and hi - 2 > lo:
             before = _WORD.findall(text[segments[hi - 2][0] : segments[hi - 2][1]])
             if before and _droppable(before, True, bool(_QUOTE.search(text[segments[hi - 2][0] : s]))):
@@ -352,7 +390,13 @@ def _strip_runs(text: str) -> str:
         word = _normal(matches[i].group())
         # a capitalized word ("Any"), not one in capitals ("OK", "I")
         sentence = i > 0 and matches[i].group()[:1].isupper() and matches[i].group()[1:].islower()
-        if sentence and matches[i - 1].group()[:1].islower() and "strong" in classes[i:]:
+        own = [m.group() for m in matches[i:]]
+        if (
+            sentence
+            and matches[i - 1].group()[:1].islower()
+            and "strong" in classes[i:]
+            and not _copula_question(own)
+        ):
             start = i  # an unpunctuated sentence of its own: "... my throat Any help would be appreciated"
         elif (
             word in _PRONOUN_CLOSING | _ADDRESSED
@@ -365,11 +409,12 @@ def _strip_runs(text: str) -> str:
         ):
             continue
         elif word in _TAG and classes[i] != "content" and i == len(matches) - 1:
-            clause = re.split(r"[,;.!?:]", text[: matches[i].start()])[-1].split()  # the tag's own clause
+            clause = _LAST_CLAUSE.split(text[: matches[i].start()])[-1].split()  # the tag's own clause
             if clause and clause[0].lower() not in _YES_NO:
                 start = i
         elif word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
-            start = i
+            if not completes(text[: matches[i].start()]):
+                start = i
     while start is not None and start > 0 and matches[start - 1].group().lower() in _BEFORE_CLOSING:
         start -= 1
     if (
@@ -448,9 +493,12 @@ def closing_asked_about(before: str, closing: str) -> bool:
 
 
 def wrapper_clause(clause: str) -> bool:
-    """A clause of wrapper words alone, with a strong phatic word ("hello", "thanks so much")."""
+    """A clause of wrapper words alone, with a strong phatic word ("hello", "thanks so much"), and not a
+    question of its own ("is it urgent": met here once a tag on a question has already gone)."""
     words = _WORD.findall(clause)
-    return bool(words) and not _QUOTE.search(clause) and _droppable(words, False)
+    return (
+        bool(words) and not _QUOTE.search(clause) and _droppable(words, False) and not _copula_question(words)
+    )
 
 
 def audience_only(clause: str) -> bool:

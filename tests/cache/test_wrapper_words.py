@@ -126,3 +126,21 @@ def test_a_sign_off_word_that_completes_the_question_stays() -> None:
     assert canonical_text("how much is it asap") == canonical_text("How much is it?")
     assert canonical_text("Hi, is it urgent?") == canonical_text("Is it urgent?")
     assert canonical_text("Hi there, thanks!") == canonical_text("hi there")
+
+
+def test_a_question_of_its_own_after_a_statement_stays() -> None:
+    """ "my boiler is broken, is it urgent?" asks "is it urgent": the clause is the question, not a wrapper,
+    and "anything" after "is there" is what is asked. After a question the same clause is only a tag on it,
+    and a sign-off after a clause that asks nothing still goes."""
+    stated = canonical_keys("My boiler is broken, is it urgent?")
+    assert not stated & canonical_keys("My boiler is broken.")
+    assert not stated & canonical_keys("My boiler is broken, is it asap?")
+    assert stated & canonical_keys("My boiler is broken. Is it urgent?")
+    assert canonical_text("Is this normal, and is there anything we can do? Thanks, Kate").endswith(
+        "is there anything we can do"
+    )
+    assert canonical_text("Is this normal and is there anything we can do?").endswith("anything we can do")
+    assert canonical_text("Can I bring my dog, is that ok?") == canonical_text("Can I bring my dog?")
+    assert canonical_text("the monitor is plugged into the gpu and on Have a great day!") == canonical_text(
+        "the monitor is plugged into the gpu and on"
+    )
