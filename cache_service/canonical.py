@@ -139,7 +139,7 @@ def strip_wrappers(text: str) -> str:
             shorter = (text[: found.start()] + text[found.end() :]).strip()
             # a sign-off may not be what its clause asks about, nor a greeting all that there is to ask
             if pattern is _CLOSING:
-                says_nothing = completes(text[: found.start()].rstrip(" ,;:.!?"))
+                says_nothing = completes(text[: found.start()])
             else:
                 says_nothing = _function_words_only(shorter)
             if len(shorter.split()) >= 2 and shorter != text and not says_nothing:

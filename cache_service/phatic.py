@@ -79,10 +79,6 @@ _LAST_CLAUSE = re.compile(r"[,;:.!?]|\s[-–—]+\s")  # where the clause before
 _COORDINATORS = frozenset("and or but".split())
 _COPULAS = frozenset("is are was were am".split())
 _SUBJECTS = frozenset("it this that they these those he she".split())
-# What a question opens with when it has no question word: an auxiliary or a modal ("Can I ...", "Is ...").
-_QUESTION_OPENERS = frozenset(
-    "is are was were am do does did can could should would will shall may might must have has had".split()
-)
 _CONJUNCTIONS = frozenset("but so and anyway well ok okay".split())  # left at the front by a dropped clause
 # Where a leading run without punctuation may end: an asking or phatic word, and what follows it ("tell
 # me", "help us", "question but").
@@ -218,7 +214,7 @@ def completes(before: str) -> bool:
     words = [w.lower() for w in _WORD.findall(_LAST_CLAUSE.split(before)[-1])]
     joined = [i for i, w in enumerate(words) if w in _COORDINATORS]
     clause = words[joined[-1] + 1 :] if joined else words
-    return bool(clause) and clause[0] in _QUESTION_OPENERS and all(w in FUNCTION for w in clause)
+    return bool(clause) and clause[0] in _YES_NO and all(w in FUNCTION for w in clause)
 
 
 def _copula_question(words: list[str]) -> bool:
@@ -233,7 +229,7 @@ def _asks_of_a_statement(words: list[str], before: str) -> bool:
     if not _copula_question(words):
         return False
     head = [w.lower() for w in _WORD.findall(before)]
-    asked = "?" in before or bool(head) and (head[0] in _QUESTION_OPENERS or head[0] in KEEP)
+    asked = "?" in before or bool(head) and (head[0] in _YES_NO or head[0] in KEEP)
     return not asked
 
 
@@ -390,12 +386,11 @@ def _strip_runs(text: str) -> str:
         word = _normal(matches[i].group())
         # a capitalized word ("Any"), not one in capitals ("OK", "I")
         sentence = i > 0 and matches[i].group()[:1].isupper() and matches[i].group()[1:].islower()
-        own = [m.group() for m in matches[i:]]
         if (
             sentence
             and matches[i - 1].group()[:1].islower()
             and "strong" in classes[i:]
-            and not _copula_question(own)
+            and not _copula_question([m.group() for m in matches[i:]])  # "... broken Is it urgent"
         ):
             start = i  # an unpunctuated sentence of its own: "... my throat Any help would be appreciated"
         elif (
