@@ -75,7 +75,6 @@ KEEP = NEGATORS | frozenset(
     most least than versus vs over under upper lower higher left right top bottom early late earlier
     later""".split()
 )
-_LAST_CLAUSE = re.compile(r"[,;:.!?]|\s[-–—]+\s")  # where the clause before a word begins
 _COORDINATORS = frozenset("and or but".split())
 _COPULAS = frozenset("is are was were am".split())
 _SUBJECTS = frozenset("it this that they these those he she".split())
@@ -211,7 +210,7 @@ def completes(before: str) -> bool:
     not a sign-off: without it nothing is asked. A question word makes the clause a question already ("how
     much is it | asap"), and a clause that asks nothing leaves the sign-off one ("... and on | Have a great
     day!")."""
-    words = [w.lower() for w in _WORD.findall(_LAST_CLAUSE.split(before)[-1])]
+    words = [w.lower() for w in _WORD.findall(_BOUNDARY.split(before)[-1])]
     joined = [i for i, w in enumerate(words) if w in _COORDINATORS]
     clause = words[joined[-1] + 1 :] if joined else words
     return bool(clause) and clause[0] in _YES_NO and all(w in FUNCTION for w in clause)
@@ -404,7 +403,7 @@ def _strip_runs(text: str) -> str:
         ):
             continue
         elif word in _TAG and classes[i] != "content" and i == len(matches) - 1:
-            clause = _LAST_CLAUSE.split(text[: matches[i].start()])[-1].split()  # the tag's own clause
+            clause = _BOUNDARY.split(text[: matches[i].start()])[-1].split()  # the tag's own clause
             if clause and clause[0].lower() not in _YES_NO:
                 start = i
         elif word in _CLOSING or (word in _ASKED_FOR and i > 0 and matches[i - 1].group().lower() == "any"):
