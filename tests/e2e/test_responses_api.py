@@ -296,6 +296,10 @@ def test_stream_disconnect_aborts_the_request(
         "stream": True,
     }
     url = f"{responses_gateway.addr}/v1/responses"
+    before = wait_for_idle(worker_stub)  # the worker is shared: count from nothing running
+    assert (before.num_running, before.num_waiting) == (0, 0), (
+        f"an earlier test's request still runs: {before}"
+    )
     with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
@@ -303,8 +307,8 @@ def test_stream_disconnect_aborts_the_request(
                 break
         # Still generating when we leave: the worker's stats are its engine loop's last round, so poll.
         deadline = time.monotonic() + 10
-        while worker_stub.GetStats(worker_pb2.StatsRequest()).num_running != 1:
-            assert time.monotonic() < deadline, "the request is not running when we leave"
+        while (running := worker_stub.GetStats(worker_pb2.StatsRequest())).num_running != 1:
+            assert time.monotonic() < deadline, f"the request is not running when we leave: {running}"
             time.sleep(0.02)
     stats = wait_for_idle(worker_stub)
     assert (stats.num_running, stats.num_waiting, stats.num_kv_blocks_used) == (0, 0, 0)
