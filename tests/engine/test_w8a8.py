@@ -11,9 +11,34 @@ from tests.engine.kernel_grid import int8_one_row_on_grid, on_chunk_grid
 from worker.kernels import native_op
 from worker.model.model import LlamaForPagedAttention
 from worker.model.smoothing import activation_ranges, factors, smooth
-from worker.model.w8a8 import WEIGHT_ONLY_BELOW, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
+from worker.model.w8a8 import (
+    WEIGHT_ONLY_BELOW,
+    ZERO_POINT,
+    W8A8Linear,
+    native_gemm,
+    quantize_rows,
+    w8a8_available,
+)
 
 pytestmark = pytest.mark.skipif(not w8a8_available(torch.device("cpu")), reason="no oneDNN int8 linear")
+
+
+def native_paths() -> list[str]:
+    """The integer GEMM paths this build and CPU run (w8a8_linear.cpp): vnni wherever it is compiled, amx
+    where the tiles are usable; none before `make kernels` or on a CPU with neither."""
+    ops = native_op("w8a8_linear")
+    usable = ops.w8a8_linear_path() if ops is not None else "none"
+    if usable == "none":
+        return []
+    paths = [usable]
+    if usable == "amx":
+        try:  # compiled wherever AMX-INT8 is, unless a build targets AMX without AVX512-VNNI
+            ops.w8a8_linear(torch.zeros(1, 64), torch.zeros(2, 16, 64, dtype=torch.int8), torch.ones(32),
+                            torch.zeros(32, dtype=torch.int32), torch.empty(1, 32), "vnni")  # fmt: skip
+            paths.append("vnni")
+        except RuntimeError:
+            pass
+    return paths
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -46,13 +71,14 @@ def test_w8a8_layer_is_its_integer_products_and_close_to_the_float_layer(rows):
     assert layer(x.bfloat16()).dtype == torch.bfloat16
 
 
-def test_few_rows_skip_the_activation_rounding_and_many_rows_do_not():
-    """Below WEIGHT_ONLY_BELOW rows only the weights are 8-bit: a row's result does not depend on the
-    other rows. From it the rows are rounded to 8 bits, each on its own scale, so the same row differs."""
+def test_few_rows_on_onednn_skip_the_activation_rounding_and_many_rows_do_not():
+    """On oneDNN's GEMM, below WEIGHT_ONLY_BELOW rows only the weights are 8-bit: a row's result does not
+    depend on the other rows. From it the rows are rounded to 8 bits, each on its own scale, so the same row
+    differs."""
     if native_op("int8_linear") is None:
         pytest.skip("native kernels not built (make kernels)")
     gen = torch.Generator().manual_seed(7)
-    layer = W8A8Linear(torch.randn(64, 128, generator=gen))
+    layer = W8A8Linear(torch.randn(64, 128, generator=gen), native=False)
     x = torch.randn(WEIGHT_ONLY_BELOW, 128, generator=gen)
     few, many = layer(x[:1]), layer(x)
     one = on_chunk_grid(x[:1].double()) if int8_one_row_on_grid(1) else x[:1].double()
@@ -120,3 +146,90 @@ def test_native_row_quantization_and_rescale_equal_the_torch_steps(dtype):
     y, out = torch.randn(37, 50), torch.empty(37, 50, dtype=dtype)
     ops.scale_rows(y, scales, out)
     assert torch.equal(out, (y * scales[:, None]).to(dtype))
+
+
+def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channels():
+    ops = native_op("w8a8_pack_weight")
+    if ops is None:
+        pytest.skip("native kernels not built (make kernels)")
+    codes = torch.randint(-127, 128, (64, 128), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    packed, compensation = torch.empty(4, 32, 64, dtype=torch.int8), torch.empty(64, dtype=torch.int32)
+    ops.w8a8_pack_weight(codes, packed, compensation)
+    # packed[b, q, 4 c + i] = codes[16 b + c, 4 q + i]
+    expected = codes.reshape(4, 16, 32, 4).permute(0, 2, 1, 3).reshape(4, 32, 64)
+    assert torch.equal(packed, expected)
+    assert torch.equal(compensation, 128 * codes.int().sum(dim=1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 17, 33, 64, 130])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
+    """Every path of the kernel (AMX tiles in groups of 16 rows, VNNI in chunks of 4 rows, 64 channels and 256
+    columns; the row counts reach every remainder) gives the exact int32 sums of the row codes against the
+    weight codes, times the channel scale, times the row scale, in float32, rounded once to the output dtype:
+    the same bits as those steps in torch."""
+    paths = native_paths()
+    if not paths:
+        pytest.skip("no native integer GEMM in this build or on this CPU")
+    ops = native_op("w8a8_linear")
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 96, 576  # 6 channel blocks (a pass of 4 and one of 2 per thread); columns 256 + 256 + 64
+    weight = torch.randn(n, k, generator=gen)
+    layer = W8A8Linear(weight)
+    x = torch.randn(rows, k, generator=gen) * torch.rand(rows, 1, generator=gen) * 10
+    x[0, :] = 0.0  # an all-zero row: scale 1e-12 / 127, codes 128, sums exactly the compensation
+    codes, scales = quantize_rows(x)
+    sums = ((codes.double() - ZERO_POINT) @ layer.weight_codes().double().T).float()  # exact: below 2^24
+    expected = (sums * layer.weight_scales[None, :] * scales).to(out_dtype)
+    for path in paths:
+        out = torch.empty(rows, n, dtype=out_dtype)
+        ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
+        assert torch.equal(out, expected), path
+        assert torch.equal(out[0], torch.zeros(n, dtype=out_dtype))
+    torch.testing.assert_close(layer(x).double(), layer.reference(x), rtol=1e-5, atol=1e-4)
+
+
+def test_native_integer_gemm_reads_bfloat16_rows_as_their_float32_values():
+    paths = native_paths()
+    if not paths:
+        pytest.skip("no native integer GEMM in this build or on this CPU")
+    ops = native_op("w8a8_linear")
+    gen = torch.Generator().manual_seed(5)
+    layer = W8A8Linear(torch.randn(64, 128, generator=gen))
+    x = torch.randn(9, 128, generator=gen).bfloat16()
+    for path in paths:
+        from_bf16, from_f32 = torch.empty(9, 64), torch.empty(9, 64)
+        ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, from_bf16, path)
+        ops.w8a8_linear(x.float(), layer.weight, layer.weight_scales, layer.compensation, from_f32, path)
+        assert torch.equal(from_bf16, from_f32)
+
+
+def test_w8a8_layer_runs_the_native_gemm_where_it_applies_and_onednn_elsewhere():
+    if not native_paths():
+        pytest.skip("no native integer GEMM in this build or on this CPU")
+    weight = torch.randn(64, 128)
+    native, onednn = W8A8Linear(weight), W8A8Linear(weight, native=False)
+    assert native.backend == "native-w8a8" and onednn.backend == "onednn-w8a8"
+    # the same codes; the native layer keeps only its own layout of them, and rounds rows at every count
+    assert native.codes is None and torch.equal(native.weight_codes(), onednn.weight_codes())
+    assert native.weight_only_below is None
+    x = torch.randn(1, 128)
+    torch.testing.assert_close(native(x).double(), native.reference(x), rtol=1e-5, atol=1e-5)
+    assert W8A8Linear(torch.randn(64, 160)).backend == "onednn-w8a8"  # 160 columns: not whole groups of 64
+    assert native_gemm(torch.randn(48, 128)) is None  # 48 channels: not whole pairs of 16-channel blocks
+
+
+def test_native_integer_gemm_refuses_a_path_this_cpu_lacks_and_wrong_shapes():
+    paths = native_paths()
+    if not paths:
+        pytest.skip("no native integer GEMM in this build or on this CPU")
+    ops = native_op("w8a8_linear")
+    layer = W8A8Linear(torch.randn(64, 128))
+    args = (layer.weight, layer.weight_scales, layer.compensation)
+    with pytest.raises(RuntimeError, match="path must be"):
+        ops.w8a8_linear(torch.randn(8, 128), *args, torch.empty(8, 64), "sse")
+    if "amx" not in paths:
+        with pytest.raises(RuntimeError, match="path must be"):
+            ops.w8a8_linear(torch.randn(8, 128), *args, torch.empty(8, 64), "amx")
+    with pytest.raises(RuntimeError, match="shapes differ"):
+        ops.w8a8_linear(torch.randn(8, 192), *args, torch.empty(8, 64))

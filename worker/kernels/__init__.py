@@ -27,6 +27,7 @@ SOURCES = [
     SOURCE_DIR / "decode_layers.cpp",
     SOURCE_DIR / "sampling.cpp",
     SOURCE_DIR / "amx_linear.cpp",
+    SOURCE_DIR / "w8a8_linear.cpp",
     SOURCE_DIR / "prefill_attention.cpp",
 ]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]

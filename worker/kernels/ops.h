@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace llmserve {
 
 // fused_ops.cpp
@@ -13,6 +15,7 @@ void add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Ten
 void rotary_(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
              int64_t num_heads);
 void silu_and_mul(const at::Tensor& x, const at::Tensor& out);
+void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
 
 // int8_linear.cpp, int4_linear.cpp
 void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out);
@@ -28,6 +31,12 @@ void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 bool amx_linear_supported();
 void amx_pack_weight(const at::Tensor& w, const at::Tensor& packed);
 void amx_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out);
+
+// w8a8_linear.cpp
+std::string w8a8_linear_path();
+void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation);
+void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
+                 const at::Tensor& compensation, const at::Tensor& out, c10::string_view path);
 
 // paged_attention.cpp
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_mapping, const at::Tensor& k_cache,

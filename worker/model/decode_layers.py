@@ -16,8 +16,10 @@ import torch
 from worker.model.attention import AttentionMetadata
 
 # Linear backend -> (weight bits the op is told, the layer's tensors it is given, in order, the layer's
-# attribute holding the rows from which it leaves the native kernel: None there means never). w8a8 layers
-# keep their int8 codes and scales in the int8 kernel's layout for their few-rows method (model/w8a8.py).
+# attribute holding the rows from which it leaves the native kernel: None there means never). w8a8 layers on
+# oneDNN keep their int8 codes and scales in the int8 kernel's layout for their few-rows method
+# (model/w8a8.py); on the project's integer GEMM ("native-w8a8") every row count is that GEMM, which this op
+# does not chain, so those layers keep the per-layer loop.
 _NATIVE_LINEARS = {
     "native-int4": (4, ("weight", "scales", "mins"), "dequantize_from"),
     "native-int8": (8, ("weight", "scales"), "dequantize_from"),

@@ -13,10 +13,18 @@ integer kernels take the activations unsigned, so the codes travel as q_x + 128 
 (exact: the same integers). The sums are exact int32; only the two roundings to 8 bits differ from float.
 Perplexity against the unquantized model is what decides where it serves (bench/quant_study.py).
 
-A few rows are another matter: there a product is bound by reading the weight, not by arithmetic, and oneDNN's
-call (plus quantizing the rows) costs more than the project's weight-only int8 kernel (int8_linear.cpp)
-reading the same int8 codes with float32 rows. Below `WEIGHT_ONLY_BELOW` rows the layer runs that kernel on
-its codes (float32 activations, so no activation rounding at all); from it, oneDNN's integer GEMM.
+Where the project's kernels are built for a CPU with AVX512-VNNI or AMX-INT8, the layer runs its own integer
+GEMM instead (worker/kernels/w8a8_linear.cpp: the same codes and integer sums, quantizing the rows and
+rescaling the sums in the same call): oneDNN's call had ~30 us of fixed cost per layer and two extra passes
+over the rows (docs/BENCHMARKS.md, "w8a8 linears of a decode step": 32 rows 15.7 against 7.0 ms on an AMX
+Xeon, 11.0 on the VNNI path).
+
+A few rows are another matter for oneDNN: there a product is bound by reading the weight, not by
+arithmetic, and its call (plus quantizing the rows) costs more than the project's weight-only int8 kernel
+(int8_linear.cpp) reading the same int8 codes with float32 rows. So on oneDNN, below `WEIGHT_ONLY_BELOW`
+rows the layer runs that kernel on its codes (float32 activations, so no activation rounding at all). The
+project's GEMM streams the codes faster than that kernel at every row count (120 distinct SmolLM2 layers,
+AMX Xeon: 1 row 3.2 against 6.5 ms, 2 rows 3.8 against 15.4), so it runs every row count itself.
 """
 
 from __future__ import annotations
@@ -40,6 +48,16 @@ def w8a8_available(device: torch.device) -> bool:
     )
 
 
+def native_gemm(weight: torch.Tensor) -> object | None:
+    """The project's integer GEMM (`torch.ops.llmserve`) where it runs this weight: built, a CPU with
+    AVX512-VNNI or AMX-INT8, a CPU weight whose input side is a multiple of 64 and output side of 32."""
+    ops = native_op("w8a8_linear")
+    out_features, in_features = weight.shape
+    if ops is None or weight.device.type != "cpu" or in_features % 64 or out_features % 32:
+        return None
+    return ops if ops.w8a8_linear_path() != "none" else None
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (codes + 128 as uint8 [M, K], float32 scales [M, 1]), one symmetric scale per row."""
     rows = x.float()
@@ -53,25 +71,36 @@ class W8A8Linear:
     row, computed at each call). Same call interface as `common.linear.Linear`."""
 
     quantization = "w8a8"
-    backend = "onednn-w8a8"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        if not w8a8_available(weight.device):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> None:
+        """`native=False` keeps oneDNN's integer GEMM where the project's would run (for comparisons)."""
+        self.gemm = native_gemm(weight) if native else None
+        if self.gemm is None and not w8a8_available(weight.device):
             raise ValueError(
-                f"w8a8 runs on oneDNN's CPU int8 kernels; not available for a weight on {weight.device} "
-                "(use WORKER_QUANTIZATION=int8 or none there)"
+                f"w8a8 runs on the CPU's int8 dot products (the project's kernels or oneDNN's); neither is "
+                f"available for a weight on {weight.device} (use WORKER_QUANTIZATION=int8 or none there)"
             )
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
         self.weight_scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).contiguous()
-        self.codes = torch.round(w / self.weight_scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.weight = torch.ops.onednn.qlinear_prepack(self.codes, None)
-        self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        codes = torch.round(w / self.weight_scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
         self.native = native_op("quantize_rows_u8")  # None before `make kernels`: the same steps in torch ops
-        self.weight_only = native_op("int8_linear")  # the few-rows kernel; None before `make kernels`
-        self.weight_only_below = WEIGHT_ONLY_BELOW if self.weight_only is not None else None
+        if self.gemm is not None:  # only the codes laid out for the kernel, and 128 * sum_k codes per channel
+            self.backend = "native-w8a8"
+            self.codes = None
+            self.weight = torch.empty(self.out_features // 16, self.in_features // 4, 64, dtype=torch.int8)
+            self.compensation = torch.empty(self.out_features, dtype=torch.int32)
+            self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
+            self.weight_only, self.weight_only_below = None, None
+        else:
+            self.backend = "onednn-w8a8"
+            self.codes = codes
+            self.weight = torch.ops.onednn.qlinear_prepack(codes, None)
+            self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
+            self.weight_only = native_op("int8_linear")  # the few-rows kernel; None before `make kernels`
+            self.weight_only_below = WEIGHT_ONLY_BELOW if self.weight_only is not None else None
         for rows in {1, self.weight_only_below or 1}:  # both methods: fail at load, not on a request
             self(torch.zeros(rows, self.in_features))
 
@@ -82,6 +111,12 @@ class W8A8Linear:
             self.weight_only.int8_linear(rows, self.codes, self.weight_scales, y)
             y = y.to(x.dtype)
             return y.add_(self.bias.to(y.dtype)) if self.bias is not None else y
+        if self.gemm is not None:
+            rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
+            out = rows.new_empty(rows.shape[0], self.out_features)
+            self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
+            out = out.to(x.dtype)
+            return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
         native = self.native if x.dtype in (torch.float32, torch.bfloat16) else None
         if native is not None:  # the same codes and scales in one pass per row (worker/kernels/fused_ops.cpp)
             x = x.contiguous()
@@ -89,7 +124,8 @@ class W8A8Linear:
             native.quantize_rows_u8(x, codes, scales)
         else:
             codes, scales = quantize_rows(x)
-        # The weight scales are applied by oneDNN with the sums; the row scales after (oneDNN takes one
+        # oneDNN's integer GEMM (no project kernel for this CPU or shape). The weight scales are applied by
+        # oneDNN with the sums; the row scales after (oneDNN takes one
         # activation scale per call). Bias after the row scale, so it is added unscaled.
         y = torch.ops.onednn.qlinear_pointwise(
             codes, 1.0, ZERO_POINT, self.weight, self.weight_scales, self.zero_points,
@@ -102,13 +138,21 @@ class W8A8Linear:
             out = y.mul_(scales).to(x.dtype)
         return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
 
+    def weight_codes(self) -> torch.Tensor:
+        """The int8 weight codes [out, in] (for the native GEMM, read back from its layout)."""
+        if self.codes is not None:
+            return self.codes
+        blocks, quads, _ = self.weight.shape  # [N / 16, K / 4, 16 channels x 4 columns]
+        return self.weight.reshape(blocks, quads, 16, 4).permute(0, 2, 1, 3).reshape(blocks * 16, quads * 4)
+
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """What `__call__` computes, in float64 (up to float32 rounding): the rows as they are against the
-        8-bit weights below `weight_only_below` rows, the same integers as oneDNN's from it."""
+        8-bit weights below `weight_only_below` rows, the same integers as the integer GEMM's from it."""
+        weights = self.weight_codes().double()
         if self.weight_only_below is not None and x.shape[0] < self.weight_only_below:
-            y = x.double() @ (self.codes.double() * self.weight_scales.double()[:, None]).T
+            y = x.double() @ (weights * self.weight_scales.double()[:, None]).T
             return y + self.bias.double() if self.bias is not None else y
         codes, scales = quantize_rows(x)
-        sums = (codes.double() - ZERO_POINT) @ self.codes.double().T
+        sums = (codes.double() - ZERO_POINT) @ weights.T
         y = sums * scales.double() * self.weight_scales.double()
         return y + self.bias.double() if self.bias is not None else y

@@ -1,0 +1,352 @@
+// y = x @ W.T with int8 weights and int8 activation rows (WORKER_QUANTIZATION=w8a8), for the rows of a decode
+// batch: quantize, multiply and rescale in one call.
+//
+// Through oneDNN (torch.ops.onednn.qlinear_pointwise) each such layer cost ~30 us of fixed overhead per call
+// plus a separate pass to quantize the rows and another to rescale a float32 result into the model's dtype:
+// at 32 decode rows on a 2-core AMX Xeon the 120 decoder linears of a step took 15.7 ms against 10.6 ms for
+// bfloat16 weights on amx_linear.cpp (bench/w8a8_kernels.py); here 7.0 ms (AMX tiles), 11.0 ms (VNNI).
+// The rows are quantized once (fused_ops.cpp's quantize_rows_u8:
+// the same codes as before), the sums are exact int32 on the CPU's integer dot products, and each tile of
+// sums is scaled and rounded straight into out:
+//
+//     y[m, n] = ((sum_k u[m, k] c[n, k]) - 128 sum_k c[n, k]) * s_w[n] * s_x[m]
+//
+// with u = q_x + 128 the unsigned row codes (what the u8 x s8 instructions take), c the weight codes and
+// 128 sum_k c[n, k] the `compensation` made once at load. The weights are laid out once (w8a8_pack_weight)
+// as both instruction sets read them: per block of 16 output channels, per group of 4 input columns, the 16
+// channels' 4 codes side by side (64 bytes: one 512-bit register for VPDPBUSD, one row of an AMX B tile).
+// Two paths, chosen per build and CPU (w8a8_linear_path; `path` names one, for tests and benchmarks):
+//   "amx":  AMX-INT8 tiles (TDPBUSD), two channel blocks x two groups of 16 rows at a time, as amx_linear.cpp;
+//           from kAmxFromRows rows where VNNI is compiled too.
+//   "vnni": AVX512-VNNI (VPDPBUSD), up to 6 rows x 64 channels of int32 sums in registers; each channel group
+//           is read from memory once and from L2 for the further row chunks. The CPUs without AMX (AMD Zen 4,
+//           Intel before Sapphire Rapids) take this one.
+//
+// Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
+// compensation [N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "amx.h"
+#include "ops.h"
+#include "vec.h"
+
+namespace {
+
+using BF16 = c10::BFloat16;
+
+#if defined(LLMSERVE_AVX512) && defined(__AVX512VNNI__)
+#define LLMSERVE_W8A8_VNNI 1
+#endif
+#if defined(LLMSERVE_AMX) && defined(__AMX_INT8__)
+#define LLMSERVE_W8A8_AMX 1
+#endif
+
+// Where both paths exist, AMX from this many rows: below it one row group's tiles are mostly empty and VNNI
+// streams the weights faster (120 distinct SmolLM2 layers, 2-core AMX Xeon: 8 rows 4.6 against 5.5 ms, 12
+// rows 5.6 against 5.9, 16 rows 7.0 against 6.0, 32 rows 11.5 against 7.7).
+constexpr int64_t kAmxFromRows = 16;
+
+bool vnni_compiled() {
+#ifdef LLMSERVE_W8A8_VNNI
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool amx_int8_usable() {
+#ifdef LLMSERVE_W8A8_AMX
+  return llmserve::tiles_permitted();
+#else
+  return false;
+#endif
+}
+
+#if defined(LLMSERVE_W8A8_VNNI) || defined(LLMSERVE_W8A8_AMX)
+// Where the scaled sums of one row and 16 channels go.
+struct Epilogue {
+  const float* weight_scales;
+  const int32_t* compensation;
+  const float* row_scales;
+  void* out;
+  bool bf16;
+  int64_t N;
+
+  void store(__m512i sums, int64_t m, int64_t n0) const {
+    const __m512i exact = _mm512_sub_epi32(sums, _mm512_loadu_si512(compensation + n0));
+    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_loadu_ps(weight_scales + n0)),
+                                   _mm512_set1_ps(row_scales[m]));
+    if (bf16) {
+      llmserve::store16(static_cast<BF16*>(out) + m * N + n0, y);
+    } else {
+      llmserve::store16(static_cast<float*>(out) + m * N + n0, y);
+    }
+  }
+};
+#endif
+
+#ifdef LLMSERVE_W8A8_VNNI
+constexpr int kMaxRows = 4;            // rows of sums in registers: 4 x 4 accumulators + 4 weights + a broadcast
+constexpr int kMaxBlocks = 4;          // channel blocks of 16 per pass (64 channels)
+constexpr int64_t kColumnChunk = 256;  // columns per pass: the 4 blocks' 16 KB of codes stay in L1 for every row
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Where a pass over some columns starts and ends its sums: from zero or the partial sums of the columns
+// before; into the epilogue or the partial sums for the columns after.
+struct ColumnPass {
+  int64_t k0, k1;
+  bool first, last, prefetch;
+};
+
+// Rows [m0, m0 + R) of the codes against channel blocks [b, b + B), columns [k0, k1). partial: [rows, 64] int32.
+template <int R, int B>
+void vnni_tile(const uint8_t* codes, int64_t K, const int8_t* packed, int64_t b, int64_t m0, const ColumnPass& pass,
+               int32_t* partial, const Epilogue& epilogue) {
+  // Every loop over r and j is unrolled, so that the sums stay in registers (rolled, GCC kept them on the
+  // stack: a load and a store around each multiply-add, half the speed); 6 rows spilled too.
+  __m512i acc[R][B];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < B; ++j)
+      acc[r][j] = pass.first ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + (m0 + r) * 64 + j * 16);
+  const int8_t* w = packed + b * 16 * K;  // block b + j starts 16 K bytes after block b + j - 1
+  const uint8_t* x = codes + m0 * K;
+  for (int64_t k = pass.k0; k < pass.k1; k += 4) {
+    __m512i wj[B];
+#pragma GCC unroll 4
+    for (int j = 0; j < B; ++j) {
+      const int8_t* tile = w + j * 16 * K + k * 16;
+      if (pass.prefetch) _mm_prefetch(reinterpret_cast<const char*>(tile) + kPrefetchBytes, _MM_HINT_T0);
+      wj[j] = _mm512_loadu_si512(tile);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512i xr = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + r * K + k));
+#pragma GCC unroll 4
+      for (int j = 0; j < B; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xr, wj[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < B; ++j) {
+      if (pass.last) {
+        epilogue.store(acc[r][j], m0 + r, (b + j) * 16);
+      } else {
+        _mm512_storeu_si512(partial + (m0 + r) * 64 + j * 16, acc[r][j]);
+      }
+    }
+}
+
+// Channel blocks [b, b + B) against every row: column chunk by column chunk, every row chunk of 4 passing
+// over the chunk's codes while they are in L1 (the first pass reads them from memory).
+template <int B>
+void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t b, int32_t* partial,
+               const Epilogue& e) {
+  for (int64_t k0 = 0; k0 < K; k0 += kColumnChunk) {
+    const int64_t k1 = std::min(K, k0 + kColumnChunk);
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+      const ColumnPass pass{k0, k1, k0 == 0, k1 == K, m0 == 0};
+      switch (std::min<int64_t>(kMaxRows, M - m0)) {
+        case 1: vnni_tile<1, B>(codes, K, packed, b, m0, pass, partial, e); break;
+        case 2: vnni_tile<2, B>(codes, K, packed, b, m0, pass, partial, e); break;
+        case 3: vnni_tile<3, B>(codes, K, packed, b, m0, pass, partial, e); break;
+        default: vnni_tile<4, B>(codes, K, packed, b, m0, pass, partial, e); break;
+      }
+    }
+  }
+}
+
+void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N, const Epilogue& e) {
+  at::parallel_for(0, N / 16, kMaxBlocks, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<int32_t> partial;  // the sums of every row for 64 channels, between column chunks
+    if (partial.size() < static_cast<size_t>(M * 64)) partial.resize(static_cast<size_t>(M * 64));
+    for (int64_t b = begin; b < end; b += kMaxBlocks) {
+      switch (std::min<int64_t>(kMaxBlocks, end - b)) {
+        case 1: vnni_rows<1>(codes, M, K, packed, b, partial.data(), e); break;
+        case 2: vnni_rows<2>(codes, M, K, packed, b, partial.data(), e); break;
+        case 3: vnni_rows<3>(codes, M, K, packed, b, partial.data(), e); break;
+        default: vnni_rows<4>(codes, M, K, packed, b, partial.data(), e); break;
+      }
+    }
+  });
+}
+#endif
+
+#ifdef LLMSERVE_W8A8_AMX
+// Tiles as amx_linear.cpp: C (row group g, channel block b) 2g + b; A (row group g) 4 + g; B (block b) 6 + b.
+// An A tile is 16 rows (fewer below 16) x 64 codes, a B tile 16 groups of 4 codes x 16 channels.
+void amx_configure(int rows) {
+  llmserve::TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
+  for (int t : {0, 1, 2, 3, 4, 5}) cfg.rows[t] = static_cast<uint8_t>(rows);
+  cfg.rows[6] = cfg.rows[7] = 16;
+  _tile_loadconfig(&cfg);
+}
+
+void amx_store(const int32_t* c_tile, int64_t m0, int64_t rows, int64_t M, int64_t n0, const Epilogue& e) {
+  for (int64_t r = 0; r < rows && m0 + r < M; ++r) e.store(_mm512_loadu_si512(c_tile + 16 * r), m0 + r, n0);
+}
+
+// Channel blocks b0, b0 + 1 against every group of 16 rows, two groups at a time.
+void amx_channel_pair(const uint8_t* codes, int64_t M, int64_t groups, int rows, int64_t K, const int8_t* packed,
+                      int64_t b0, const Epilogue& e, int32_t* scratch) {
+  const int8_t* w0 = packed + b0 * 16 * K;
+  const int8_t* w1 = w0 + 16 * K;
+  for (int64_t g0 = 0; g0 < groups; g0 += 2) {
+    const bool two = g0 + 1 < groups;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    const uint8_t* a0 = codes + g0 * 16 * K;
+    const uint8_t* a1 = a0 + 16 * K;
+    for (int64_t k = 0; k < K; k += 64) {
+      const int8_t* t0 = w0 + k * 16;  // 1 KB: the groups k / 4 .. k / 4 + 15 of 16 channels
+      const int8_t* t1 = w1 + k * 16;
+      if (g0 == 0)
+        for (int64_t line = 0; line < 1024; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(t0) + 4096 + line, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(t1) + 4096 + line, _MM_HINT_T0);
+        }
+      _tile_loadd(6, t0, 64);
+      _tile_loadd(7, t1, 64);
+      _tile_loadd(4, a0 + k, K);
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(1, 4, 7);
+      if (two) {
+        _tile_loadd(5, a1 + k, K);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+      }
+    }
+    for (int g = 0; g < (two ? 2 : 1); ++g)
+      for (int b = 0; b < 2; ++b) {
+        switch (2 * g + b) {  // tile numbers are immediates
+          case 0: _tile_stored(0, scratch, 64); break;
+          case 1: _tile_stored(1, scratch, 64); break;
+          case 2: _tile_stored(2, scratch, 64); break;
+          default: _tile_stored(3, scratch, 64); break;
+        }
+        amx_store(scratch, (g0 + g) * 16, rows, M, (b0 + b) * 16, e);
+      }
+  }
+}
+
+void amx_linear_int8(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N, const Epilogue& e) {
+  const int64_t groups = (M + 15) / 16;
+  const int rows = M < 16 ? static_cast<int>(M) : 16;
+  at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) int32_t scratch[16 * 16];
+    amx_configure(rows);
+    for (int64_t pair = begin; pair < end; ++pair) amx_channel_pair(codes, M, groups, rows, K, packed, 2 * pair, e, scratch);
+    _tile_release();
+  });
+}
+#endif
+
+}  // namespace
+
+namespace llmserve {
+
+std::string w8a8_linear_path() {
+  if (amx_int8_usable()) return "amx";
+#ifdef LLMSERVE_W8A8_VNNI
+  return "vnni";
+#else
+  return "none";
+#endif
+}
+
+void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation) {
+  TORCH_CHECK(codes.device().is_cpu() && codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(),
+              "w8a8_pack_weight: codes must be a contiguous int8 [N, K] CPU tensor");
+  const int64_t N = codes.size(0), K = codes.size(1);
+  TORCH_CHECK(K % 64 == 0 && N % 32 == 0, "w8a8_pack_weight: K must be a multiple of 64 and N of 32");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.numel() == N * K,
+              "w8a8_pack_weight: packed must be a contiguous int8 tensor of N * K elements");
+  TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() && compensation.numel() == N,
+              "w8a8_pack_weight: compensation must be a contiguous int32 tensor of N elements");
+  const auto* src = reinterpret_cast<const uint32_t*>(codes.data_ptr());  // groups of 4 codes
+  auto* dst = reinterpret_cast<uint32_t*>(packed.data_ptr());
+  const int8_t* c = codes.data_ptr<int8_t>();
+  int32_t* comp = compensation.data_ptr<int32_t>();
+  const int64_t quads = K / 4;
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t q = 0; q < quads; ++q)
+        for (int64_t ch = 0; ch < 16; ++ch) dst[(b * quads + q) * 16 + ch] = src[(b * 16 + ch) * quads + q];
+      for (int64_t n = b * 16; n < b * 16 + 16; ++n) {
+        int32_t sum = 0;
+        for (int64_t k = 0; k < K; ++k) sum += c[n * K + k];
+        comp[n] = 128 * sum;
+      }
+    }
+  });
+}
+
+void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
+                 const at::Tensor& compensation, const at::Tensor& out, c10::string_view path) {
+  const std::string usable = w8a8_linear_path();
+  TORCH_CHECK(usable != "none", "w8a8_linear: this build or CPU has neither AVX512-VNNI nor AMX-INT8");
+  TORCH_CHECK(path == "auto" || path == usable || (path == "vnni" && vnni_compiled()),
+              "w8a8_linear: path must be auto or one this build and CPU has (", usable, "), got ", path);
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && out.device().is_cpu(), "w8a8_linear runs on CPU tensors");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && out.dim() == 2 && out.is_contiguous(),
+              "w8a8_linear: contiguous x [M, K] and out [M, N]");
+  TORCH_CHECK((out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "w8a8_linear: float32 or bfloat16 out");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 3 && packed.size(2) == 64 && packed.is_contiguous(),
+              "w8a8_linear: packed [N / 16, K / 4, 64] int8 from w8a8_pack_weight");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * 16;
+  TORCH_CHECK(packed.size(1) * 4 == K && out.size(0) == M && out.size(1) == N, "w8a8_linear: shapes differ");
+  TORCH_CHECK(M >= 1 && K % 64 == 0 && N % 32 == 0, "w8a8_linear: at least one row; K a multiple of 64, N of 32");
+  TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.is_contiguous() && weight_scales.numel() == N,
+              "w8a8_linear: one float32 weight scale per output channel");
+  TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() && compensation.numel() == N,
+              "w8a8_linear: one int32 compensation per output channel");
+#if defined(LLMSERVE_W8A8_VNNI) || defined(LLMSERVE_W8A8_AMX)
+  const bool amx = path == "amx" || (path == "auto" && usable == "amx" && (M >= kAmxFromRows || !vnni_compiled()));
+  // The AMX path reads whole groups of 16 rows; the rows past M are never stored.
+  const int64_t padded = amx && M > 16 ? (M + 15) / 16 * 16 : M;
+  const at::Tensor codes = at::empty({padded, K}, x.options().dtype(at::kByte));
+  const at::Tensor row_scales = at::empty({M}, x.options().dtype(at::kFloat));
+  llmserve::quantize_rows_u8(x, codes.narrow(0, 0, M), row_scales);
+  const Epilogue epilogue{weight_scales.data_ptr<float>(), compensation.data_ptr<int32_t>(),
+                          row_scales.data_ptr<float>(), out.data_ptr(), out.scalar_type() == at::kBFloat16, N};
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const int8_t* wp = packed.data_ptr<int8_t>();
+#ifdef LLMSERVE_W8A8_AMX
+  if (amx) return amx_linear_int8(cp, M, K, wp, N, epilogue);
+#endif
+#ifdef LLMSERVE_W8A8_VNNI
+  vnni_linear(cp, M, K, wp, N, epilogue);
+#endif
+#endif
+}
+
+}  // namespace llmserve
+
+TORCH_LIBRARY_FRAGMENT(llmserve, m) {
+  m.def("w8a8_linear(Tensor x, Tensor packed, Tensor weight_scales, Tensor compensation, Tensor(a!) out, "
+        "str path='auto') -> ()");
+  m.def("w8a8_pack_weight(Tensor codes, Tensor(a!) packed, Tensor(b!) compensation) -> ()");
+  m.def("w8a8_linear_path() -> str", &llmserve::w8a8_linear_path);
+}
+
+TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
+  m.impl("w8a8_linear", &llmserve::w8a8_linear);
+  m.impl("w8a8_pack_weight", &llmserve::w8a8_pack_weight);
+}
