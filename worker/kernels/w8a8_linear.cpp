@@ -184,65 +184,18 @@ void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packe
 #endif
 
 #ifdef LLMSERVE_W8A8_AMX
-// Tiles as amx_linear.cpp: C (row group g, channel block b) 2g + b; A (row group g) 4 + g; B (block b) 6 + b.
-// An A tile is 16 rows (fewer below 16) x 64 codes, a B tile 16 groups of 4 codes x 16 channels.
-void amx_configure(int rows) {
-  llmserve::TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
-  for (int t : {0, 1, 2, 3, 4, 5}) cfg.rows[t] = static_cast<uint8_t>(rows);
-  cfg.rows[6] = cfg.rows[7] = 16;
-  _tile_loadconfig(&cfg);
-}
-
-void amx_store(const int32_t* c_tile, int64_t m0, int64_t rows, int64_t M, int64_t n0, const Epilogue& e) {
-  for (int64_t r = 0; r < rows && m0 + r < M; ++r) e.store(_mm512_loadu_si512(c_tile + 16 * r), m0 + r, n0);
-}
-
-// Channel blocks b0, b0 + 1 against every group of 16 rows, two groups at a time.
+// Channel blocks b0, b0 + 1 against every group of 16 rows, two groups at a time (amx.h's tile loop: an A tile
+// is 16 rows x 64 codes, a B tile 16 groups of 4 codes x 16 channels).
 void amx_channel_pair(const uint8_t* codes, int64_t M, int64_t groups, int rows, int64_t K, const int8_t* packed,
-                      int64_t b0, const Epilogue& e, int32_t* scratch) {
-  const int8_t* w0 = packed + b0 * 16 * K;
-  const int8_t* w1 = w0 + 16 * K;
-  for (int64_t g0 = 0; g0 < groups; g0 += 2) {
-    const bool two = g0 + 1 < groups;
-    _tile_zero(0);
-    _tile_zero(1);
-    if (two) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-    const uint8_t* a0 = codes + g0 * 16 * K;
-    const uint8_t* a1 = a0 + 16 * K;
-    for (int64_t k = 0; k < K; k += 64) {
-      const int8_t* t0 = w0 + k * 16;  // 1 KB: the groups k / 4 .. k / 4 + 15 of 16 channels
-      const int8_t* t1 = w1 + k * 16;
-      if (g0 == 0)
-        for (int64_t line = 0; line < 1024; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(t0) + 4096 + line, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(t1) + 4096 + line, _MM_HINT_T0);
-        }
-      _tile_loadd(6, t0, 64);
-      _tile_loadd(7, t1, 64);
-      _tile_loadd(4, a0 + k, K);
-      _tile_dpbusd(0, 4, 6);
-      _tile_dpbusd(1, 4, 7);
-      if (two) {
-        _tile_loadd(5, a1 + k, K);
-        _tile_dpbusd(2, 5, 6);
-        _tile_dpbusd(3, 5, 7);
-      }
-    }
-    for (int g = 0; g < (two ? 2 : 1); ++g)
-      for (int b = 0; b < 2; ++b) {
-        switch (2 * g + b) {  // tile numbers are immediates
-          case 0: _tile_stored(0, scratch, 64); break;
-          case 1: _tile_stored(1, scratch, 64); break;
-          case 2: _tile_stored(2, scratch, 64); break;
-          default: _tile_stored(3, scratch, 64); break;
-        }
-        amx_store(scratch, (g0 + g) * 16, rows, M, (b0 + b) * 16, e);
-      }
-  }
+                      int64_t N, int64_t b0, const Epilogue& e, int32_t* scratch) {
+  const int64_t block_bytes = 16 * K;
+  const char* weights = reinterpret_cast<const char*>(packed);
+  llmserve::tile_pair_pass<true>(
+      reinterpret_cast<const char*>(codes), K, groups, weights + b0 * block_bytes, block_bytes, K / 64,
+      weights + (N / 16) * block_bytes, scratch, [&](int64_t g, int b, const void* sums) {
+        for (int64_t r = 0; r < rows && g * 16 + r < M; ++r)
+          e.store(_mm512_loadu_si512(static_cast<const int32_t*>(sums) + 16 * r), g * 16 + r, (b0 + b) * 16);
+      });
 }
 
 void amx_linear_int8(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N, const Epilogue& e) {
@@ -250,8 +203,9 @@ void amx_linear_int8(const uint8_t* codes, int64_t M, int64_t K, const int8_t* p
   const int rows = M < 16 ? static_cast<int>(M) : 16;
   at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
     alignas(64) int32_t scratch[16 * 16];
-    amx_configure(rows);
-    for (int64_t pair = begin; pair < end; ++pair) amx_channel_pair(codes, M, groups, rows, K, packed, 2 * pair, e, scratch);
+    llmserve::configure_pairs(rows);
+    for (int64_t pair = begin; pair < end; ++pair)
+      amx_channel_pair(codes, M, groups, rows, K, packed, N, 2 * pair, e, scratch);
     _tile_release();
   });
 }
