@@ -215,6 +215,7 @@ def test_w8a8_layer_runs_the_native_gemm_where_it_applies_and_onednn_elsewhere()
     assert native.weight_only_below is None
     x = torch.randn(1, 128)
     torch.testing.assert_close(native(x).double(), native.reference(x), rtol=1e-5, atol=1e-5)
+    assert native(torch.randn(0, 128).bfloat16()).shape == (0, 64)  # an empty batch: an empty result
     assert W8A8Linear(torch.randn(64, 160)).backend == "onednn-w8a8"  # 160 columns: not whole groups of 64
     assert native_gemm(torch.randn(48, 128)) is None  # 48 channels: not whole pairs of 16-channel blocks
 

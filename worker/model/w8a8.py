@@ -114,7 +114,8 @@ class W8A8Linear:
         if self.gemm is not None:
             rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
             out = rows.new_empty(rows.shape[0], self.out_features)
-            self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
+            if rows.shape[0]:  # the kernel takes at least one row
+                self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
             out = out.to(x.dtype)
             return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
         native = self.native if x.dtype in (torch.float32, torch.bfloat16) else None
