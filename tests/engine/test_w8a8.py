@@ -3,13 +3,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from tests.engine.factories import tiny_llama
 from tests.engine.kernel_grid import int8_one_row_on_grid, on_chunk_grid
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import SchedulerConfig
+from worker.engine.request import Request
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
 from worker.kernels import native_op
+from worker.model.loader import load_model
 from worker.model.model import LlamaForPagedAttention
+from worker.model.runner import ModelRunner
 from worker.model.smoothing import activation_ranges, factors, smooth
 from worker.model.w8a8 import (
     WEIGHT_ONLY_BELOW,
@@ -234,3 +243,43 @@ def test_native_integer_gemm_refuses_a_path_this_cpu_lacks_and_wrong_shapes():
             ops.w8a8_linear(torch.randn(8, 128), *args, torch.empty(8, 64), "amx")
     with pytest.raises(RuntimeError, match="shapes differ"):
         ops.w8a8_linear(torch.randn(8, 192), *args, torch.empty(8, 64))
+
+
+MODEL_DIR = Path("models/SmolLM2-135M-Instruct")
+
+
+def prompt_logits(quantization: str, dtype: str, tokens: list[int]) -> torch.Tensor:
+    """Every position's logits for one prompt, one prefill step through the engine's runner."""
+    model = load_model(str(MODEL_DIR), dtype, "cpu", len(tokens) + 16, "auto", quantization)
+    runner = ModelRunner(model, len(tokens) // 16 + 4, 16)
+    config = SchedulerConfig(
+        max_num_seqs=1, max_num_batched_tokens=len(tokens), max_model_len=len(tokens) + 16
+    )
+    scheduler = Scheduler(config, BlockManager(len(tokens) // 16 + 4, 16, False))
+    scheduler.add_request(
+        Request("r", tokens, SamplingParams(max_tokens=1, temperature=0.0), None, max_tokens=1)
+    )
+    return runner.all_logits(scheduler.schedule())[1]
+
+
+@pytest.mark.skipif(not (MODEL_DIR / "config.json").exists(), reason="model not fetched (make model)")
+def test_the_bundled_model_in_w8a8_predicts_what_bfloat16_does():
+    """The real model's w8a8 layers (the project's GEMM where built, on a 256-row prefill) against its
+    bfloat16 ones on a passage of the tune text: the same next token almost everywhere, and a mean negative
+    log-likelihood within 5% (perplexity is measured by bench/quant_study.py)."""
+    from transformers import AutoTokenizer
+
+    text = Path("bench/data/quant_tune.txt").read_text()
+    tokens = AutoTokenizer.from_pretrained(MODEL_DIR).encode(text, add_special_tokens=False)[:256]
+    reference, quantized = (
+        prompt_logits("none", "bfloat16", tokens),
+        prompt_logits("w8a8", "bfloat16", tokens),
+    )
+    agreement = (reference.argmax(-1) == quantized.argmax(-1)).float().mean()
+    targets = torch.tensor(tokens[1:])
+
+    def nll(logits: torch.Tensor) -> float:
+        return float(-torch.log_softmax(logits[:-1], -1).gather(1, targets[:, None]).mean())
+
+    assert agreement >= 0.9, f"top-1 agreement {agreement:.2f}"
+    assert abs(nll(quantized) / nll(reference) - 1) < 0.05
