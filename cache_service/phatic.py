@@ -69,11 +69,15 @@ WEAK = frozenset(
     respected yeah tho writing write waiting revert greatly highly deeply blessed muchas needful enquire
     inquire enquiring inquiring doubt doubts needed serious wishes bruh thats wanna message finds""".split()
 )
+_QUESTION_WORDS = frozenset("what which who whom whose when where why how whether".split())
 # Words a wrapper never contains: they change the question ("..., or not?", "Why?", "Before or after?").
-KEEP = NEGATORS | frozenset(
-    """what which who whom whose when where why how whether before after above below up down more less
-    most least than versus vs over under upper lower higher left right top bottom early late earlier
-    later""".split()
+KEEP = (
+    NEGATORS
+    | _QUESTION_WORDS
+    | frozenset(
+        """before after above below up down more less most least than versus vs over under upper lower higher
+        left right top bottom early late earlier later""".split()
+    )
 )
 _COORDINATORS = frozenset("and or but".split())
 _COPULAS = frozenset("is are was were am".split())
@@ -228,7 +232,7 @@ def _asks_of_a_statement(words: list[str], before: str) -> bool:
     if not _copula_question(words):
         return False
     head = [w.lower() for w in _WORD.findall(before)]
-    asked = "?" in before or bool(head) and (head[0] in _YES_NO or head[0] in KEEP)
+    asked = "?" in before or bool(head) and (head[0] in _YES_NO or head[0] in _QUESTION_WORDS)
     return not asked
 
 

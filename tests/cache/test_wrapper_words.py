@@ -130,8 +130,9 @@ def test_a_sign_off_word_that_completes_the_question_stays() -> None:
 
 def test_a_question_of_its_own_after_a_statement_stays() -> None:
     """ "my boiler is broken, is it urgent?" asks "is it urgent": the clause is the question, not a wrapper,
-    and "anything" after "is there" is what is asked. After a question the same clause is only a tag on it,
-    and a sign-off after a clause that asks nothing still goes."""
+    and "anything" after "is there" is what is asked. After a question (one opening with a question word or
+    an auxiliary) the same clause is only a tag on it, and a sign-off after a clause that asks nothing still
+    goes."""
     stated = canonical_keys("My boiler is broken, is it urgent?")
     assert not stated & canonical_keys("My boiler is broken.")
     assert not stated & canonical_keys("My boiler is broken, is it asap?")
@@ -141,6 +142,11 @@ def test_a_question_of_its_own_after_a_statement_stays() -> None:
     )
     assert canonical_text("Is this normal and is there anything we can do?").endswith("anything we can do")
     assert canonical_text("Can I bring my dog, is that ok?") == canonical_text("Can I bring my dog?")
+    # a statement that opens with a negator or a comparison word asks nothing yet: the clause after it does
+    unsure = canonical_keys("not sure what to do, is it urgent?")
+    assert not unsure & canonical_keys("not sure what to do")
+    assert unsure & canonical_keys("Not sure what to do. Is it urgent?")
+    assert not canonical_keys("more people came, is that normal?") & canonical_keys("more people came")
     assert canonical_text("the monitor is plugged into the gpu and on Have a great day!") == canonical_text(
         "the monitor is plugged into the gpu and on"
     )
