@@ -15,7 +15,8 @@ from worker.engine.config import SchedulerConfig
 from worker.engine.request import Request
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
-from worker.kernels import native_op
+from worker.kernels import native_op, native_ops
+from worker.model.cpu_kind import cpu_info
 from worker.model.loader import load_model
 from worker.model.model import LlamaForPagedAttention
 from worker.model.runner import ModelRunner
@@ -155,6 +156,18 @@ def test_native_row_quantization_and_rescale_equal_the_torch_steps(dtype):
     y, out = torch.randn(37, 50), torch.empty(37, 50, dtype=dtype)
     ops.scale_rows(y, scales, out)
     assert torch.equal(out, (y * scales[:, None]).to(dtype))
+
+
+def test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products():
+    """A build for a CPU with AVX512-VNNI runs the VNNI path, one with usable AMX-INT8 tiles the AMX path:
+    a build that loses the kernel fails here instead of serving w8a8 through oneDNN unnoticed."""
+    ops = native_ops()
+    if ops is None:
+        pytest.skip("native kernels not built (make kernels)")
+    flags = cpu_info().flags
+    tiles = "amx_int8" in flags and ops.amx_linear_supported()  # the same permission the bf16 tiles need
+    expected = "amx" if tiles else "vnni" if "avx512_vnni" in flags else "none"
+    assert hasattr(ops, "w8a8_linear") and ops.w8a8_linear_path() == expected
 
 
 def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channels():
