@@ -5,9 +5,9 @@
 // plus a separate pass to quantize the rows and another to rescale a float32 result into the model's dtype:
 // at 32 decode rows on a 2-core AMX Xeon the 120 decoder linears of a step took 15.7 ms against 10.6 ms for
 // bfloat16 weights on amx_linear.cpp (bench/w8a8_kernels.py); here 7.0 ms (AMX tiles), 11.0 ms (VNNI).
-// The rows are quantized once (fused_ops.cpp's quantize_rows_u8:
-// the same codes as before), the sums are exact int32 on the CPU's integer dot products, and each tile of
-// sums is scaled and rounded straight into out:
+// The rows are quantized once (fused_ops.cpp's quantize_rows_u8: the same codes as before), the sums are
+// exact int32 on the CPU's integer dot products, and each tile of sums is scaled and rounded straight into
+// out:
 //
 //     y[m, n] = ((sum_k u[m, k] c[n, k]) - 128 sum_k c[n, k]) * s_w[n] * s_x[m]
 //
@@ -18,9 +18,9 @@
 // Two paths, chosen per build and CPU (w8a8_linear_path; `path` names one, for tests and benchmarks):
 //   "amx":  AMX-INT8 tiles (TDPBUSD), two channel blocks x two groups of 16 rows at a time, as amx_linear.cpp;
 //           from kAmxFromRows rows where VNNI is compiled too.
-//   "vnni": AVX512-VNNI (VPDPBUSD), up to 6 rows x 64 channels of int32 sums in registers; each channel group
-//           is read from memory once and from L2 for the further row chunks. The CPUs without AMX (AMD Zen 4,
-//           Intel before Sapphire Rapids) take this one.
+//   "vnni": AVX512-VNNI (VPDPBUSD), 4 rows x 64 channels of int32 sums in registers, 256 columns at a time:
+//           a channel group's codes come from memory once and from L1 for the further row chunks. The CPUs
+//           without AMX (AMD Zen 4, Intel before Sapphire Rapids) take this one.
 //
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
 // compensation [N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
