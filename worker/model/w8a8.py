@@ -126,8 +126,8 @@ class W8A8Linear:
         else:
             codes, scales = quantize_rows(x)
         # oneDNN's integer GEMM (no project kernel for this CPU or shape). The weight scales are applied by
-        # oneDNN with the sums; the row scales after (oneDNN takes one
-        # activation scale per call). Bias after the row scale, so it is added unscaled.
+        # oneDNN with the sums; the row scales after (oneDNN takes one activation scale per call). Bias after
+        # the row scale, so it is added unscaled.
         y = torch.ops.onednn.qlinear_pointwise(
             codes, 1.0, ZERO_POINT, self.weight, self.weight_scales, self.zero_points,
             None, 1.0, 0, torch.float32, "none", [], "",
