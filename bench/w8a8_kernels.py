@@ -111,7 +111,9 @@ def main() -> None:
         "weights on the engine's `Linear`; w8a8 oneDNN: the w8a8 layer before the project's GEMM (rows "
         "quantized, oneDNN's integer GEMM, sums rescaled; below 6 rows the weight-only int8 kernel); w8a8 "
         "vnni / amx: worker/kernels/w8a8_linear.cpp held on one path; w8a8 auto: the path it picks by rows, "
-        "what a w8a8 layer runs. The module docstring has the details.",
+        "what a w8a8 layer runs. The module docstring has the details. The row count from which `auto` "
+        "takes the AMX path (16) was read off this benchmark's vnni and amx columns, so `auto` near 16 rows "
+        "is not independent of this table; the served comparison is bench.peer_bench's.",
         "",
         "| rows | " + " | ".join(names) + " | bf16 / w8a8 auto (minima) |",
         "|---" * (len(names) + 2) + "|",

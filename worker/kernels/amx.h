@@ -50,6 +50,22 @@ constexpr int64_t kPairPrefetchBytes = 4096;
 // first pass over the rows prefetches the blocks ahead (never past weights_end). Each C tile then goes to
 // scratch (16 x 16 sums of 4 bytes) and to store(g, b, scratch) for row group g and block b. kInt8: the
 // tiles are u8 rows x s8 weights into int32 (TDPBUSD), else bfloat16 pairs into float32 (TDPBF16PS).
+// C += A . B on tiles given by number (immediates): TDPBUSD (u8 x s8 into int32) where kInt8, else TDPBF16PS
+// (bfloat16 pairs into float32). A macro because the tile numbers must be literals.
+#ifdef __AMX_INT8__
+#define LLMSERVE_TILE_DOT_INT8(c, a, b) _tile_dpbusd(c, a, b)
+#else
+#define LLMSERVE_TILE_DOT_INT8(c, a, b) ((void)0)
+#endif
+#define LLMSERVE_TILE_DOT(int8, c, a, b) \
+  do {                                    \
+    if constexpr (int8) {                 \
+      LLMSERVE_TILE_DOT_INT8(c, a, b);    \
+    } else {                              \
+      _tile_dpbf16ps(c, a, b);            \
+    }                                     \
+  } while (0)
+
 template <bool kInt8, typename Store>
 void tile_pair_pass(const char* a, int64_t row_bytes, int64_t groups, const char* w0, int64_t block_bytes,
                     int64_t steps, const char* weights_end, void* scratch, const Store& store) {
@@ -76,26 +92,12 @@ void tile_pair_pass(const char* a, int64_t row_bytes, int64_t groups, const char
       _tile_loadd(6, t0, 64);
       _tile_loadd(7, t1, 64);
       _tile_loadd(4, a0 + step * 64, row_bytes);
-      if constexpr (kInt8) {
-#ifdef __AMX_INT8__
-        _tile_dpbusd(0, 4, 6);
-        _tile_dpbusd(1, 4, 7);
-#endif
-      } else {
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-      }
+      LLMSERVE_TILE_DOT(kInt8, 0, 4, 6);
+      LLMSERVE_TILE_DOT(kInt8, 1, 4, 7);
       if (two) {
         _tile_loadd(5, a1 + step * 64, row_bytes);
-        if constexpr (kInt8) {
-#ifdef __AMX_INT8__
-          _tile_dpbusd(2, 5, 6);
-          _tile_dpbusd(3, 5, 7);
-#endif
-        } else {
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
+        LLMSERVE_TILE_DOT(kInt8, 2, 5, 6);
+        LLMSERVE_TILE_DOT(kInt8, 3, 5, 7);
       }
     }
     for (int g = 0; g < (two ? 2 : 1); ++g)

@@ -86,7 +86,6 @@ class W8A8Linear:
         codes = torch.round(w / self.weight_scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
-        self.native = native_op("quantize_rows_u8")  # None before `make kernels`: the same steps in torch ops
         if self.gemm is not None:  # only the codes laid out for the kernel, and 128 * sum_k codes per channel
             self.backend = "native-w8a8"
             self.codes = None
@@ -99,6 +98,7 @@ class W8A8Linear:
             self.codes = codes
             self.weight = torch.ops.onednn.qlinear_prepack(codes, None)
             self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
+            self.native = native_op("quantize_rows_u8")  # None before `make kernels`: the same steps in torch
             self.weight_only = native_op("int8_linear")  # the few-rows kernel; None before `make kernels`
             self.weight_only_below = WEIGHT_ONLY_BELOW if self.weight_only is not None else None
         for rows in {1, self.weight_only_below or 1}:  # both methods: fail at load, not on a request
