@@ -47,9 +47,11 @@ constexpr int64_t kPairPrefetchBytes = 4096;
 
 // Two channel blocks (B tiles: 1 KB a step, read in order from w0 and from w1 = w0 + block_bytes) against every
 // group of 16 rows of a (row_bytes apart, 64 bytes a step), two groups at a time, over `steps` steps; the
-// first pass over the rows prefetches the blocks ahead (never past weights_end). Each C tile then goes to
-// scratch (16 x 16 sums of 4 bytes) and to store(g, b, scratch) for row group g and block b. kInt8: the
-// tiles are u8 rows x s8 weights into int32 (TDPBUSD), else bfloat16 pairs into float32 (TDPBF16PS).
+// first pass over the rows prefetches the blocks ahead (never past weights_end). After every `steps_per_store`
+// steps each C tile goes to scratch (16 x 16 sums of 4 bytes) and to store(g, b, chunk, scratch) for row group
+// g, block b and the chunk'th run of steps, and the tiles start again from zero (w8a8's sums are scaled per
+// group of 64 columns, one step; the bfloat16 linears store once, after all the steps). kInt8: the tiles are
+// u8 rows x s8 weights into int32 (TDPBUSD), else bfloat16 pairs into float32 (TDPBF16PS).
 // C += A . B on tiles given by number (immediates): TDPBUSD (u8 x s8 into int32) where kInt8, else TDPBF16PS
 // (bfloat16 pairs into float32). A macro because the tile numbers must be literals.
 #ifdef __AMX_INT8__
@@ -68,48 +70,51 @@ constexpr int64_t kPairPrefetchBytes = 4096;
 
 template <bool kInt8, typename Store>
 void tile_pair_pass(const char* a, int64_t row_bytes, int64_t groups, const char* w0, int64_t block_bytes,
-                    int64_t steps, const char* weights_end, void* scratch, const Store& store) {
+                    int64_t steps, int64_t steps_per_store, const char* weights_end, void* scratch,
+                    const Store& store) {
   const char* w1 = w0 + block_bytes;
   for (int64_t g0 = 0; g0 < groups; g0 += 2) {
     const bool two = g0 + 1 < groups;
-    _tile_zero(0);
-    _tile_zero(1);
-    if (two) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
     const char* a0 = a + g0 * 16 * row_bytes;
     const char* a1 = a0 + 16 * row_bytes;
-    for (int64_t step = 0; step < steps; ++step) {
-      const char* t0 = w0 + step * 1024;
-      const char* t1 = w1 + step * 1024;
-      if (g0 == 0)  // the two blocks' tiles are read in order
-        for (int64_t line = 0; line < 1024; line += 64)
-          for (const char* t : {t0, t1}) {
-            const char* ahead = t + kPairPrefetchBytes + line;
-            if (ahead < weights_end) _mm_prefetch(ahead, _MM_HINT_T0);
-          }
-      _tile_loadd(6, t0, 64);
-      _tile_loadd(7, t1, 64);
-      _tile_loadd(4, a0 + step * 64, row_bytes);
-      LLMSERVE_TILE_DOT(kInt8, 0, 4, 6);
-      LLMSERVE_TILE_DOT(kInt8, 1, 4, 7);
+    for (int64_t first = 0; first < steps; first += steps_per_store) {
+      _tile_zero(0);
+      _tile_zero(1);
       if (two) {
-        _tile_loadd(5, a1 + step * 64, row_bytes);
-        LLMSERVE_TILE_DOT(kInt8, 2, 5, 6);
-        LLMSERVE_TILE_DOT(kInt8, 3, 5, 7);
+        _tile_zero(2);
+        _tile_zero(3);
       }
-    }
-    for (int g = 0; g < (two ? 2 : 1); ++g)
-      for (int b = 0; b < 2; ++b) {
-        switch (2 * g + b) {  // tile numbers are immediates
-          case 0: _tile_stored(0, scratch, 64); break;
-          case 1: _tile_stored(1, scratch, 64); break;
-          case 2: _tile_stored(2, scratch, 64); break;
-          default: _tile_stored(3, scratch, 64); break;
+      for (int64_t step = first; step < first + steps_per_store && step < steps; ++step) {
+        const char* t0 = w0 + step * 1024;
+        const char* t1 = w1 + step * 1024;
+        if (g0 == 0)  // the two blocks' tiles are read in order
+          for (int64_t line = 0; line < 1024; line += 64)
+            for (const char* t : {t0, t1}) {
+              const char* ahead = t + kPairPrefetchBytes + line;
+              if (ahead < weights_end) _mm_prefetch(ahead, _MM_HINT_T0);
+            }
+        _tile_loadd(6, t0, 64);
+        _tile_loadd(7, t1, 64);
+        _tile_loadd(4, a0 + step * 64, row_bytes);
+        LLMSERVE_TILE_DOT(kInt8, 0, 4, 6);
+        LLMSERVE_TILE_DOT(kInt8, 1, 4, 7);
+        if (two) {
+          _tile_loadd(5, a1 + step * 64, row_bytes);
+          LLMSERVE_TILE_DOT(kInt8, 2, 5, 6);
+          LLMSERVE_TILE_DOT(kInt8, 3, 5, 7);
         }
-        store(g0 + g, b, scratch);
       }
+      for (int g = 0; g < (two ? 2 : 1); ++g)
+        for (int b = 0; b < 2; ++b) {
+          switch (2 * g + b) {  // tile numbers are immediates
+            case 0: _tile_stored(0, scratch, 64); break;
+            case 1: _tile_stored(1, scratch, 64); break;
+            case 2: _tile_stored(2, scratch, 64); break;
+            default: _tile_stored(3, scratch, 64); break;
+          }
+          store(g0 + g, b, first / steps_per_store, scratch);
+        }
+    }
   }
 }
 

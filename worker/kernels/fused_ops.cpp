@@ -268,70 +268,55 @@ void silu_and_mul(const at::Tensor& x, const at::Tensor& out) {
   });
 }
 
-// w8a8 (worker/model/w8a8.py): each row's int8 codes + 128 and its scale, in one read of the row; the same
-// float operations as the torch code (scale = max|x| / 127 clamped, q = round-half-even(x / scale)), so
-// both give the same codes.
+// w8a8 (worker/model/w8a8.py): each group of columns' int8 codes + 128 and its scale (scales [rows, groups],
+// every group the row's width / groups columns), in one read of the row; the same float operations as the
+// torch code (scale = max|x| / 127 clamped, q = round-half-even(x / scale)), so both give the same codes.
 void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "quantize_rows_u8: contiguous 2-D x");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "quantize_rows_u8: float32 or bfloat16 x");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.sizes() == x.sizes(),
               "quantize_rows_u8: uint8 codes shaped like x");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == x.size(0),
-              "quantize_rows_u8: one float32 scale per row");
-  const int64_t n = x.size(1);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 2 &&
+                  scales.size(0) == x.size(0) && scales.size(1) >= 1 && x.size(1) % scales.size(1) == 0,
+              "quantize_rows_u8: float32 scales [rows, groups], the groups dividing the row");
+  const int64_t n = x.size(1), groups = scales.size(1), width = n / groups;
   dispatch_float_bf16(x.scalar_type(), [&]<typename T>() {
       for_rows(x.size(0), n, [&](int64_t r) {
-        const T* row = x.data_ptr<T>() + r * n;
-        uint8_t* out = codes.data_ptr<uint8_t>() + r * n;
-        float peak = 0.f;
-        int64_t i = 0;
+        for (int64_t g = 0; g < groups; ++g) {
+          const T* group = x.data_ptr<T>() + r * n + g * width;
+          uint8_t* out = codes.data_ptr<uint8_t>() + r * n + g * width;
+          float peak = 0.f;
+          int64_t i = 0;
 #ifdef LLMSERVE_AVX2
-        // Eight at a time: a scalar loop of these (a division and a rounding per value) was a tenth of a
-        // w8a8 decode step. Division and round-half-even are exact in either form, so the codes are the same.
-        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-        __m256 acc = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(acc, _mm256_and_ps(llmserve::load8(row + i), magnitude));
-        alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, acc);
-        for (float lane : lanes) peak = std::max(peak, lane);
+          // Eight at a time: a scalar loop of these (a division and a rounding per value) was a tenth of a
+          // w8a8 decode step. Division and round-half-even are exact in either form, so the codes are the same.
+          const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+          __m256 acc = _mm256_setzero_ps();
+          for (; i + 8 <= width; i += 8) acc = _mm256_max_ps(acc, _mm256_and_ps(llmserve::load8(group + i), magnitude));
+          alignas(32) float lanes[8];
+          _mm256_store_ps(lanes, acc);
+          for (float lane : lanes) peak = std::max(peak, lane);
 #endif
-        for (; i < n; ++i) peak = std::max(peak, std::fabs(static_cast<float>(row[i])));
-        const float scale = std::max(peak, 1e-12f) / 127.f;
-        scales.data_ptr<float>()[r] = scale;
-        i = 0;
+          for (; i < width; ++i) peak = std::max(peak, std::fabs(static_cast<float>(group[i])));
+          const float scale = std::max(peak, 1e-12f) / 127.f;
+          scales.data_ptr<float>()[r * groups + g] = scale;
+          i = 0;
 #ifdef LLMSERVE_AVX2
-        const __m256 divisor = _mm256_set1_ps(scale);
-        const __m256i zero_point = _mm256_set1_epi32(128);
-        for (; i + 8 <= n; i += 8) {
-          const __m256 q = _mm256_round_ps(_mm256_div_ps(llmserve::load8(row + i), divisor),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          const __m256i shifted = _mm256_add_epi32(_mm256_cvtps_epi32(q), zero_point);  // 1..255
-          const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256(shifted, 1));
-          _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(words, words));
-        }
+          const __m256 divisor = _mm256_set1_ps(scale);
+          const __m256i zero_point = _mm256_set1_epi32(128);
+          for (; i + 8 <= width; i += 8) {
+            const __m256 q = _mm256_round_ps(_mm256_div_ps(llmserve::load8(group + i), divisor),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256i shifted = _mm256_add_epi32(_mm256_cvtps_epi32(q), zero_point);  // 1..255
+            const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256(shifted, 1));
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(words, words));
+          }
 #endif
-        for (; i < n; ++i) {
-          out[i] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(static_cast<float>(row[i]) / scale)) + 128);
+          for (; i < width; ++i) {
+            out[i] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(static_cast<float>(group[i]) / scale)) + 128);
+          }
         }
-      });
-  });
-}
-
-// out = y * scales[row], rounded to out's dtype (float32 sums of the int8 GEMM -> the model's activations).
-void scale_rows(const at::Tensor& y, const at::Tensor& scales, const at::Tensor& out) {
-  TORCH_CHECK(y.scalar_type() == at::kFloat && y.dim() == 2 && y.is_contiguous(), "scale_rows: contiguous float32 y");
-  TORCH_CHECK(out.sizes() == y.sizes() && out.is_contiguous(), "scale_rows: out shaped like y");
-  TORCH_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16,
-              "scale_rows: float32 or bfloat16 out");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == y.size(0), "scale_rows: a scale per row");
-  const int64_t n = y.size(1);
-  dispatch_float_bf16(out.scalar_type(), [&]<typename T>() {
-      for_rows(y.size(0), n, [&](int64_t r) {
-        const float* row = y.data_ptr<float>() + r * n;
-        const float scale = scales.data_ptr<float>()[r];
-        T* dst = out.data_ptr<T>() + r * n;
-        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(row[i] * scale);
       });
   });
 }
@@ -340,7 +325,6 @@ void scale_rows(const at::Tensor& y, const at::Tensor& scales, const at::Tensor&
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("quantize_rows_u8(Tensor x, Tensor(a!) codes, Tensor(b!) scales) -> ()");
-  m.def("scale_rows(Tensor y, Tensor scales, Tensor(a!) out) -> ()");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, Tensor(b!) out) -> ()");
   m.def("rotary_(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int num_heads) -> ()");
@@ -353,5 +337,4 @@ TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
   m.impl("rotary_", &llmserve::rotary_);
   m.impl("silu_and_mul", &llmserve::silu_and_mul);
   m.impl("quantize_rows_u8", &llmserve::quantize_rows_u8);
-  m.impl("scale_rows", &llmserve::scale_rows);
 }

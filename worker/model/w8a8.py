@@ -2,29 +2,23 @@
 
 The weight-only layers (quant.py) still multiply in floating point, so under load, where a step is many rows
 and compute-bound, they are no faster than bfloat16. Here each step's activation rows are quantized on
-the fly, one symmetric scale per row (per token, as vLLM's W8A8 and llama.cpp's q8 activations do), and
-oneDNN runs the int8 GEMM on the CPU's integer dot-product instructions (VNNI: 64 int8 products per 512-bit
-instruction, twice bfloat16's 32; AMX-INT8 tiles where present) over a weight re-laid out once at load time.
+the fly and the project's integer GEMM (worker/kernels/w8a8_linear.cpp) runs the products on the CPU's
+integer dot-product instructions (VNNI: 64 int8 products per 512-bit instruction, twice bfloat16's 32;
+AMX-INT8 tiles where present), quantizing the rows and rescaling the sums in the same call:
 
-    y[m, n] = s_x[m] * s_w[n] * sum_k q_x[m, k] q_w[n, k]   (+ b[n])
+    y[n] = s_w[n] * sum_g s_x[g] * sum_{k in g} q_x[k] q_w[n, k]   (+ b[n])
 
-with q_w = round(w / s_w) per output channel and q_x = round(x / s_x) per row, both in [-127, 127]. oneDNN's
-integer kernels take the activations unsigned, so the codes travel as q_x + 128 with a zero point of 128
-(exact: the same integers). The sums are exact int32; only the two roundings to 8 bits differ from float.
-Perplexity against the unquantized model is what decides where it serves (bench/quant_study.py).
+with q_w = round(w / s_w) per output channel and q_x = round(x / s_x[g]) per group g of GROUP columns of the
+row, both in [-127, 127]: one scale per group, as llama.cpp's q8 activations have one per 32, because one
+scale per row (vLLM's per-token W8A8) cost the bundled model 1.45% of perplexity and 64-column groups a few
+tenths (docs/STUDY_LOG.md). The integer instructions take the activations unsigned, so the codes travel as
+q_x + 128 (exact: the same integers, 128 times each group's code sum subtracted). The sums are exact int32;
+only the two roundings to 8 bits differ from float. Perplexity against the unquantized model is what decides
+where it serves (bench/quant_study.py).
 
-Where the project's kernels are built for a CPU with AVX512-VNNI or AMX-INT8, the layer runs its own integer
-GEMM instead (worker/kernels/w8a8_linear.cpp: the same codes and integer sums, quantizing the rows and
-rescaling the sums in the same call): oneDNN's call had ~30 us of fixed cost per layer and two extra passes
-over the rows (docs/BENCHMARKS.md, "w8a8 linears of a decode step": 32 rows 15.7 against 7.0 ms on an AMX
-Xeon, 11.0 on the VNNI path).
-
-A few rows are another matter for oneDNN: there a product is bound by reading the weight, not by
-arithmetic, and its call (plus quantizing the rows) costs more than the project's weight-only int8 kernel
-(int8_linear.cpp) reading the same int8 codes with float32 rows. So on oneDNN, below `WEIGHT_ONLY_BELOW`
-rows the layer runs that kernel on its codes (float32 activations, so no activation rounding at all). The
-project's GEMM streams the codes faster than that kernel at every row count (120 distinct SmolLM2 layers,
-AMX Xeon: 1 row 3.2 against 6.5 ms, 2 rows 3.8 against 15.4), so it runs every row count itself.
+oneDNN's int8 GEMM, which this layer ran before the project's kernel, takes one activation scale per call and
+cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX512-VNNI or AMX-INT8 (or a
+build without the kernels) has no w8a8, and the worker says so at start.
 """
 
 from __future__ import annotations
@@ -33,127 +27,77 @@ import torch
 
 from worker.kernels import native_op
 
-ZERO_POINT = 128  # q_x + 128 in uint8: oneDNN's u8 x s8 integer GEMM, symmetric codes unchanged
-WEIGHT_ONLY_BELOW = 6  # rows; fewer run the weight-only int8 kernel on the same codes (docs/STUDY_LOG.md)
+ZERO_POINT = 128  # q_x + 128 in uint8: the u8 x s8 integer instructions, symmetric codes unchanged
+GROUP = 64  # columns per activation scale (w8a8_linear.cpp's kGroup)
 
 
 def w8a8_available(device: torch.device) -> bool:
-    """oneDNN's prepacked int8 linear exists here (a CPU torch build with mkldnn)."""
-    ops = getattr(torch.ops, "onednn", None)
-    return (
-        device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(ops, "qlinear_prepack")
-        and hasattr(ops, "qlinear_pointwise")
-    )
-
-
-def native_gemm(weight: torch.Tensor) -> object | None:
-    """The project's integer GEMM (`torch.ops.llmserve`) where it runs this weight: built, a CPU with
-    AVX512-VNNI or AMX-INT8, a CPU weight whose input side is a multiple of 64 and output side of 32."""
+    """The project's integer GEMM runs here: the kernels built, a CPU with AVX512-VNNI or AMX-INT8."""
     ops = native_op("w8a8_linear")
-    out_features, in_features = weight.shape
-    if ops is None or weight.device.type != "cpu" or in_features % 64 or out_features % 32:
-        return None
-    return ops if ops.w8a8_linear_path() != "none" else None
+    return device.type == "cpu" and ops is not None and ops.w8a8_linear_path() != "none"
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (codes + 128 as uint8 [M, K], float32 scales [M, 1]), one symmetric scale per row."""
+    """x [M, K] -> (codes + 128 as uint8 [M, K], float32 scales [M, K / GROUP]), one symmetric scale per
+    group of GROUP columns (what the kernel computes, in torch: the reference of tests)."""
     rows = x.float()
-    scales = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)
-    codes = torch.round(rows / scales).add_(ZERO_POINT).to(torch.uint8)
-    return codes, scales
+    groups = rows.reshape(rows.shape[0], -1, GROUP)
+    scales = groups.abs().amax(dim=2, keepdim=True).clamp_(min=1e-12).div_(127)
+    codes = torch.round(groups / scales).add_(ZERO_POINT).to(torch.uint8)
+    return codes.reshape(rows.shape), scales.squeeze(2)
 
 
 class W8A8Linear:
     """y = x @ W.T (+ b) with int8 weights (one scale per output channel) and int8 activations (one scale per
-    row, computed at each call). Same call interface as `common.linear.Linear`."""
+    group of GROUP columns of a row, computed at each call). Same call interface as `common.linear.Linear`."""
 
     quantization = "w8a8"
+    backend = "native-w8a8"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True) -> None:
-        """`native=False` keeps oneDNN's integer GEMM where the project's would run (for comparisons)."""
-        self.gemm = native_gemm(weight) if native else None
-        if self.gemm is None and not w8a8_available(weight.device):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        out_features, in_features = weight.shape
+        if not w8a8_available(weight.device):
             raise ValueError(
-                f"w8a8 runs on the CPU's int8 dot products (the project's kernels or oneDNN's); neither is "
-                f"available for a weight on {weight.device} (use WORKER_QUANTIZATION=int8 or none there)"
+                f"w8a8 runs on the project's integer GEMM, which needs the compiled kernels (`make kernels`) "
+                f"and a CPU with AVX512-VNNI or AMX-INT8; a weight on {weight.device} here has neither "
+                f"(use WORKER_QUANTIZATION=int8 or none)"
             )
+        if in_features % GROUP or out_features % 32:
+            raise ValueError(
+                f"w8a8 needs layers of whole groups: in_features a multiple of {GROUP} and out_features of 32, "
+                f"got {in_features} -> {out_features} (use WORKER_QUANTIZATION=int8 or none for this model)"
+            )
+        self.gemm = native_op("w8a8_linear")
         w = weight.detach().float()
-        self.out_features, self.in_features = w.shape
+        self.out_features, self.in_features = out_features, in_features
         self.weight_scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).contiguous()
         codes = torch.round(w / self.weight_scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
-        if self.gemm is not None:  # only the codes laid out for the kernel, and 128 * sum_k codes per channel
-            self.backend = "native-w8a8"
-            self.codes = None
-            self.weight = torch.empty(self.out_features // 16, self.in_features // 4, 64, dtype=torch.int8)
-            self.compensation = torch.empty(self.out_features, dtype=torch.int32)
-            self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
-            self.weight_only, self.weight_only_below = None, None
-        else:
-            self.backend = "onednn-w8a8"
-            self.codes = codes
-            self.weight = torch.ops.onednn.qlinear_prepack(codes, None)
-            self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
-            self.native = native_op("quantize_rows_u8")  # None before `make kernels`: the same steps in torch
-            self.weight_only = native_op("int8_linear")  # the few-rows kernel; None before `make kernels`
-            self.weight_only_below = WEIGHT_ONLY_BELOW if self.weight_only is not None else None
-        for rows in {1, self.weight_only_below or 1}:  # both methods: fail at load, not on a request
-            self(torch.zeros(rows, self.in_features))
+        # Only the codes laid out for the kernel, and 128 * (sum of each group's codes) per channel.
+        self.weight = torch.empty(out_features // 16, in_features // 4, 64, dtype=torch.int8)
+        self.compensation = torch.empty(in_features // GROUP, out_features, dtype=torch.int32)
+        self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
+        self(torch.zeros(1, in_features))  # fail at load, not on a request
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight_only_below is not None and x.shape[0] < self.weight_only_below:
-            rows = x.float().contiguous()
-            y = rows.new_empty(rows.shape[0], self.out_features)
-            self.weight_only.int8_linear(rows, self.codes, self.weight_scales, y)
-            y = y.to(x.dtype)
-            return y.add_(self.bias.to(y.dtype)) if self.bias is not None else y
-        if self.gemm is not None:
-            rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
-            out = rows.new_empty(rows.shape[0], self.out_features)
-            if rows.shape[0]:  # the kernel takes at least one row
-                self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
-            out = out.to(x.dtype)
-            return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
-        native = self.native if x.dtype in (torch.float32, torch.bfloat16) else None
-        if native is not None:  # the same codes and scales in one pass per row (worker/kernels/fused_ops.cpp)
-            x = x.contiguous()
-            codes, scales = torch.empty(x.shape, dtype=torch.uint8), torch.empty(x.shape[0])
-            native.quantize_rows_u8(x, codes, scales)
-        else:
-            codes, scales = quantize_rows(x)
-        # oneDNN's integer GEMM (no project kernel for this CPU or shape). The weight scales are applied by
-        # oneDNN with the sums; the row scales after (oneDNN takes one activation scale per call). Bias after
-        # the row scale, so it is added unscaled.
-        y = torch.ops.onednn.qlinear_pointwise(
-            codes, 1.0, ZERO_POINT, self.weight, self.weight_scales, self.zero_points,
-            None, 1.0, 0, torch.float32, "none", [], "",
-        )  # fmt: skip
-        if native is not None:
-            out = torch.empty(y.shape, dtype=x.dtype)
-            native.scale_rows(y, scales, out)
-        else:
-            out = y.mul_(scales).to(x.dtype)
+        rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        if rows.shape[0]:  # the kernel takes at least one row
+            self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
+        out = out.to(x.dtype)
         return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
 
     def weight_codes(self) -> torch.Tensor:
-        """The int8 weight codes [out, in] (for the native GEMM, read back from its layout)."""
-        if self.codes is not None:
-            return self.codes
+        """The int8 weight codes [out, in], read back from the kernel's layout."""
         blocks, quads, _ = self.weight.shape  # [N / 16, K / 4, 16 channels x 4 columns]
         return self.weight.reshape(blocks, quads, 16, 4).permute(0, 2, 1, 3).reshape(blocks * 16, quads * 4)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """What `__call__` computes, in float64 (up to float32 rounding): the rows as they are against the
-        8-bit weights below `weight_only_below` rows, the same integers as the integer GEMM's from it."""
-        weights = self.weight_codes().double()
-        if self.weight_only_below is not None and x.shape[0] < self.weight_only_below:
-            y = x.double() @ (weights * self.weight_scales.double()[:, None]).T
-            return y + self.bias.double() if self.bias is not None else y
+        """What `__call__` computes, in float64 (up to float32 rounding): the same integer sums per group."""
         codes, scales = quantize_rows(x)
-        sums = (codes.double() - ZERO_POINT) @ weights.T
-        y = sums * scales.double() * self.weight_scales.double()
+        groups = (codes.double() - ZERO_POINT).reshape(x.shape[0], -1, GROUP)
+        weights = self.weight_codes().double().reshape(self.out_features, -1, GROUP)
+        sums = torch.einsum("mgk,ngk->mgn", groups, weights)  # each group's integer sums, exact
+        y = (sums * scales.double()[:, :, None]).sum(dim=1) * self.weight_scales.double()
         return y + self.bias.double() if self.bias is not None else y
