@@ -4,9 +4,6 @@ GEMM this CPU has, beside bfloat16 weights, at the row counts of decode batches.
 Columns (each one call per linear, as the engine makes them):
   bf16          bfloat16 weights on the engine's `Linear` (the project's AMX tile kernel where AMX exists,
                 else oneDNN's prepacked GEMM): what `WORKER_QUANTIZATION=none` runs
-  w8a8 oneDNN   the w8a8 layer before the project's GEMM (what it still runs where that GEMM is not built):
-                the rows quantized (fused_ops.cpp), oneDNN's u8 x s8 GEMM (`onednn.qlinear_pointwise`), the
-                float32 sums rescaled into bfloat16; below 6 rows the weight-only int8 kernel on float32 rows
   w8a8 vnni     worker/kernels/w8a8_linear.cpp held on its AVX512-VNNI path (the path of CPUs without AMX)
   w8a8 amx      the same held on its AMX-INT8 path (AMX CPUs only)
   w8a8 auto     the same on the path it picks by rows: what a w8a8 layer runs, at every row count
@@ -36,15 +33,14 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o_proj, gate
 NUM_LAYERS = 30
 
 
-def stack() -> list[tuple[Linear, W8A8Linear, W8A8Linear]]:
-    """Per linear of the 30 layers: bfloat16, w8a8 on oneDNN, w8a8 on the project's GEMM (same codes)."""
+def stack() -> list[tuple[Linear, W8A8Linear]]:
+    """Per linear of the 30 layers: bfloat16, and w8a8 on the project's GEMM."""
     gen = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(NUM_LAYERS):
         for out_features, in_features in SHAPES:
             weight = torch.randn(out_features, in_features, generator=gen) * 0.02
-            onednn = W8A8Linear(weight, native=False)
-            layers.append((Linear(weight.bfloat16(), None, "auto"), onednn, W8A8Linear(weight)))
+            layers.append((Linear(weight.bfloat16(), None, "auto"), W8A8Linear(weight)))
     return layers
 
 
@@ -55,16 +51,13 @@ def columns(layers: list, rows: int, paths: list[str]) -> dict[str, Callable[[],
 
     def held(path: str) -> Callable[[], None]:
         def run() -> None:
-            for _, _, layer in layers:
+            for _, layer in layers:
                 x, out = xs[layer.in_features], outs[layer.out_features]
                 ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
 
         return run
 
-    fns = {
-        "bf16": lambda: [bf16(xs[onednn.in_features]) for bf16, onednn, _ in layers],
-        "w8a8 oneDNN": lambda: [onednn(xs[onednn.in_features]) for _, onednn, _ in layers],
-    }
+    fns = {"bf16": lambda: [bf16(xs[layer.in_features]) for bf16, layer in layers]}
     for path in paths:
         fns[f"w8a8 {path}"] = held(path)
     if paths:
@@ -108,8 +101,7 @@ def main() -> None:
         f"CPU: {cpu.describe()}, {torch.get_num_threads()} threads. Command: `python -m bench.w8a8_kernels "
         f"--rows {args.rows} --reps {args.reps}`. The 120 decoder linears of SmolLM2-135M with distinct "
         "weights, ms per pass, minimum / median of the repetitions (columns in turn). bf16: bfloat16 "
-        "weights on the engine's `Linear`; w8a8 oneDNN: the w8a8 layer before the project's GEMM (rows "
-        "quantized, oneDNN's integer GEMM, sums rescaled; below 6 rows the weight-only int8 kernel); w8a8 "
+        "weights on the engine's `Linear`; w8a8 "
         "vnni / amx: worker/kernels/w8a8_linear.cpp held on one path; w8a8 auto: the path it picks by rows, "
         "what a w8a8 layer runs. The module docstring has the details. The row count from which `auto` "
         "takes the AMX path (16) was read off this benchmark's vnni and amx columns, so `auto` near 16 rows "

@@ -47,11 +47,12 @@ constexpr int64_t kPairPrefetchBytes = 4096;
 
 // Two channel blocks (B tiles: 1 KB a step, read in order from w0 and from w1 = w0 + block_bytes) against every
 // group of 16 rows of a (row_bytes apart, 64 bytes a step), two groups at a time, over `steps` steps; the
-// first pass over the rows prefetches the blocks ahead (never past weights_end). After every `steps_per_store`
-// steps each C tile goes to scratch (16 x 16 sums of 4 bytes) and to store(g, b, chunk, scratch) for row group
-// g, block b and the chunk'th run of steps, and the tiles start again from zero (w8a8's sums are scaled per
-// group of 64 columns, one step; the bfloat16 linears store once, after all the steps). kInt8: the tiles are
-// u8 rows x s8 weights into int32 (TDPBUSD), else bfloat16 pairs into float32 (TDPBF16PS).
+// first pass over the rows prefetches the blocks ahead (never past weights_end). The steps run in chunks of
+// `steps_per_store` (w8a8 scales its sums per group of 64 columns, one step; the bfloat16 linears make one
+// chunk of all the steps): each C tile starts a chunk from start(b, chunk), 16 sums of 4 bytes that every row
+// of it begins with (nullptr: zeros), and ends it in scratch (16 x 16 sums) and store(g, b, chunk, scratch)
+// for row group g and block b. kInt8: the tiles are u8 rows x s8 weights into int32 (TDPBUSD), else bfloat16
+// pairs into float32 (TDPBF16PS).
 // C += A . B on tiles given by number (immediates): TDPBUSD (u8 x s8 into int32) where kInt8, else TDPBF16PS
 // (bfloat16 pairs into float32). A macro because the tile numbers must be literals.
 #ifdef __AMX_INT8__
@@ -68,21 +69,32 @@ constexpr int64_t kPairPrefetchBytes = 4096;
     }                                     \
   } while (0)
 
-template <bool kInt8, typename Store>
+template <bool kInt8, typename Start, typename Store>
 void tile_pair_pass(const char* a, int64_t row_bytes, int64_t groups, const char* w0, int64_t block_bytes,
                     int64_t steps, int64_t steps_per_store, const char* weights_end, void* scratch,
-                    const Store& store) {
+                    const Start& start, const Store& store) {
   const char* w1 = w0 + block_bytes;
   for (int64_t g0 = 0; g0 < groups; g0 += 2) {
     const bool two = g0 + 1 < groups;
     const char* a0 = a + g0 * 16 * row_bytes;
     const char* a1 = a0 + 16 * row_bytes;
     for (int64_t first = 0; first < steps; first += steps_per_store) {
-      _tile_zero(0);
-      _tile_zero(1);
-      if (two) {
-        _tile_zero(2);
-        _tile_zero(3);
+      const void* from0 = start(0, first / steps_per_store);
+      const void* from1 = start(1, first / steps_per_store);
+      if (from0 != nullptr) {  // a stride of 0: the same 64 bytes in every row
+        _tile_loadd(0, from0, 0);
+        _tile_loadd(1, from1, 0);
+        if (two) {
+          _tile_loadd(2, from0, 0);
+          _tile_loadd(3, from1, 0);
+        }
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        if (two) {
+          _tile_zero(2);
+          _tile_zero(3);
+        }
       }
       for (int64_t step = first; step < first + steps_per_store && step < steps; ++step) {
         const char* t0 = w0 + step * 1024;

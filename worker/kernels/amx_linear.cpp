@@ -45,7 +45,8 @@ void channel_pair(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K,
   const char* weights = reinterpret_cast<const char*>(packed);
   llmserve::tile_pair_pass<false>(
       reinterpret_cast<const char*>(x), K * 2, groups, weights + b0 * block_bytes, block_bytes, K / 32,
-      K / 32, weights + (N / 16) * block_bytes, scratch, [&](int64_t g, int b, int64_t, const void* sums) {
+      K / 32, weights + (N / 16) * block_bytes, scratch, [](int, int64_t) -> const void* { return nullptr; },
+      [&](int64_t g, int b, int64_t, const void* sums) {
         store_tile(static_cast<const float*>(sums), g * 16, rows, M, N, (b0 + b) * 16, out);
       });
 }

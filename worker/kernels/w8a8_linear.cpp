@@ -9,8 +9,8 @@
 //
 //     y[m, n] = s_w[n] * sum_g s_x[m, g] ((sum_{k in g} u[m, k] c[n, k]) - 128 sum_{k in g} c[n, k])
 //
-// with u = q_x + 128 the unsigned row codes (what the u8 x s8 instructions take), c the weight codes and
-// 128 sum_{k in g} c[n, k] the `compensation` [K / 64, N] made once at load. The weights are laid out once
+// with u = q_x + 128 the unsigned row codes (what the u8 x s8 instructions take) and c the weight codes; each
+// group's sums start from the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load. The weights are laid out once
 // (w8a8_pack_weight) as both instruction sets read them: per block of 16 output channels, per group of 4
 // input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit register for VPDPBUSD, one row
 // of an AMX B tile). Two paths, chosen per build and CPU (w8a8_linear_path; `path` names one, for tests and
@@ -74,7 +74,8 @@ bool amx_int8_usable() {
 constexpr int64_t kGroup = 64;  // columns per activation scale: one AMX step, 16 VPDPBUSD steps
 
 #if defined(LLMSERVE_W8A8_VNNI) || defined(LLMSERVE_W8A8_AMX)
-// How a group's sums become float32 and where the totals of one row and 16 channels go.
+// How a group's sums become float32 and where the totals of one row and 16 channels go. Every group's sums
+// start from `compensation` (-128 times the group's code sum per channel), so they arrive exact.
 struct Epilogue {
   const float* weight_scales;   // [N]
   const int32_t* compensation;  // [groups, N]
@@ -84,29 +85,24 @@ struct Epilogue {
   bool bf16;
   int64_t N;
 
-  // Group g's sums of row m, channels [n0, n0 + 16), exact and scaled by the row's scale for that group.
-  __m512 scaled(__m512i sums, int64_t m, int64_t g, int64_t n0) const {
-    const __m512i exact = _mm512_sub_epi32(sums, _mm512_loadu_si512(compensation + g * N + n0));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(group_scales[m * groups + g]));
-  }
-  // Every group added up (in group order, from the first): times the weight scale, into out.
-  void store(__m512 total, int64_t m, int64_t n0) const {
+  const int32_t* start(int64_t g, int64_t n0) const { return compensation + g * N + n0; }
+
+  // Group g's exact sums of row m, channels [n0, n0 + 16), scaled by the row's scale for the group and added
+  // to the running total in partial (set at g = 0); at the last group the total, times the weight scale,
+  // goes to out instead.
+  void accumulate(__m512i sums, int64_t m, int64_t g, int64_t n0, float* partial) const {
+    const __m512 scale = _mm512_set1_ps(group_scales[m * groups + g]);
+    const __m512 total = g == 0 ? _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale)
+                                : _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, _mm512_loadu_ps(partial));
+    if (g < groups - 1) {
+      _mm512_storeu_ps(partial, total);
+      return;
+    }
     const __m512 y = _mm512_mul_ps(total, _mm512_loadu_ps(weight_scales + n0));
     if (bf16) {
       llmserve::store16(static_cast<BF16*>(out) + m * N + n0, y);
     } else {
       llmserve::store16(static_cast<float*>(out) + m * N + n0, y);
-    }
-  }
-  // The running total of group g for row m and 16 channels: scaled sums added to partial (set at g = 0),
-  // and at the last group stored instead.
-  void accumulate(__m512i sums, int64_t m, int64_t g, int64_t n0, float* partial) const {
-    __m512 total = scaled(sums, m, g, n0);
-    if (g > 0) total = _mm512_add_ps(_mm512_loadu_ps(partial), total);
-    if (g == groups - 1) {
-      store(total, m, n0);
-    } else {
-      _mm512_storeu_ps(partial, total);
     }
   }
 };
@@ -126,9 +122,11 @@ void vnni_tile(const uint8_t* codes, int64_t K, const int8_t* packed, int64_t b,
   // stack: a load and a store around each multiply-add, half the speed); 6 rows spilled too.
   __m512i acc[R][B];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
+  for (int j = 0; j < B; ++j) {
+    const __m512i start = _mm512_loadu_si512(epilogue.start(g, (b + j) * 16));
 #pragma GCC unroll 4
-    for (int j = 0; j < B; ++j) acc[r][j] = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) acc[r][j] = start;
+  }
   const int8_t* w = packed + b * 16 * K;  // block b + j starts 16 K bytes after block b + j - 1
   const uint8_t* x = codes + m0 * K;
   for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 4) {
@@ -196,7 +194,9 @@ void amx_channel_pair(const uint8_t* codes, int64_t M, int64_t groups, int rows,
   const char* weights = reinterpret_cast<const char*>(packed);
   llmserve::tile_pair_pass<true>(
       reinterpret_cast<const char*>(codes), K, groups, weights + b0 * block_bytes, block_bytes, K / 64, 1,
-      weights + (N / 16) * block_bytes, scratch, [&](int64_t g, int b, int64_t column_group, const void* sums) {
+      weights + (N / 16) * block_bytes, scratch,
+      [&](int b, int64_t column_group) -> const void* { return e.start(column_group, (b0 + b) * 16); },
+      [&](int64_t g, int b, int64_t column_group, const void* sums) {
         for (int64_t r = 0; r < rows && g * 16 + r < M; ++r) {
           const int64_t m = g * 16 + r;
           e.accumulate(_mm512_loadu_si512(static_cast<const int32_t*>(sums) + 16 * r), m, column_group,
@@ -256,7 +256,7 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
         for (int64_t g = 0; g < K / kGroup; ++g) {
           int32_t sum = 0;
           for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) sum += c[n * K + k];
-          comp[g * N + n] = 128 * sum;
+          comp[g * N + n] = -128 * sum;
         }
     }
   });
