@@ -13,10 +13,10 @@ import torch
 
 from tests.engine.factories import drive, make_request, make_scheduler, tiny_llama
 from worker.kernels import native_ops
-from worker.model import w8a8
 from worker.model.decode_layers import DecodeLayers
 from worker.model.model import LlamaForPagedAttention
 from worker.model.runner import ModelRunner
+from worker.model.w8a8 import w8a8_available
 
 BLOCK = 4
 NUM_BLOCKS = 64
@@ -46,13 +46,6 @@ def head_dim_64_llama() -> torch.nn.Module:
 HF_MODELS = {"tiny": tiny_llama, "head_dim_64": head_dim_64_llama}
 
 
-@pytest.fixture
-def onednn_w8a8(monkeypatch):
-    """w8a8 layers on oneDNN's GEMM, whose few rows run the weight-only int8 kernel the op chains: the
-    project's integer GEMM, where this CPU has it, is not chained by the op (model/decode_layers.py)."""
-    monkeypatch.setattr(w8a8, "native_gemm", lambda weight: None)
-
-
 def runner_for(hf_name: str, quantization: str) -> ModelRunner:
     model = LlamaForPagedAttention(HF_MODELS[hf_name](), max_positions=512, quantization=quantization)
     runner = ModelRunner(model, NUM_BLOCKS, BLOCK, attention_backend="native")
@@ -71,10 +64,9 @@ def clone_pools(pools: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[to
     return [(k.clone(), v.clone()) for k, v in pools]
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8", "w8a8"])
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize("hf_name", sorted(HF_MODELS))
 @pytest.mark.parametrize("num_seqs", [1, 4])
-@pytest.mark.usefixtures("onednn_w8a8")
 def test_decode_steps_match_the_per_layer_native_path(quantization, hf_name, num_seqs, monkeypatch):
     runner = runner_for(hf_name, quantization)
     model = runner.model
@@ -119,8 +111,7 @@ def greedy_outputs(quantization: str, use_decode_layers: bool) -> list[list[int]
     return [r.all_token_ids[r.num_prompt_tokens :] for r in requests]
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8", "w8a8"])
-@pytest.mark.usefixtures("onednn_w8a8")
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_engine_greedy_tokens_are_the_same_with_the_op_and_without(quantization):
     with_op = greedy_outputs(quantization, True)
     assert all(len(tokens) == 12 for tokens in with_op)
@@ -139,8 +130,8 @@ def test_models_the_op_does_not_cover_keep_the_per_layer_path():
         LlamaForPagedAttention(hf, 512, quantization="int8"), NUM_BLOCKS, BLOCK, attention_backend="torch"
     )
     assert torch_runner.model.decode_layers is None  # no native ops at all
-    w8a8_model = LlamaForPagedAttention(hf, 512, quantization="w8a8")
-    if w8a8_model.layers[0].qkv.backend == "native-w8a8":  # the project's integer GEMM: not chained
+    if w8a8_available(torch.device("cpu")):  # the project's integer GEMM: not chained by the op
+        w8a8_model = LlamaForPagedAttention(hf, 512, quantization="w8a8")
         w8a8_runner = ModelRunner(w8a8_model, NUM_BLOCKS, BLOCK, attention_backend="native")
         assert w8a8_runner.model.decode_layers is None
 

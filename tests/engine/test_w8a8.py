@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tests.engine.factories import tiny_llama
-from tests.engine.kernel_grid import int8_one_row_on_grid, on_chunk_grid
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import SchedulerConfig
 from worker.engine.request import Request
@@ -21,16 +20,13 @@ from worker.model.loader import load_model
 from worker.model.model import LlamaForPagedAttention
 from worker.model.runner import ModelRunner
 from worker.model.smoothing import activation_ranges, factors, smooth
-from worker.model.w8a8 import (
-    WEIGHT_ONLY_BELOW,
-    ZERO_POINT,
-    W8A8Linear,
-    native_gemm,
-    quantize_rows,
-    w8a8_available,
-)
+from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
 
-pytestmark = pytest.mark.skipif(not w8a8_available(torch.device("cpu")), reason="no oneDNN int8 linear")
+# w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI or AMX-INT8
+# (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products checks that it is there when it should be).
+needs_gemm = pytest.mark.skipif(
+    not w8a8_available(torch.device("cpu")), reason="no integer GEMM here (make kernels; AVX512-VNNI or AMX-INT8)"
+)
 
 
 def native_paths() -> list[str]:
@@ -55,46 +51,53 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected.float()).norm() / expected.float().norm())
 
 
-def test_rows_quantize_to_symmetric_codes_with_one_scale_each():
-    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [300.0, 3.0, -300.0]])
+def test_rows_quantize_to_symmetric_codes_with_one_scale_per_group_of_columns():
+    x = torch.zeros(3, 2 * GROUP)
+    x[0, :3] = torch.tensor([1.0, -2.0, 0.5])
+    x[0, GROUP : GROUP + 2] = torch.tensor([300.0, -3.0])  # the second group's own scale: 300 / 127
+    x[2, :] = 5.0
     codes, scales = quantize_rows(x)
-    assert codes.dtype == torch.uint8 and scales.shape == (3, 1)
+    assert codes.dtype == torch.uint8 and scales.shape == (3, 2)
     signed = codes.int() - ZERO_POINT
     assert signed.abs().max() <= 127
-    assert signed[0].tolist() == [64, -127, 32]  # -2 is the row's largest: -127; 1 -> 63.5 -> 64 (even)
-    assert signed[1].tolist() == [0, 0, 0]  # an all-zero row stays zero (no division by zero)
-    assert signed[2].tolist() == [127, 1, -127]
-    torch.testing.assert_close(signed.float() * scales, x, atol=float(scales.max()) / 2, rtol=0)
+    assert signed[0, :3].tolist() == [64, -127, 32]  # -2 is the group's largest: -127; 1 -> 63.5 -> 64 (even)
+    assert signed[0, GROUP : GROUP + 2].tolist() == [127, -1]  # -3 on the 300 scale
+    assert signed[1].abs().sum() == 0  # an all-zero row stays zero (no division by zero)
+    assert signed[2].tolist() == [127] * 2 * GROUP
+    torch.testing.assert_close(scales[0], torch.tensor([2.0, 300.0]) / 127)
+    step = scales.repeat_interleave(GROUP, dim=1)
+    torch.testing.assert_close(signed.float() * step, x, atol=float(scales.max()) / 2, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [1, 5, WEIGHT_ONLY_BELOW - 1, WEIGHT_ONLY_BELOW, 64])
+@needs_gemm
+@pytest.mark.parametrize("rows", [1, 5, 17, 64])
 def test_w8a8_layer_is_its_integer_products_and_close_to_the_float_layer(rows):
     gen = torch.Generator().manual_seed(rows)
-    weight, bias = torch.randn(96, 160, generator=gen), torch.randn(96, generator=gen)
-    x = torch.randn(rows, 160, generator=gen)
+    weight, bias = torch.randn(96, 192, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(rows, 192, generator=gen)
     layer = W8A8Linear(weight, bias)
     got = layer(x)
-    # The integer sums (or, for few rows, float32 rows against the 8-bit weights) as the float64 reference.
-    read = on_chunk_grid(x.double()) if int8_one_row_on_grid(rows) else x
-    torch.testing.assert_close(got.double(), layer.reference(read), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got.double(), layer.reference(x), rtol=1e-5, atol=1e-4)
     assert relative_error(got, x @ weight.T + bias) < 0.02  # at most two 8-bit roundings
     assert layer(x.bfloat16()).dtype == torch.bfloat16
 
 
-def test_few_rows_on_onednn_skip_the_activation_rounding_and_many_rows_do_not():
-    """On oneDNN's GEMM, below WEIGHT_ONLY_BELOW rows only the weights are 8-bit: a row's result does not
-    depend on the other rows. From it the rows are rounded to 8 bits, each on its own scale, so the same row
-    differs."""
-    if native_op("int8_linear") is None:
-        pytest.skip("native kernels not built (make kernels)")
-    gen = torch.Generator().manual_seed(7)
-    layer = W8A8Linear(torch.randn(64, 128, generator=gen), native=False)
-    x = torch.randn(WEIGHT_ONLY_BELOW, 128, generator=gen)
-    few, many = layer(x[:1]), layer(x)
-    one = on_chunk_grid(x[:1].double()) if int8_one_row_on_grid(1) else x[:1].double()
-    exact_weights = one @ (layer.codes.double() * layer.weight_scales.double()[:, None]).T
-    torch.testing.assert_close(few.double(), exact_weights, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(many[:1].double(), exact_weights, rtol=1e-5, atol=1e-5)
+@needs_gemm
+def test_one_scale_per_group_keeps_a_row_with_an_outlier_accurate():
+    """Why the scales are per group: one large activation (as a few channels of a trained model's rows
+    have) sets the step of its own group only, so the row's other groups keep their 8 bits; with one scale
+    per row they would round to a few levels."""
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(64, 4 * GROUP, generator=gen)
+    x = torch.randn(8, 4 * GROUP, generator=gen)
+    x[:, 3] = 200.0  # an outlier in the first group of every row
+    weight[:, :GROUP] = 0.0  # the output is the other groups' alone
+    layer = W8A8Linear(weight)
+    weights = layer.weight_codes() * layer.weight_scales[:, None]
+    exact_rows = x @ weights.T  # the 8-bit weights against the rows as they are: the rows' rounding alone
+    row_scale = x.abs().amax(dim=1, keepdim=True) / 127
+    one_scale_per_row = (torch.round(x / row_scale) * row_scale) @ weights.T
+    assert relative_error(layer(x), exact_rows) < relative_error(one_scale_per_row, exact_rows) / 4
 
 
 def test_smoothing_keeps_a_float32_model_unchanged_and_narrows_the_activations():
@@ -124,6 +127,7 @@ def test_factors_balance_activation_and_weight_ranges():
     torch.testing.assert_close(s, torch.tensor([10.0, 1.0, 1.0]))  # a channel that never moved stays
 
 
+@needs_gemm
 def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_to_float():
     hf = tiny_llama()
     float_model = LlamaForPagedAttention(hf, 64)
@@ -139,23 +143,28 @@ def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_native_row_quantization_and_rescale_equal_the_torch_steps(dtype):
+def test_native_group_quantization_equals_the_torch_steps(dtype):
     ops = native_op("quantize_rows_u8")
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
-    # 203 columns: the kernel's eight-wide loop and its scalar tail both run
-    x = (torch.randn(37, 203, generator=torch.Generator().manual_seed(3)) * 5).to(dtype)
+    x = (torch.randn(37, 3 * GROUP, generator=torch.Generator().manual_seed(3)) * 5).to(dtype)
     x[4] = 0.0
     x[5] = 0.0  # scale 2: the halves 0.5, 1.5, 2.5, -0.5, -1.5 round to even (0, 2, 2, 0, -2)
     x[5, :6] = torch.tensor([254.0, 1.0, 3.0, 5.0, -1.0, -3.0])
-    codes, scales = torch.empty(x.shape, dtype=torch.uint8), torch.empty(37)
+    codes, scales = torch.empty(x.shape, dtype=torch.uint8), torch.empty(37, 3)
     ops.quantize_rows_u8(x, codes, scales)
     expected_codes, expected_scales = quantize_rows(x)
-    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales[:, 0])
+    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
     assert (codes[5, :6].int() - ZERO_POINT).tolist() == [127, 0, 2, 2, 0, -2]
-    y, out = torch.randn(37, 50), torch.empty(37, 50, dtype=dtype)
-    ops.scale_rows(y, scales, out)
-    assert torch.equal(out, (y * scales[:, None]).to(dtype))
+    # groups of any width that divides the row (here 67 columns: the eight-wide loop and its scalar tail)
+    odd = (torch.randn(37, 201, generator=torch.Generator().manual_seed(4)) * 5).to(dtype)
+    odd_codes, one_per_row, per_group = torch.empty(37, 201, dtype=torch.uint8), torch.empty(37, 1), torch.empty(37, 3)
+    ops.quantize_rows_u8(odd, odd_codes, per_group)
+    assert torch.equal(per_group, odd.float().reshape(37, 3, 67).abs().amax(dim=2) / 127)
+    ops.quantize_rows_u8(odd, odd_codes, one_per_row)
+    assert torch.equal(one_per_row[:, 0], per_group.amax(dim=1))
+    with pytest.raises(RuntimeError, match="groups dividing the row"):
+        ops.quantize_rows_u8(odd, odd_codes, torch.empty(37, 2))
 
 
 def test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products():
@@ -175,40 +184,69 @@ def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channe
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
     codes = torch.randint(-127, 128, (64, 128), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
-    packed, compensation = torch.empty(4, 32, 64, dtype=torch.int8), torch.empty(64, dtype=torch.int32)
+    packed, compensation = torch.empty(4, 32, 64, dtype=torch.int8), torch.empty(2, 64, dtype=torch.int32)
     ops.w8a8_pack_weight(codes, packed, compensation)
     # packed[b, q, 4 c + i] = codes[16 b + c, 4 q + i]
     expected = codes.reshape(4, 16, 32, 4).permute(0, 2, 1, 3).reshape(4, 32, 64)
     assert torch.equal(packed, expected)
-    assert torch.equal(compensation, 128 * codes.int().sum(dim=1, dtype=torch.int32))
+    # compensation[g, n]: -128 times channel n's code sum over group g's 64 columns (each group's sums start there)
+    group_sums = codes.int().reshape(64, 2, GROUP).sum(dim=2, dtype=torch.int32).T
+    assert torch.equal(compensation, -128 * group_sums)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 17, 33, 64, 130])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
-    """Every path of the kernel (AMX tiles in groups of 16 rows, VNNI in chunks of 4 rows, 64 channels and 256
-    columns; the row counts reach every remainder) gives the exact int32 sums of the row codes against the
-    weight codes, times the channel scale, times the row scale, in float32, rounded once to the output dtype:
-    the same bits as those steps in torch."""
+    """Every path of the kernel (AMX tiles in groups of 16 rows, VNNI in chunks of 4 rows and 64 channels;
+    the row counts reach every remainder) gives each group's exact int32 sums of the row codes against the
+    weight codes, times the group's scale, added up group after group in float32, times the channel scale,
+    rounded once to the output dtype. The scales here are powers of two and the sums small integers, so
+    every one of those float32 steps is exact and the kernel must give the exact result, bit for bit."""
     paths = native_paths()
     if not paths:
         pytest.skip("no native integer GEMM in this build or on this CPU")
     ops = native_op("w8a8_linear")
     gen = torch.Generator().manual_seed(rows)
-    n, k = 96, 576  # 6 channel blocks (a pass of 4 and one of 2 per thread); columns 256 + 256 + 64
-    weight = torch.randn(n, k, generator=gen)
+    n, k = 96, 576  # 6 channel blocks (a pass of 4 and one of 2 per thread); 9 groups of columns
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    codes[:, 0] = 127  # so each channel's scale is its power of two
+    weight = codes.float() * 2.0 ** torch.randint(-3, 3, (n, 1), generator=gen)
     layer = W8A8Linear(weight)
-    x = torch.randn(rows, k, generator=gen) * torch.rand(rows, 1, generator=gen) * 10
-    x[0, :] = 0.0  # an all-zero row: scale 1e-12 / 127, codes 128, sums exactly the compensation
-    codes, scales = quantize_rows(x)
-    sums = ((codes.double() - ZERO_POINT) @ layer.weight_codes().double().T).float()  # exact: below 2^24
-    expected = (sums * layer.weight_scales[None, :] * scales).to(out_dtype)
+    assert torch.equal(layer.weight_codes(), codes)
+    # each group's largest |x| is 127 times a power of two, the others small multiples of that power (so the
+    # sums of all 9 groups stay within float32's 24 bits)
+    powers = 2.0 ** torch.randint(-2, 2, (rows, k // GROUP), generator=gen)
+    x = torch.randint(-7, 8, (rows, k), generator=gen).float()
+    x[:, ::GROUP] = 127.0
+    x = x * powers.repeat_interleave(GROUP, dim=1)
+    x[0, :] = 0.0  # an all-zero row: scale 1e-12 / 127, codes 128, sums exactly zero after the compensation
+    expected = layer.reference(x)
+    assert torch.equal(expected, expected.float().double())  # the reference itself exact in float32
     for path in paths:
         out = torch.empty(rows, n, dtype=out_dtype)
         ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
-        assert torch.equal(out, expected), path
+        assert torch.equal(out, expected.to(out_dtype)), path
         assert torch.equal(out[0], torch.zeros(n, dtype=out_dtype))
-    torch.testing.assert_close(layer(x).double(), layer.reference(x), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 33])
+def test_native_integer_gemm_matches_the_reference_on_real_valued_rows(rows):
+    """Arbitrary scales: the float32 sums of the groups round differently from float64's, within float32
+    rounding of a sum of 9 terms; every path agrees with every other to the bit."""
+    paths = native_paths()
+    if not paths:
+        pytest.skip("no native integer GEMM in this build or on this CPU")
+    ops = native_op("w8a8_linear")
+    gen = torch.Generator().manual_seed(rows)
+    layer = W8A8Linear(torch.randn(96, 576, generator=gen))
+    x = torch.randn(rows, 576, generator=gen) * torch.rand(rows, 576, generator=gen) * 10
+    outs = []
+    for path in paths:
+        out = torch.empty(rows, 96)
+        ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
+        torch.testing.assert_close(out.double(), layer.reference(x), rtol=1e-5, atol=1e-4)
+        outs.append(out)
+    assert all(torch.equal(out, outs[0]) for out in outs)
 
 
 def test_native_integer_gemm_reads_bfloat16_rows_as_their_float32_values():
@@ -226,20 +264,27 @@ def test_native_integer_gemm_reads_bfloat16_rows_as_their_float32_values():
         assert torch.equal(from_bf16, from_f32)
 
 
-def test_w8a8_layer_runs_the_native_gemm_where_it_applies_and_onednn_elsewhere():
-    if not native_paths():
-        pytest.skip("no native integer GEMM in this build or on this CPU")
+@needs_gemm
+def test_w8a8_layer_keeps_only_the_packed_codes_and_refuses_shapes_of_partial_groups():
     weight = torch.randn(64, 128)
-    native, onednn = W8A8Linear(weight), W8A8Linear(weight, native=False)
-    assert native.backend == "native-w8a8" and onednn.backend == "onednn-w8a8"
-    # the same codes; the native layer keeps only its own layout of them, and rounds rows at every count
-    assert native.codes is None and torch.equal(native.weight_codes(), onednn.weight_codes())
-    assert native.weight_only_below is None
-    x = torch.randn(1, 128)
-    torch.testing.assert_close(native(x).double(), native.reference(x), rtol=1e-5, atol=1e-5)
-    assert native(torch.randn(0, 128).bfloat16()).shape == (0, 64)  # an empty batch: an empty result
-    assert W8A8Linear(torch.randn(64, 160)).backend == "onednn-w8a8"  # 160 columns: not whole groups of 64
-    assert native_gemm(torch.randn(48, 128)) is None  # 48 channels: not whole pairs of 16-channel blocks
+    layer = W8A8Linear(weight)
+    assert layer.backend == "native-w8a8" and layer.compensation.shape == (128 // GROUP, 64)
+    codes = torch.round(weight / layer.weight_scales[:, None]).clamp(-127, 127).to(torch.int8)
+    assert torch.equal(layer.weight_codes(), codes)  # read back from the kernel's layout
+    assert layer(torch.randn(0, 128).bfloat16()).shape == (0, 64)  # an empty batch: an empty result
+    with pytest.raises(ValueError, match="multiple of 64"):
+        W8A8Linear(torch.randn(64, 160))  # 160 columns: not whole groups of 64
+    with pytest.raises(ValueError, match="multiple of 64"):
+        W8A8Linear(torch.randn(48, 128))  # 48 channels: not whole pairs of 16-channel blocks
+
+
+def test_w8a8_says_what_it_needs_where_the_integer_gemm_is_missing(monkeypatch):
+    from worker.model import w8a8
+
+    monkeypatch.setattr(w8a8, "native_op", lambda name: None)  # a build without the kernels
+    assert not w8a8.w8a8_available(torch.device("cpu"))
+    with pytest.raises(ValueError, match="AVX512-VNNI or AMX-INT8"):
+        w8a8.W8A8Linear(torch.randn(64, 128))
 
 
 def test_native_integer_gemm_refuses_a_path_this_cpu_lacks_and_wrong_shapes():
@@ -275,9 +320,10 @@ def prompt_logits(quantization: str, dtype: str, tokens: list[int]) -> torch.Ten
     return runner.all_logits(scheduler.schedule())[1]
 
 
+@needs_gemm
 @pytest.mark.skipif(not (MODEL_DIR / "config.json").exists(), reason="model not fetched (make model)")
 def test_the_bundled_model_in_w8a8_predicts_what_bfloat16_does():
-    """The real model's w8a8 layers (the project's GEMM where built, on a 256-row prefill) against its
+    """The real model's w8a8 layers (the project's GEMM, on a 256-row prefill) against its
     bfloat16 ones on a passage of the tune text: the same next token almost everywhere, and a mean negative
     log-likelihood within 5% (perplexity is measured by bench/quant_study.py)."""
     from transformers import AutoTokenizer

@@ -3,7 +3,7 @@
 At one stream the 135M model's int4 decode step spent about a third of its time in Python and small torch
 ops between the kernels; the op chains the same kernels in C++, so it gives the same numbers. It covers the
 case it was built for: the plain Llama layer in float32, every linear on one native quantized kernel (all
-int4 or all int8, w8a8's few-rows method included; no bias), decode tokens only. Anything else keeps
+int4 or all int8; no bias), decode tokens only. Anything else keeps
 `_forward_native`'s per-layer loop.
 """
 
@@ -16,14 +16,12 @@ import torch
 from worker.model.attention import AttentionMetadata
 
 # Linear backend -> (weight bits the op is told, the layer's tensors it is given, in order, the layer's
-# attribute holding the rows from which it leaves the native kernel: None there means never). w8a8 layers on
-# oneDNN keep their int8 codes and scales in the int8 kernel's layout for their few-rows method
-# (model/w8a8.py); on the project's integer GEMM ("native-w8a8") every row count is that GEMM, which this op
-# does not chain, so those layers keep the per-layer loop.
+# attribute holding the rows from which it leaves the native kernel: None there means never). w8a8 layers
+# ("native-w8a8") run the project's integer GEMM at every row count, which this op does not chain, so they
+# keep the per-layer loop.
 _NATIVE_LINEARS = {
     "native-int4": (4, ("weight", "scales", "mins"), "dequantize_from"),
     "native-int8": (8, ("weight", "scales"), "dequantize_from"),
-    "onednn-w8a8": (8, ("codes", "weight_scales"), "weight_only_below"),
 }
 
 
