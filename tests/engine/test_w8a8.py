@@ -23,9 +23,10 @@ from worker.model.smoothing import activation_ranges, factors, smooth
 from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
 
 # w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI or AMX-INT8
-# (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products checks that it is there when it should be).
+# (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products: it is there when it should be).
 needs_gemm = pytest.mark.skipif(
-    not w8a8_available(torch.device("cpu")), reason="no integer GEMM here (make kernels; AVX512-VNNI or AMX-INT8)"
+    not w8a8_available(torch.device("cpu")),
+    reason="no integer GEMM here (make kernels; AVX512-VNNI or AMX-INT8)",
 )
 
 
@@ -158,7 +159,8 @@ def test_native_group_quantization_equals_the_torch_steps(dtype):
     assert (codes[5, :6].int() - ZERO_POINT).tolist() == [127, 0, 2, 2, 0, -2]
     # groups of any width that divides the row (here 67 columns: the eight-wide loop and its scalar tail)
     odd = (torch.randn(37, 201, generator=torch.Generator().manual_seed(4)) * 5).to(dtype)
-    odd_codes, one_per_row, per_group = torch.empty(37, 201, dtype=torch.uint8), torch.empty(37, 1), torch.empty(37, 3)
+    odd_codes = torch.empty(37, 201, dtype=torch.uint8)
+    one_per_row, per_group = torch.empty(37, 1), torch.empty(37, 3)
     ops.quantize_rows_u8(odd, odd_codes, per_group)
     assert torch.equal(per_group, odd.float().reshape(37, 3, 67).abs().amax(dim=2) / 127)
     ops.quantize_rows_u8(odd, odd_codes, one_per_row)
@@ -189,7 +191,7 @@ def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channe
     # packed[b, q, 4 c + i] = codes[16 b + c, 4 q + i]
     expected = codes.reshape(4, 16, 32, 4).permute(0, 2, 1, 3).reshape(4, 32, 64)
     assert torch.equal(packed, expected)
-    # compensation[g, n]: -128 times channel n's code sum over group g's 64 columns (each group's sums start there)
+    # compensation[g, n]: -128 times channel n's code sum over group g's 64 columns (where its sums start)
     group_sums = codes.int().reshape(64, 2, GROUP).sum(dim=2, dtype=torch.int32).T
     assert torch.equal(compensation, -128 * group_sums)
 

@@ -51,8 +51,8 @@ using BF16 = c10::BFloat16;
 #endif
 
 // Where both paths exist, AMX from this many rows: below it one row group's tiles are mostly empty and VNNI
-// streams the weights faster (120 distinct SmolLM2 layers, 2-core AMX Xeon: 8 rows 4.6 against 5.5 ms, 12
-// rows 5.6 against 5.9, 16 rows 7.0 against 6.0, 32 rows 11.5 against 7.7).
+// streams the weights faster (120 distinct SmolLM2 layers, 2-core AMX Xeon, bench/w8a8_kernels.py: 8 rows 6.8
+// against 7.8 ms, 16 rows 10.0 against 9.8, 32 rows 15.9 against 13.4).
 constexpr int64_t kAmxFromRows = 16;
 
 bool vnni_compiled() {

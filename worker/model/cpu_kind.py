@@ -89,8 +89,8 @@ AUTO_BY_KIND = {
         "quantization study on an AMX Xeon: bfloat16 made the most tokens/s at 8 and 32 streams (262 and "
         "578 against int8 185 and 330, int4 174 and 324 tok/s: oneDNN runs the bfloat16 GEMMs on AMX tiles, "
         "the quantized kernels do not use them); int4 and int8 lead at one stream (149 and 108 decode tok/s "
-        "against 51); w8a8 serves 1.1-1.2x bfloat16's tok/s under load but costs 1.45% perplexity, more "
-        "than the 1% auto accepts",
+        "against 51); w8a8 (+0.36% perplexity) serves 1.30x bfloat16's tok/s at one stream but 0.82-0.84x "
+        "at 32-64 streams",
     ),
     "avx512_bf16": AutoChoice(
         "none",

@@ -64,8 +64,8 @@ class W8A8Linear:
             )
         if in_features % GROUP or out_features % 32:
             raise ValueError(
-                f"w8a8 needs layers of whole groups: in_features a multiple of {GROUP} and out_features of 32, "
-                f"got {in_features} -> {out_features} (use WORKER_QUANTIZATION=int8 or none for this model)"
+                f"w8a8 needs layers of whole groups: in_features a multiple of {GROUP} and out_features of "
+                f"32, got {in_features} -> {out_features} (use WORKER_QUANTIZATION=int8 or none here)"
             )
         self.gemm = native_op("w8a8_linear")
         w = weight.detach().float()
