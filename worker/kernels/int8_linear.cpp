@@ -14,6 +14,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +30,10 @@ namespace {
 constexpr int64_t kRowTile = 4;        // activation rows sharing one pass over a weight row
 constexpr int64_t kRowChunk = 16;      // x rows kept in cache while weight blocks pass (16 x 1536 floats)
 constexpr int64_t kChannelBlock = 16;  // weight rows (at most 16 x 1536 bytes here) kept in L1 across row tiles
+// Up to how many rows x runs on the 16-bit grid on an AVX2 build without AVX512-VNNI (every row count: such
+// a CPU has no panel GEMM, and from DEQUANTIZE_MIN_ROWS rows the layer dequantizes instead); 1 holds the
+// float path for tests and benchmarks (`set_int8_grid_max_rows`).
+std::atomic<int64_t> grid_max_rows{std::numeric_limits<int64_t>::max()};
 
 // Rows [0, R) of x against one weight row; writes out[r * ldo] for each row.
 template <int R>
@@ -169,6 +175,26 @@ constexpr int64_t kChunkAvx2 = 64;
 constexpr int kOneRowChannelsAvx2 = 4;
 constexpr int64_t kPrefetchBytesAvx2 = 8192;
 
+// x[0, K) on the grid, chunk by chunk: x16[0, chunks * 64) (zero past K) and step[0, chunks).
+void grid_chunks_avx2(const float* x, int64_t K, int16_t* x16, float* step) {
+  const int64_t chunks = (K + kChunkAvx2 - 1) / kChunkAvx2;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t k0 = c * kChunkAvx2, n = std::min<int64_t>(kChunkAvx2, K - k0);
+    alignas(32) float v[kChunkAvx2] = {};
+    std::copy(x + k0, x + k0 + n, v);
+    float inverse;
+    step[c] = llmserve::grid_step(llmserve::max_magnitude_bits(v, kChunkAvx2), inverse);
+    const __m256 scale = _mm256_set1_ps(inverse);  // exact: a power of two
+    for (int j = 0; j < 8; j += 2) {
+      const __m256i a = llmserve::on_grid(_mm256_load_ps(v + 8 * j), scale);
+      const __m256i b = llmserve::on_grid(_mm256_load_ps(v + 8 * j + 8), scale);
+      // packs works per 128-bit lane: a0-3 b0-3 a4-7 b4-7; the permute puts them back in order
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x16 + k0 + 8 * j), packed);
+    }
+  }
+}
+
 struct GridRowAvx2 {
   std::vector<int16_t> x16;  // [chunks * 64], zero past K
   std::vector<float> step;   // per chunk
@@ -179,21 +205,7 @@ void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
   out.chunks = (K + kChunkAvx2 - 1) / kChunkAvx2;
   out.x16.assign(static_cast<size_t>(out.chunks * kChunkAvx2), 0);
   out.step.assign(static_cast<size_t>(out.chunks), 0.0f);
-  for (int64_t c = 0; c < out.chunks; ++c) {
-    const int64_t k0 = c * kChunkAvx2, n = std::min<int64_t>(kChunkAvx2, K - k0);
-    alignas(32) float v[kChunkAvx2] = {};
-    std::copy(x + k0, x + k0 + n, v);
-    float inverse;
-    out.step[c] = llmserve::grid_step(llmserve::max_magnitude_bits(v, kChunkAvx2), inverse);
-    const __m256 scale = _mm256_set1_ps(inverse);  // exact: a power of two
-    for (int j = 0; j < 8; j += 2) {
-      const __m256i a = llmserve::on_grid(_mm256_load_ps(v + 8 * j), scale);
-      const __m256i b = llmserve::on_grid(_mm256_load_ps(v + 8 * j + 8), scale);
-      // packs works per 128-bit lane: a0-3 b0-3 a4-7 b4-7; the permute puts them back in order
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.x16.data() + k0 + 8 * j), packed);
-    }
-  }
+  grid_chunks_avx2(x, K, out.x16.data(), out.step.data());
 }
 
 // C consecutive weight rows against the gridded row; writes out[0, C) (times each row's scale).
@@ -225,6 +237,59 @@ void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const int8_t* w, co
     }
   }
   for (int c = 0; c < C; ++c) out[c] = llmserve::hsum(acc[c]) * scales[c];
+}
+
+// Several rows on the same grid (below `grid_max_rows`): the float path widened every code to float32 once per
+// four rows and spent an FMA per row on each eight of them, so a 2-64 row decode step on an AVX2 CPU (where
+// `WORKER_QUANTIZATION=auto` is int8) was bound by those instructions. Here each sixteen codes are widened to
+// 16 bits once and met by one VPMADDWD per row, each row's chunk sums scaled by its own step; a row's result
+// is the one it would get alone.
+struct GridRowsAvx2 {
+  std::vector<int16_t> x16;  // [rows, chunks * 64], zero past K
+  std::vector<float> step;   // [rows, chunks]
+  int64_t chunks = 0;
+};
+
+void grid_rows_avx2(const float* x, int64_t M, int64_t K, GridRowsAvx2& out) {
+  out.chunks = (K + kChunkAvx2 - 1) / kChunkAvx2;
+  out.x16.assign(static_cast<size_t>(M * out.chunks * kChunkAvx2), 0);
+  out.step.assign(static_cast<size_t>(M * out.chunks), 0.0f);
+  at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      grid_chunks_avx2(x + m * K, K, out.x16.data() + m * out.chunks * kChunkAvx2, out.step.data() + m * out.chunks);
+  });
+}
+
+// Rows [m0, m0 + R) of the grid against one weight row; writes out[r * ldo] for each row.
+template <int R>
+void grid_rows_channel_avx2(const GridRowsAvx2& xg, int64_t m0, int64_t K, const int8_t* w, float scale, float* out,
+                            int64_t ldo) {
+  const int64_t row_elems = xg.chunks * kChunkAvx2;
+  const int16_t* x0 = xg.x16.data() + m0 * row_elems;
+  const float* steps = xg.step.data() + m0 * xg.chunks;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const auto chunk = [&](int64_t b, const int8_t* codes) {
+    __m256i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * j)));
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + r * row_elems + b * kChunkAvx2 + 16 * j));
+        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(wv, xv));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(steps[r * xg.chunks + b]), acc[r]);
+  };
+  const int64_t full = K / kChunkAvx2;
+  for (int64_t b = 0; b < full; ++b) chunk(b, w + b * kChunkAvx2);
+  if (full < xg.chunks) {  // the last, partial chunk: its codes copied, zero past K (x16 is zero there too)
+    alignas(16) int8_t tail[kChunkAvx2] = {};
+    std::copy(w + full * kChunkAvx2, w + K, tail);
+    chunk(full, tail);
+  }
+  for (int r = 0; r < R; ++r) out[r * ldo] = llmserve::hsum(acc[r]) * scale;
 }
 #endif
 }  // namespace
@@ -268,6 +333,25 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
         xp, K, N, kChannelBlock, grid_row_avx2, [&](auto width, const GridRowAvx2& xg, int64_t n) {
           one_row_channels_avx2<decltype(width)::value>(xg, K, wp + n * K, sp + n, op + n);
         });
+    return;
+  }
+  if (M <= grid_max_rows.load(std::memory_order_relaxed)) {
+    thread_local GridRowsAvx2 scratch;
+    grid_rows_avx2(xp, M, K, scratch);
+    const GridRowsAvx2& xg = scratch;  // a thread_local named in the lambda would be each worker thread's own
+    llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
+                            [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+      float* orow = op + m0 * N;
+      for (int64_t n = n0; n < n1; ++n) {
+        const int8_t* w = wp + n * K;
+        switch (rows) {
+          case 1: grid_rows_channel_avx2<1>(xg, m0, K, w, sp[n], orow + n, N); break;
+          case 2: grid_rows_channel_avx2<2>(xg, m0, K, w, sp[n], orow + n, N); break;
+          case 3: grid_rows_channel_avx2<3>(xg, m0, K, w, sp[n], orow + n, N); break;
+          default: grid_rows_channel_avx2<4>(xg, m0, K, w, sp[n], orow + n, N); break;
+        }
+      }
+    });
     return;
   }
 #endif
@@ -351,6 +435,25 @@ void set_bf16_panel_min_rows(int64_t rows) {
 }  // namespace
 
 namespace {
+// Up to how many rows x runs on the 16-bit grid below the panel GEMM's rows: 1 where the one-row path is
+// integer ("vnni", or "avx2" held to one row), every row count on an AVX2 build, 0 where it is "float".
+int64_t int8_grid_max_rows() {
+#if defined(LLMSERVE_INT8_ONE_ROW_AVX2)
+  return std::max<int64_t>(1, grid_max_rows.load());
+#elif defined(LLMSERVE_INT8_ONE_ROW)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// Hold an AVX2 build's rows on one side of its switch (tests, benchmarks): 1 runs every batch of 2 or more
+// rows in floating point, as before the grid rows existed; elsewhere this does nothing.
+void set_int8_grid_max_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 1, "set_int8_grid_max_rows: at least 1, got ", rows);
+  grid_max_rows.store(rows);
+}
+
 // How this build multiplies a single row: on a 16-bit grid of x with AVX512-VNNI ("vnni") or AVX2 ("avx2")
 // integer products, or in floating point ("float").
 std::string int8_one_row_path() {
@@ -367,6 +470,8 @@ std::string int8_one_row_path() {
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
   m.def("int8_one_row_path() -> str", &int8_one_row_path);
+  m.def("int8_grid_max_rows() -> int", &int8_grid_max_rows);
+  m.def("set_int8_grid_max_rows(int rows) -> ()", &set_int8_grid_max_rows);
   m.def("int8_dequantize(Tensor codes, Tensor scales, Tensor(a!) out) -> ()");
   m.def("bf16_panel_min_rows() -> int", &bf16_panel_min_rows);
   m.def("set_bf16_panel_min_rows(int rows) -> ()", &set_bf16_panel_min_rows);
