@@ -1,5 +1,5 @@
-"""How the native int8 kernel's one-row path reads x (int8_linear.cpp, `grid_row` and `grid_row_avx2`),
-for test references."""
+"""How the native int8 kernel reads x on its integer paths (int8_linear.cpp: `grid_row`, `grid_row_avx2`,
+`grid_rows_avx2`), for test references."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import torch
 from worker.kernels import native_ops
 
 
-def int8_one_row_on_grid(rows: int) -> bool:
-    """A single row below the panel GEMM's rows runs on the grid where the build has integer one-row
-    products (AVX512-VNNI, or AVX2 without it: `int8_one_row_path`)."""
+def int8_rows_on_grid(rows: int) -> bool:
+    """Rows below the panel GEMM's rows run on the grid up to `int8_grid_max_rows`: one row where the build
+    has integer one-row products (AVX512-VNNI), every row count on an AVX2 build without it, none where the
+    products are float."""
     ops = native_ops()
-    panel_rows = ops.bf16_panel_min_rows() if ops is not None else 0
+    if ops is None:
+        return False
+    panel_rows = ops.bf16_panel_min_rows()
     below_panel = not 0 < panel_rows <= rows
-    return rows == 1 and below_panel and ops is not None and ops.int8_one_row_path() != "float"
+    return below_panel and rows <= ops.int8_grid_max_rows()
 
 
 def on_chunk_grid(x: torch.Tensor) -> torch.Tensor:

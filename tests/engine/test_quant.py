@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.engine.factories import tiny_llama
-from tests.engine.kernel_grid import int8_one_row_on_grid, on_chunk_grid
+from tests.engine.kernel_grid import int8_rows_on_grid, on_chunk_grid
 from worker.kernels import native_ops
 from worker.model.gguf import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
 from worker.model.loader import resolve_dtype, resolve_quantization
@@ -41,8 +41,8 @@ def test_int8_layer_computes_x_times_its_dequantized_weight(rows):
 @pytest.mark.parametrize("in_features", [64, 40, 33, 1536])  # 16-wide steps, tails, an odd width, the MLP's
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 10, 16, 17, 33])  # row tiles; the panel GEMM's blocks
 def test_native_int8_kernel_is_x_times_dequantized_weight(rows, in_features):
-    """float32 x below `bf16_panel_min_rows` rows (one row on a 16-bit grid per 64 elements where the CPU
-    has AVX512-VNNI), x rounded to bfloat16 from there (bf16_panel_gemm.h: the int8 codes are exact in
+    """float32 x below `bf16_panel_min_rows` rows (on a 16-bit grid per 64 elements: one row where the CPU
+    has AVX512-VNNI, every row on an AVX2 build without it), x rounded to bfloat16 from there (bf16_panel_gemm.h: the int8 codes are exact in
     bfloat16 and the scale multiplies the float32 sums)."""
     ops = native_ops()
     if ops is None:
@@ -54,18 +54,48 @@ def test_native_int8_kernel_is_x_times_dequantized_weight(rows, in_features):
     x = torch.randn(rows, in_features, generator=gen)
     panel_rows = ops.bf16_panel_min_rows()
     read = x.bfloat16().double() if 0 < panel_rows <= rows else x.double()
-    if int8_one_row_on_grid(rows):
+    on_grid = int8_rows_on_grid(rows)
+    if on_grid:
         read = on_chunk_grid(read)
     expected = read @ (layer.weight.double() * layer.scales.double()[:, None]).T
     got = torch.empty(rows, 200)
     ops.int8_linear(x, layer.weight, layer.scales, got)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
-    if rows == 1:  # the grid's own error: at most a step, max |x| 2^-14, per element
+    if on_grid:  # the grid's own error: at most a step, its row's max |x| 2^-14, per element
         dequantized = layer.weight.double() * layer.scales.double()[:, None]
         error = (got.double() - x.double() @ dequantized.T).abs()
-        assert bool((error <= x.abs().max() * 2.0**-14 * dequantized.abs().sum(1) + 1e-6).all())
+        row_max = x.abs().amax(dim=1, keepdim=True).double()
+        assert bool((error <= row_max * 2.0**-14 * dequantized.abs().sum(1) + 1e-6).all())
     # a bfloat16 model feeds bfloat16 rows and gets bfloat16 back
     assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_int8_rows_on_the_grid_get_what_each_gets_alone_and_the_float_path_stays_behind_a_switch():
+    """An AVX2 build without AVX512-VNNI runs every batch below the dequantizing rows on the 16-bit grid
+    (int8_linear.cpp `grid_rows_avx2`): each row's result is the one it gets alone, bit for bit, whatever the
+    batch; `set_int8_grid_max_rows(1)` holds batches of 2 or more on the float path, which reads x as is."""
+    ops = native_ops()
+    if ops is None or ops.int8_grid_max_rows() < 2:
+        pytest.skip("not an AVX2 build without AVX512-VNNI: batches do not run on the grid here")
+    gen = torch.Generator().manual_seed(21)
+    layer = Int8Linear(torch.randn(80, 200, generator=gen))
+    x = torch.randn(9, 200, generator=gen) * torch.rand(9, 1, generator=gen) * 10
+    batch = torch.empty(9, 80)
+    ops.int8_linear(x, layer.weight, layer.scales, batch)
+    for row in range(9):
+        alone = torch.empty(1, 80)
+        ops.int8_linear(x[row : row + 1].contiguous(), layer.weight, layer.scales, alone)
+        assert torch.equal(batch[row], alone[0])
+    before = ops.int8_grid_max_rows()
+    ops.set_int8_grid_max_rows(1)
+    try:
+        floats = torch.empty(9, 80)
+        ops.int8_linear(x, layer.weight, layer.scales, floats)
+    finally:
+        ops.set_int8_grid_max_rows(before)
+    dequantized = layer.weight.double() * layer.scales.double()[:, None]
+    torch.testing.assert_close(floats.double(), x.double() @ dequantized.T, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(floats, batch)
 
 
 def test_auto_quantization_is_int8_on_a_cpu_without_native_bf16_with_the_kernel_else_none():

@@ -37,7 +37,7 @@ std::atomic<int64_t> grid_max_rows{std::numeric_limits<int64_t>::max()};
 
 // Rows [0, R) of x against one weight row; writes out[r * ldo] for each row.
 template <int R>
-void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* out, int64_t ldo) {
+void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* out, int64_t ldo, bool prefetch = false) {
   int64_t k = 0;
 #ifdef LLMSERVE_AVX2
   __m256 acc[R][2];
@@ -63,6 +63,7 @@ void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* ou
     acc[0][1] = _mm256_add_ps(acc[0][1], more[1]);
   }
   for (; k + 16 <= K; k += 16) {
+    if (prefetch && k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + 8192), _MM_HINT_T0);
     const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k))));
     const __m256 w1 =
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8))));
@@ -254,16 +255,15 @@ void grid_rows_avx2(const float* x, int64_t M, int64_t K, GridRowsAvx2& out) {
   out.chunks = (K + kChunkAvx2 - 1) / kChunkAvx2;
   out.x16.assign(static_cast<size_t>(M * out.chunks * kChunkAvx2), 0);
   out.step.assign(static_cast<size_t>(M * out.chunks), 0.0f);
-  at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m)
-      grid_chunks_avx2(x + m * K, K, out.x16.data() + m * out.chunks * kChunkAvx2, out.step.data() + m * out.chunks);
-  });
+  // One thread: a few microseconds even at 64 rows, less than starting the others
+  for (int64_t m = 0; m < M; ++m)
+    grid_chunks_avx2(x + m * K, K, out.x16.data() + m * out.chunks * kChunkAvx2, out.step.data() + m * out.chunks);
 }
 
 // Rows [m0, m0 + R) of the grid against one weight row; writes out[r * ldo] for each row.
 template <int R>
 void grid_rows_channel_avx2(const GridRowsAvx2& xg, int64_t m0, int64_t K, const int8_t* w, float scale, float* out,
-                            int64_t ldo) {
+                            int64_t ldo, bool prefetch) {
   const int64_t row_elems = xg.chunks * kChunkAvx2;
   const int16_t* x0 = xg.x16.data() + m0 * row_elems;
   const float* steps = xg.step.data() + m0 * xg.chunks;
@@ -283,7 +283,10 @@ void grid_rows_channel_avx2(const GridRowsAvx2& xg, int64_t m0, int64_t K, const
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(steps[r * xg.chunks + b]), acc[r]);
   };
   const int64_t full = K / kChunkAvx2;
-  for (int64_t b = 0; b < full; ++b) chunk(b, w + b * kChunkAvx2);
+  for (int64_t b = 0; b < full; ++b) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + b * kChunkAvx2 + kPrefetchBytesAvx2), _MM_HINT_T0);
+    chunk(b, w + b * kChunkAvx2);
+  }
   if (full < xg.chunks) {  // the last, partial chunk: its codes copied, zero past K (x16 is zero there too)
     alignas(16) int8_t tail[kChunkAvx2] = {};
     std::copy(w + full * kChunkAvx2, w + K, tail);
@@ -342,13 +345,14 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
     llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
                             [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
       float* orow = op + m0 * N;
+      const bool first = m0 % kRowChunk == 0;  // the first row tile over these weight rows reads them from memory
       for (int64_t n = n0; n < n1; ++n) {
         const int8_t* w = wp + n * K;
         switch (rows) {
-          case 1: grid_rows_channel_avx2<1>(xg, m0, K, w, sp[n], orow + n, N); break;
-          case 2: grid_rows_channel_avx2<2>(xg, m0, K, w, sp[n], orow + n, N); break;
-          case 3: grid_rows_channel_avx2<3>(xg, m0, K, w, sp[n], orow + n, N); break;
-          default: grid_rows_channel_avx2<4>(xg, m0, K, w, sp[n], orow + n, N); break;
+          case 1: grid_rows_channel_avx2<1>(xg, m0, K, w, sp[n], orow + n, N, first); break;
+          case 2: grid_rows_channel_avx2<2>(xg, m0, K, w, sp[n], orow + n, N, first); break;
+          case 3: grid_rows_channel_avx2<3>(xg, m0, K, w, sp[n], orow + n, N, first); break;
+          default: grid_rows_channel_avx2<4>(xg, m0, K, w, sp[n], orow + n, N, first); break;
         }
       }
     });
@@ -371,10 +375,10 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* w = wp + n * K;
       switch (rows) {
-        case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N); break;
-        case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N); break;
-        case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N); break;
-        default: dot_rows<4>(xr, K, w, sp[n], orow + n, N); break;
+        case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
+        case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
+        case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
+        default: dot_rows<4>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
       }
     }
   });
