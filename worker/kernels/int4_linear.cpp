@@ -71,6 +71,10 @@ constexpr int64_t kGroupBytes = 16;    // their packed codes
 constexpr int64_t kRowTile = 4;        // activation rows sharing one pass over a weight row (8: slower)
 constexpr int64_t kRowChunk = 16;      // x rows kept in cache while weight blocks pass (16 x 1536 floats)
 constexpr int64_t kChannelBlock = 32;  // weight rows (at most 32 x (768 + 384) bytes here) kept in L1/L2
+// How far ahead of the codes being read the multi-row paths prefetch them, on the first row tile over a
+// block (the one that reads it from memory): without it 2-8 rows took 4-12x one row's time over a model's
+// linears (docs/STUDY_LOG.md).
+constexpr int64_t kRowsPrefetchBytes = 8192;
 
 #ifdef LLMSERVE_AVX2
 // The 32 weights of one group as four float32 vectors (weights 0-7, 8-15, 16-23, 24-31): d q + m.
@@ -90,7 +94,7 @@ inline void dequantize_group(const uint8_t* w, float d, float m, __m256 (&out)[4
 // FMA chains in flight and four rows fit the sixteen vector registers.
 template <int R, int A, int U>
 void dot_rows(const float* x, int64_t K, const uint8_t* w, const Half* scales, const Half* mins, float* out,
-              int64_t ldo) {
+              int64_t ldo, bool prefetch) {
   const int64_t groups = K / kGroup;
 #ifdef LLMSERVE_AVX2
   __m256 acc[R][A];
@@ -98,6 +102,7 @@ void dot_rows(const float* x, int64_t K, const uint8_t* w, const Half* scales, c
     for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
   int64_t g = 0;
   for (; g + U <= groups; g += U) {  // the inner block: U groups
+    if (prefetch && g % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + g * kGroupBytes + kRowsPrefetchBytes), _MM_HINT_T0);
     __m256 wv[U][4];
     for (int u = 0; u < U; ++u) dequantize_group(w + (g + u) * kGroupBytes, widen(scales[g + u]), widen(mins[g + u]), wv[u]);
     const float* xg = x + g * kGroup;
@@ -167,12 +172,13 @@ inline __m512i code_table() {  // bfloat16(i mod 16) for i in 0..31: 0 is 0x0000
 // scale FMAs independent.
 template <int R, int A>
 void dot_rows_bf16(const c10::BFloat16* x, int64_t K, const uint8_t* w, const Half* scales, const float* min_terms,
-                   float* out, int64_t ldo, __m512i shifts, __m512i table) {
+                   float* out, int64_t ldo, __m512i shifts, __m512i table, bool prefetch) {
   const int64_t groups = K / kGroup;
   __m512 acc[R][A];
   for (int r = 0; r < R; ++r)
     for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_ps();
   const auto step = [&](int64_t g, int a) {
+    if (prefetch && g % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + g * kGroupBytes + kRowsPrefetchBytes), _MM_HINT_T0);
     const __m512bh q = group_codes(w + g * kGroupBytes, shifts, table);
     const __m512 d = _mm512_set1_ps(widen(scales[g]));
     for (int r = 0; r < R; ++r) {
@@ -494,16 +500,17 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const c10::BFloat16* xr = xb.data() + m0 * K;
     float* orow = op + m0 * N;
+    const bool first = m0 % kRowChunk == 0;  // the first row tile over these weight rows reads them from memory
     float terms[kRowTile];
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* w = wp + n * (K / 2);
       const Half* s = sp + n * groups;
       for (int64_t r = 0; r < rows; ++r) terms[r] = min_term(mp + n * groups, xsum.data() + (m0 + r) * groups, groups);
       switch (rows) {
-        case 1: dot_rows_bf16<1, 4>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
-        case 2: dot_rows_bf16<2, 2>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
-        case 3: dot_rows_bf16<3, 1>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
-        default: dot_rows_bf16<4, 1>(xr, K, w, s, terms, orow + n, N, shifts, table); break;
+        case 1: dot_rows_bf16<1, 4>(xr, K, w, s, terms, orow + n, N, shifts, table, first); break;
+        case 2: dot_rows_bf16<2, 2>(xr, K, w, s, terms, orow + n, N, shifts, table, first); break;
+        case 3: dot_rows_bf16<3, 1>(xr, K, w, s, terms, orow + n, N, shifts, table, first); break;
+        default: dot_rows_bf16<4, 1>(xr, K, w, s, terms, orow + n, N, shifts, table, first); break;
       }
     }
   });
@@ -513,15 +520,16 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const float* xr = xp + m0 * K;
     float* orow = op + m0 * N;
+    const bool first = m0 % kRowChunk == 0;  // the first row tile over these weight rows reads them from memory
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* w = wp + n * (K / 2);
       const Half* s = sp + n * groups;
       const Half* mn = mp + n * groups;
       switch (rows) {
-        case 1: dot_rows<1, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
-        case 2: dot_rows<2, 4, 2>(xr, K, w, s, mn, orow + n, N); break;
-        case 3: dot_rows<3, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
-        default: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N); break;
+        case 1: dot_rows<1, 4, 2>(xr, K, w, s, mn, orow + n, N, first); break;
+        case 2: dot_rows<2, 4, 2>(xr, K, w, s, mn, orow + n, N, first); break;
+        case 3: dot_rows<3, 2, 1>(xr, K, w, s, mn, orow + n, N, first); break;
+        default: dot_rows<4, 2, 1>(xr, K, w, s, mn, orow + n, N, first); break;
       }
     }
   });

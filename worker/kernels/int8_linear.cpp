@@ -30,6 +30,10 @@ namespace {
 constexpr int64_t kRowTile = 4;        // activation rows sharing one pass over a weight row
 constexpr int64_t kRowChunk = 16;      // x rows kept in cache while weight blocks pass (16 x 1536 floats)
 constexpr int64_t kChannelBlock = 16;  // weight rows (at most 16 x 1536 bytes here) kept in L1 across row tiles
+// How far ahead of the codes being read the multi-row paths prefetch them, on the first row tile over a
+// block (the one that reads it from memory): without it 2-8 rows took 3-9x one row's time over a model's
+// linears (docs/STUDY_LOG.md).
+constexpr int64_t kRowsPrefetchBytes = 8192;
 // Up to how many rows x runs on the 16-bit grid on an AVX2 build without AVX512-VNNI (every row count: such
 // a CPU has no panel GEMM, and from DEQUANTIZE_MIN_ROWS rows the layer dequantizes instead); 1 holds the
 // float path for tests and benchmarks (`set_int8_grid_max_rows`).
@@ -63,7 +67,7 @@ void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* ou
     acc[0][1] = _mm256_add_ps(acc[0][1], more[1]);
   }
   for (; k + 16 <= K; k += 16) {
-    if (prefetch && k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + 8192), _MM_HINT_T0);
+    if (prefetch && k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + kRowsPrefetchBytes), _MM_HINT_T0);
     const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k))));
     const __m256 w1 =
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k + 8))));
@@ -284,7 +288,7 @@ void grid_rows_channel_avx2(const GridRowsAvx2& xg, int64_t m0, int64_t K, const
   };
   const int64_t full = K / kChunkAvx2;
   for (int64_t b = 0; b < full; ++b) {
-    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + b * kChunkAvx2 + kPrefetchBytesAvx2), _MM_HINT_T0);
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + b * kChunkAvx2 + kRowsPrefetchBytes), _MM_HINT_T0);
     chunk(b, w + b * kChunkAvx2);
   }
   if (full < xg.chunks) {  // the last, partial chunk: its codes copied, zero past K (x16 is zero there too)
