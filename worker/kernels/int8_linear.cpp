@@ -7,6 +7,8 @@
 // and larger batches reuse each weight row from cache. Activations and sums are float32.
 // On a CPU with AVX512-BF16, from `panel_min_rows` rows (10) the products run on bf16_panel_gemm.h instead:
 // the codes are exact in bfloat16, x is rounded to bfloat16, sums stay float32 and the scale multiplies them.
+// One row runs on integer products over a 16-bit grid of x (AVX512-VNNI, or AVX2 without it); on an AVX2 build
+// without AVX512-VNNI (no panel GEMM there) so does every batch, each row on its own grid (`grid_rows_avx2`).
 //
 // Layouts: x [M, K] float32, contiguous; codes [N, K] int8, contiguous; scales [N] float32; out [M, N]
 // float32, written. Work is split over output channels on torch's intra-op threads.
