@@ -42,8 +42,8 @@ def test_int8_layer_computes_x_times_its_dequantized_weight(rows):
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 10, 16, 17, 33])  # row tiles; the panel GEMM's blocks
 def test_native_int8_kernel_is_x_times_dequantized_weight(rows, in_features):
     """float32 x below `bf16_panel_min_rows` rows (on a 16-bit grid per 64 elements: one row where the CPU
-    has AVX512-VNNI, every row on an AVX2 build without it), x rounded to bfloat16 from there (bf16_panel_gemm.h: the int8 codes are exact in
-    bfloat16 and the scale multiplies the float32 sums)."""
+    has AVX512-VNNI, every row on an AVX2 build without it), x rounded to bfloat16 from there
+    (bf16_panel_gemm.h: the int8 codes are exact in bfloat16 and the scale multiplies the float32 sums)."""
     ops = native_ops()
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")

@@ -17,8 +17,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -246,11 +246,11 @@ void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const int8_t* w, co
   for (int c = 0; c < C; ++c) out[c] = llmserve::hsum(acc[c]) * scales[c];
 }
 
-// Several rows on the same grid (below `grid_max_rows`): the float path widened every code to float32 once per
-// four rows and spent an FMA per row on each eight of them, so a 2-64 row decode step on an AVX2 CPU (where
-// `WORKER_QUANTIZATION=auto` is int8) was bound by those instructions. Here each sixteen codes are widened to
-// 16 bits once and met by one VPMADDWD per row, each row's chunk sums scaled by its own step; a row's result
-// is the one it would get alone.
+// Several rows on the same grid (up to `grid_max_rows`), for the 2-64 row decode steps of an AVX2 CPU (where
+// `WORKER_QUANTIZATION=auto` is int8): the float path widens every eight codes to float32 once per four rows
+// and spends an FMA per row on them; here each sixteen codes are widened to 16 bits once and met by one
+// VPMADDWD per row, each row's chunk sums scaled by its own step, so a row's result is the one it gets alone.
+// Built -march=haswell on an AMX Xeon, both prefetching: 1.15-1.33x the float rows (docs/STUDY_LOG.md).
 struct GridRowsAvx2 {
   std::vector<int16_t> x16;  // [rows, chunks * 64], zero past K
   std::vector<float> step;   // [rows, chunks]
