@@ -10,10 +10,10 @@
 //     y[m, n] = s_w[n] * sum_g s_x[m, g] ((sum_{k in g} u[m, k] c[n, k]) - 128 sum_{k in g} c[n, k])
 //
 // with u = q_x + 128 the unsigned row codes (what the u8 x s8 instructions take) and c the weight codes; each
-// group's sums start from the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load. The weights are laid out once
-// (w8a8_pack_weight) as both instruction sets read them: per block of 16 output channels, per group of 4
-// input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit register for VPDPBUSD, one row
-// of an AMX B tile). Two paths, chosen per build and CPU (w8a8_linear_path; `path` names one, for tests and
+// group's sums start from the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load. The
+// weights are laid out once (w8a8_pack_weight) as both instruction sets read them: per block of 16 output
+// channels, per group of 4 input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit
+// register for VPDPBUSD, one row of an AMX B tile). Two paths, chosen per build and CPU (w8a8_linear_path; `path` names one, for tests and
 // benchmarks):
 //   "amx":  AMX-INT8 tiles (TDPBUSD), two channel blocks x two groups of 16 rows at a time (amx.h's loop),
 //           the tiles stored and scaled after every 64 columns; from kAmxFromRows rows where VNNI is
