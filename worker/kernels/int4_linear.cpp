@@ -102,7 +102,8 @@ void dot_rows(const float* x, int64_t K, const uint8_t* w, const Half* scales, c
     for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
   int64_t g = 0;
   for (; g + U <= groups; g += U) {  // the inner block: U groups
-    if (prefetch && g % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + g * kGroupBytes + kRowsPrefetchBytes), _MM_HINT_T0);
+    if (prefetch && g % 4 == 0)  // one line of codes per four groups
+      _mm_prefetch(reinterpret_cast<const char*>(w + g * kGroupBytes + kRowsPrefetchBytes), _MM_HINT_T0);
     __m256 wv[U][4];
     for (int u = 0; u < U; ++u) dequantize_group(w + (g + u) * kGroupBytes, widen(scales[g + u]), widen(mins[g + u]), wv[u]);
     const float* xg = x + g * kGroup;
@@ -178,7 +179,8 @@ void dot_rows_bf16(const c10::BFloat16* x, int64_t K, const uint8_t* w, const Ha
   for (int r = 0; r < R; ++r)
     for (int a = 0; a < A; ++a) acc[r][a] = _mm512_setzero_ps();
   const auto step = [&](int64_t g, int a) {
-    if (prefetch && g % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + g * kGroupBytes + kRowsPrefetchBytes), _MM_HINT_T0);
+    if (prefetch && g % 4 == 0)  // one line of codes per four groups
+      _mm_prefetch(reinterpret_cast<const char*>(w + g * kGroupBytes + kRowsPrefetchBytes), _MM_HINT_T0);
     const __m512bh q = group_codes(w + g * kGroupBytes, shifts, table);
     const __m512 d = _mm512_set1_ps(widen(scales[g]));
     for (int r = 0; r < R; ++r) {
