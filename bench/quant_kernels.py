@@ -25,9 +25,10 @@ from collections.abc import Callable
 
 import torch
 
-from bench.report import median, write_section
+from bench.report import cpu_section, median, write_section
 from common.linear import Linear
 from worker.kernels import native_ops
+from worker.model.cpu_kind import cpu_info
 from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, native_cpu_bfloat16
 
 SHAPES = {
@@ -149,8 +150,11 @@ def main() -> None:
     torch.manual_seed(0)
     row_counts = [int(r) for r in args.rows.split(",")]
     probe = Int4Linear(torch.randn(8, 32))
+    cpu = cpu_info()
     lines = [
-        "## Quantized linear kernels (bench/quant_kernels.py)",
+        f"## Quantized linear kernels, CPU kind {cpu.kind} (bench/quant_kernels.py)",
+        "",
+        f"CPU: {cpu.describe()}, {args.threads} threads.",
         "",
         f"Command: `python -m bench.quant_kernels --threads {args.threads} --rows {args.rows}`; CPU "
         f"capability {torch.backends.cpu.get_cpu_capability()}; int4 layers on {probe.backend}; min / median "
@@ -189,7 +193,7 @@ def main() -> None:
         _ops.set_bf16_panel_min_rows(PANEL_ROWS)
     body = "\n".join(lines)
     if args.write_docs:
-        write_section("quant-kernels", body)
+        write_section(cpu_section("quant-kernels", cpu.kind), body)  # one section per CPU kind
 
 
 if __name__ == "__main__":
