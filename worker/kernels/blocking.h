@@ -28,6 +28,10 @@ void for_each_tile(int64_t M, int64_t N, int64_t row_chunk, int64_t channel_bloc
   });
 }
 
+// Whether the row tile at m0 is the first of its row chunk in for_each_tile: the one that reads the weight block
+// from memory (the chunk's later tiles find it in cache), so the one that prefetches the block ahead.
+inline bool first_tile_of_chunk(int64_t m0, int64_t row_chunk) { return m0 % row_chunk == 0; }
+
 // One row against every weight row: rows(width, n) for weight rows [n, n + width), width a
 // std::integral_constant of C for runs of C rows and of 1 for the rest of each thread's channels.
 template <int C, typename Rows>

@@ -502,7 +502,7 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const c10::BFloat16* xr = xb.data() + m0 * K;
     float* orow = op + m0 * N;
-    const bool first = m0 % kRowChunk == 0;  // the first row tile over these weight rows reads them from memory
+    const bool first = llmserve::first_tile_of_chunk(m0, kRowChunk);
     float terms[kRowTile];
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* w = wp + n * (K / 2);
@@ -522,7 +522,7 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const float* xr = xp + m0 * K;
     float* orow = op + m0 * N;
-    const bool first = m0 % kRowChunk == 0;  // the first row tile over these weight rows reads them from memory
+    const bool first = llmserve::first_tile_of_chunk(m0, kRowChunk);
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* w = wp + n * (K / 2);
       const Half* s = sp + n * groups;

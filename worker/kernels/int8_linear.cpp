@@ -43,7 +43,7 @@ std::atomic<int64_t> grid_max_rows{std::numeric_limits<int64_t>::max()};
 
 // Rows [0, R) of x against one weight row; writes out[r * ldo] for each row.
 template <int R>
-void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* out, int64_t ldo, bool prefetch = false) {
+void dot_rows(const float* x, int64_t K, const int8_t* w, float scale, float* out, int64_t ldo, bool prefetch) {
   int64_t k = 0;
 #ifdef LLMSERVE_AVX2
   __m256 acc[R][2];
@@ -351,7 +351,7 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
     llmserve::for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile,
                             [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
       float* orow = op + m0 * N;
-      const bool first = m0 % kRowChunk == 0;  // the first row tile over these weight rows reads them from memory
+      const bool first = llmserve::first_tile_of_chunk(m0, kRowChunk);
       for (int64_t n = n0; n < n1; ++n) {
         const int8_t* w = wp + n * K;
         switch (rows) {
@@ -378,13 +378,14 @@ void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor&
                           [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const float* xr = xp + m0 * K;
     float* orow = op + m0 * N;
+    const bool first = llmserve::first_tile_of_chunk(m0, kRowChunk);
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* w = wp + n * K;
       switch (rows) {
-        case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
-        case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
-        case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
-        default: dot_rows<4>(xr, K, w, sp[n], orow + n, N, m0 % kRowChunk == 0); break;
+        case 1: dot_rows<1>(xr, K, w, sp[n], orow + n, N, first); break;
+        case 2: dot_rows<2>(xr, K, w, sp[n], orow + n, N, first); break;
+        case 3: dot_rows<3>(xr, K, w, sp[n], orow + n, N, first); break;
+        default: dot_rows<4>(xr, K, w, sp[n], orow + n, N, first); break;
       }
     }
   });
