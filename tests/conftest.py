@@ -31,6 +31,13 @@ class SharedFileScheduling(LoadFileScheduling):
         return unit_of(nodeid)
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The CPU the run met, named at the end (where CI keeps it): kernels and numerics differ by kind."""
+    from worker.model.cpu_kind import cpu_info
+
+    terminalreporter.write_line(f"CPU: {cpu_info().describe()}")
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own scheduler for any other mode

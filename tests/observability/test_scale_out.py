@@ -73,6 +73,21 @@ def served(worker: Worker) -> float:
     return scrape(worker.metrics_url).value(SUCCESS)
 
 
+def routed(gateway: Gateway, workers: tuple[Worker, ...]) -> list[float]:
+    """The calls this gateway started on each worker (a retried request counts where it ran)."""
+    page = scrape(f"{gateway.url}/metrics")
+    return [page.value("llmserve_gateway_routed_requests_total", worker=w.addr) for w in workers]
+
+
+def retries(gateway: Gateway) -> float:
+    return scrape(f"{gateway.url}/metrics").value("llmserve_gateway_routing_retries_total")
+
+
+def gateway_warnings(gateway: Gateway) -> str:
+    lines = gateway.service.log_tail(20_000).splitlines()
+    return "\n".join(line for line in lines if " WARNING " in line or " ERROR " in line)[-3000:]
+
+
 def test_distinct_tenants_reach_both_workers(pool_gateway: Gateway, workers: tuple[Worker, Worker]) -> None:
     a, b = workers
     a0, b0 = served(a), served(b)
@@ -89,11 +104,18 @@ def test_one_tenant_stays_on_one_worker(pool_gateway: Gateway, workers: tuple[Wo
     shared = "You answer questions about the billing rules of tenant 42. " * 20
     home = next(w for w in workers if w.addr == owner(shared[:1024], workers))
     before = [served(w) for w in workers]
+    routed_before, retries_before = routed(pool_gateway, workers), retries(pool_gateway)
     for question in ("When is the invoice due?", "Can I pay by card?", "What is a credit note?"):
         assert complete(pool_gateway, f"{shared}\nQ: {question}\nA:").status_code == 200
+    # where the gateway sent each call, and whether one was moved (a refusal, a worker that looked stopped):
+    # a routing decision and a retry fail alike below, but say which it was
+    sent = [now - then for now, then in zip(routed(pool_gateway, workers), routed_before, strict=True)]
+    moved = retries(pool_gateway) - retries_before
+    why = f"retries {moved:.0f}; gateway log:\n{gateway_warnings(pool_gateway)}"
+    assert sent == [3 if w is home else 0 for w in workers], why
     wait_for(lambda: sum(served(w) for w in workers) - sum(before) == 3, what="every request to be counted")
     counts = [served(w) - b for w, b in zip(workers, before, strict=True)]
-    assert counts == [3 if w is home else 0 for w in workers]
+    assert counts == [3 if w is home else 0 for w in workers], why
 
 
 async def test_a_comma_list_and_a_dns_name_become_one_replica_per_address(
