@@ -4,6 +4,8 @@ Every logit the engine computes, for every position of every sequence, is compar
 transformers' logits for the same full sequence.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -66,13 +68,16 @@ def run_collecting_logits(
 
 
 def assert_matches_transformers(hf_model, requests, logits_by_request) -> None:
+    """The engine's logits against transformers' forward of the same model in float64: the reference is the
+    exact math, so the tolerance is the engine's own rounding alone, not the sum of two float32 paths'."""
+    reference = copy.deepcopy(hf_model).double()
     for r in requests:
         with torch.no_grad():
-            expected = hf_model(torch.tensor([r.all_token_ids])).logits[0]
+            expected = reference(torch.tensor([r.all_token_ids])).logits[0]
         positions = sorted(logits_by_request[r.request_id])
         assert positions, "no logits computed"
         got = torch.stack([logits_by_request[r.request_id][p] for p in positions])
-        torch.testing.assert_close(got, expected[positions], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.double(), expected[positions], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
