@@ -18,8 +18,8 @@ Few keys hash unevenly (12 keys over 4 workers: one worker owns 6 or more about 
 prompts than its KV cache may hold), so a key's owner is also bounded in keys (`key_balance`): over the
 keys seen lately, taken in a fixed order, each goes to its highest-ranked worker owning fewer than
 max(key_balance x keys / workers, keys / workers + 1); only the keys past a full worker move.
-Nothing here holds state across calls but the round-robin turn, so two gateways with the same membership,
-load and recent keys choose alike.
+Nothing here holds state across calls but the round-robin turn and the keys placed since the last refresh
+of the recent keys, so two gateways with the same membership, load and recent keys choose alike.
 """
 
 from __future__ import annotations
@@ -185,7 +185,10 @@ class Router:
     def _capped_owner(self, key: str, ring: tuple[str, ...], recent: Mapping[str, float]) -> str:
         """The key's owner under the bound on keys. The assignment of the cold `recent` keys is computed
         once per `recent` mapping (a caller refreshes it now and then, so a request costs a lookup); a key
-        it does not hold yet goes to its highest-ranked worker below the cap, counting that key."""
+        it does not hold yet goes to its highest-ranked worker below the cap, counting that key, and is
+        counted there until the next refresh: otherwise the keys placed since the refresh are missing from
+        the counts, and a mapping that happened to hold one worker's keys only (a burst of new tenants)
+        keeps passing that worker's next keys on as if it were full."""
         cached = self._assigned
         if cached is None or cached[0] is not recent or cached[1] != ring:
             cold = [k for k, share in recent.items() if self.replicas(len(ring), 0, share) == 1]
@@ -195,7 +198,10 @@ class Router:
             return owners[key]
         cap = key_cap(len(owners) + 1, len(ring), self.key_balance)  # the new key counted
         ranked = _ranking(key, ring)
-        return next((addr for addr in ranked if owned[addr] < cap), ranked[0])
+        owner = next((addr for addr in ranked if owned[addr] < cap), ranked[0])
+        owners[key] = owner
+        owned[owner] += 1
+        return owner
 
     def _bounded(
         self, key: str, workers: Sequence[WorkerState], replicas: int = 1, owner: str | None = None

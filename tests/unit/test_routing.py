@@ -336,6 +336,24 @@ def test_a_key_newer_than_the_recent_keys_goes_to_its_best_worker_below_the_cap(
     assert all(four.order(k, idle(WORKERS), recent=crowded)[0] == owners[k] for k in keys)
 
 
+def test_keys_placed_since_the_refresh_count_toward_the_cap() -> None:
+    """The recent keys were taken while only pair[0]'s three tenants had come (it owns all of them); three
+    tenants of pair[1] arrive before the next refresh, then a fourth of pair[0]'s: seven keys, cap 5, so it
+    goes to pair[0]. Judged on the mapping alone (four keys, cap 3), pair[0] would look full and lose it:
+    a flake of the two-worker scale-out test, where one tenant's first request went to the other worker."""
+    pair = WORKERS[:2]
+    mine = [k for k in KEYS if ranking(k, pair)[0] == pair[0]][:4]
+    theirs = [k for k in KEYS if ranking(k, pair)[0] == pair[1]][:3]
+    router = Router("cache_aware", 1.25, slack=4, key_balance=1.25)
+    recent = dict.fromkeys(mine[:3], 0.1)
+    assert [router.order(k, idle(pair), recent=recent)[0] for k in theirs] == [pair[1]] * 3
+    assert key_cap(7, 2, 1.25) == 5
+    assert router.order(mine[3], idle(pair), recent=recent)[0] == pair[0]
+    assert router.order(theirs[0], idle(pair), recent=recent)[0] == pair[1], "a placed key keeps its owner"
+    refreshed = dict.fromkeys([*mine, *theirs], 0.1)
+    assert all(router.order(k, idle(pair), recent=refreshed)[0] == ranking(k, pair)[0] for k in mine + theirs)
+
+
 def test_a_new_key_counts_itself_in_the_cap() -> None:
     """Two workers, two recent keys both owned by the same worker (the cap over two keys is 2): a third key
     of that worker arriving before the next refresh makes three keys, cap 3, so it stays there too."""
