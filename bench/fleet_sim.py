@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gateway.routing.decay import Decayed, DecayedShares
 from gateway.routing.router import Router, WorkerState
+from gateway.worker_pool import RECENT_KEYS_REFRESH_S
 
 BLOCK = 16
 CHUNK = 512  # prefill tokens per step (max_num_batched_tokens)
@@ -110,6 +111,7 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
 
     jobs = [tenant_of(i) for i in range(args.requests)]
     done: list[Request] = []
+    taken: list = [{}, float("-inf")]  # the recent keys as last taken, and when
 
     def send(tenant: int) -> None:
         req = Request(tenant, now, prompt_tokens)
@@ -118,7 +120,9 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
         key = f"m\x1etenant-{seed}-{tenant}"
         shares.add(key)
         floor = args.share_floor
-        addr = router.order(key, states, in_flight, shares.share(key, floor), shares.recent(floor))[0]
+        if now - taken[1] >= args.recent_refresh_s:  # as the gateway takes the recent keys (worker_pool.py)
+            taken[:] = [shares.recent(floor), now]
+        addr = router.order(key, states, in_flight, shares.share(key, floor), taken[0])[0]
         worker = next(w for w in workers if w.addr == addr)
         worker.waiting.append(req)
 
@@ -211,6 +215,12 @@ def main() -> None:
     parser.add_argument("--key-balance", type=float, nargs="*", default=[0.0])
     parser.add_argument("--share-floor", type=float, default=16.0, help="a key's share: of at least this")
     parser.add_argument("--half-life", type=float, default=30.0, help="of fading counts (model seconds)")
+    parser.add_argument(
+        "--recent-refresh-s",
+        type=float,
+        default=RECENT_KEYS_REFRESH_S,
+        help="how often the recent keys are taken, as the gateway does (0: at every request)",
+    )
     parser.add_argument(
         "--prefix-wait", action="store_true", help="a request waits for its tenant's prefill in progress"
     )
