@@ -18,8 +18,8 @@ Few keys hash unevenly (12 keys over 4 workers: one worker owns 6 or more about 
 prompts than its KV cache may hold), so a key's owner is also bounded in keys (`key_balance`): over the
 keys seen lately, taken in a fixed order, each goes to its highest-ranked worker owning fewer than
 max(key_balance x keys / workers, keys / workers + 1); only the keys past a full worker move.
-Nothing here holds state across calls but the round-robin turn and the keys placed since the last refresh
-of the recent keys, so two gateways with the same membership, load and recent keys choose alike.
+Nothing here holds state across calls but the round-robin turn and the keys placed since the recent keys
+were last taken, so two gateways with the same membership and load that saw the same keys choose alike.
 """
 
 from __future__ import annotations
