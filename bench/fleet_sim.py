@@ -111,18 +111,20 @@ def simulate(args: argparse.Namespace, router: Router, seed: str) -> dict:
 
     jobs = [tenant_of(i) for i in range(args.requests)]
     done: list[Request] = []
-    taken: list = [{}, float("-inf")]  # the recent keys as last taken, and when
+    recent: dict[str, float] = {}  # the recent keys as last taken...
+    recent_at = float("-inf")  # ...and when
 
     def send(tenant: int) -> None:
+        nonlocal recent, recent_at
         req = Request(tenant, now, prompt_tokens)
         states = [WorkerState(w.addr, w.load, 0, w.tokens.value()) for w in workers]
         in_flight = sum(r.tenant == tenant for w in workers for r in w.waiting + w.running)
         key = f"m\x1etenant-{seed}-{tenant}"
         shares.add(key)
         floor = args.share_floor
-        if now - taken[1] >= args.recent_refresh_s:  # as the gateway takes the recent keys (worker_pool.py)
-            taken[:] = [shares.recent(floor), now]
-        addr = router.order(key, states, in_flight, shares.share(key, floor), taken[0])[0]
+        if now - recent_at >= args.recent_refresh_s:  # as the gateway takes the recent keys (worker_pool.py)
+            recent, recent_at = shares.recent(floor), now
+        addr = router.order(key, states, in_flight, shares.share(key, floor), recent)[0]
         worker = next(w for w in workers if w.addr == addr)
         worker.waiting.append(req)
 
