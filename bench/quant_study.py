@@ -475,7 +475,8 @@ def targets(rows: list[Row]) -> list[str]:
             f"TPOT / TTFT p50 there: {split}. "
             + (
                 f"This CPU computes bfloat16 natively ({cpu_info().kind}): decode steps of 10 or more rows "
-                "run the quantized kernels' bfloat16 panel GEMM, and prefill chunks (256 rows and more) "
+                "run the quantized kernels' bfloat16 panel GEMM, and prefill chunks "
+                f"({dequantize_min_rows(torch.device('cpu'))} rows and more) "
                 "dequantize each weight for oneDNN's bfloat16 GEMM, which then reorders the fresh weights "
                 "on every call where the bfloat16 row's were packed at load (section \"Quantized linear "
                 'kernels", `stack` rows: the 30 layers at 32 and 512 rows).'

@@ -86,11 +86,10 @@ AUTO_BY_KIND = {
         "none",
         "bfloat16",
         True,
-        "quantization study on an AMX Xeon: bfloat16 made the most tokens/s at 8 and 32 streams (262 and "
-        "578 against int8 185 and 330, int4 174 and 324 tok/s: oneDNN runs the bfloat16 GEMMs on AMX tiles, "
-        "the quantized kernels do not use them); int4 and int8 lead at one stream (149 and 108 decode tok/s "
-        "against 51); w8a8 (+0.36% perplexity) serves 1.30x bfloat16's tok/s at one stream but 0.82-0.84x "
-        "at 32-64 streams",
+        "quantization study on an AMX Xeon: bfloat16 made the most tokens/s at 8 and 32 streams (348 and "
+        "713 against w8a8 325 and 537, int8 226 and 321, int4 212 and 302 tok/s: the bfloat16 "
+        "linears run on AMX tiles, the quantized kernels do not); int4, int8 and w8a8 lead at one stream "
+        "(147, 104 and 86 decode tok/s against 66)",
     ),
     "avx512_bf16": AutoChoice(
         "none",
