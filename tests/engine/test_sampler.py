@@ -120,8 +120,25 @@ def test_seeded_sample_is_the_same_alone_and_in_a_batch():
     alone = make_request(prompt=prompt, max_tokens=20, temperature=1.0, seed=1234)
     in_batch = make_request(prompt=prompt, max_tokens=20, temperature=1.0, seed=1234)
     others = [make_request(num_prompt_tokens=n, max_tokens=20, temperature=1.0) for n in (3, 9, 17)]
+    others.append(
+        make_request(num_prompt_tokens=4, max_tokens=20, temperature=1.0, top_p=0.8)
+    )  # the torch path
+    others.append(make_request(num_prompt_tokens=6, max_tokens=20, temperature=0.7, seed=5))
     first = _run_seeded(hf_model, [alone])[alone.request_id]
     second = _run_seeded(hf_model, [others[0], in_batch, *others[1:]])[in_batch.request_id]
     assert first == second
     different_seed = make_request(prompt=prompt, max_tokens=20, temperature=1.0, seed=99)
     assert _run_seeded(hf_model, [different_seed])[different_seed.request_id] != first
+
+
+def test_seeded_rows_draw_from_the_distribution():
+    """A seed fixes the draw, not the distribution: over many seeds one row's tokens follow its softmax,
+    on the kernel's path (temperature only) and on the torch path (with a penalty, here of no effect)."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2] + [1e-12] * (VOCAB - 3)]))
+    for extra in ({}, {"presence_penalty": 0.5}):
+        counts = torch.zeros(3)
+        for seed in range(1500):
+            request = make_request(temperature=1.0, seed=seed, **extra)
+            generators = {request.request_id: torch.Generator().manual_seed(seed)}
+            counts[_sample(logits, [request], generators).token_ids[0]] += 1
+        torch.testing.assert_close(counts / 1500, torch.tensor([0.5, 0.3, 0.2]), atol=0.04, rtol=0)

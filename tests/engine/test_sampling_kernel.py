@@ -85,30 +85,53 @@ def test_bfloat16_and_float32_logits_draw_the_same_tokens(ops):
     assert _draw(ops, logits, inv_t, uniforms) == _draw(ops, logits.float(), inv_t, uniforms)
 
 
-def test_the_sampler_takes_the_kernel_only_when_nothing_changes_the_logits(monkeypatch):
-    """Temperature-only batches go to the kernel, in the logits' own dtype; any truncation, penalty or seed
-    keeps the torch path."""
+def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
+    """Temperature-only rows, seeded or not, go to the kernel in the logits' own dtype; a row with truncation,
+    a penalty, a bias or a ban takes the torch path alone, without taking its neighbours with it."""
     calls = []
-    real = sampler._native_draw
-    monkeypatch.setattr(
-        sampler, "_native_draw", lambda logits, batch: calls.append(logits.dtype) or real(logits, batch)
+    real = {name: getattr(sampler, name) for name in ("_native_draw", "_torch_draw")}
+    for name, fn in real.items():
+        monkeypatch.setattr(
+            sampler,
+            name,
+            lambda logits, batch, uniforms, name=name, fn=fn: (
+                calls.append((name, logits.shape[0], logits.dtype)) or fn(logits, batch, uniforms)
+            ),
+        )
+    vocab, cpu = 256, torch.device("cpu")  # above the test prompts' token ids
+    logits = torch.randn(4, vocab).bfloat16()
+    plain = [
+        make_request(temperature=0.0),
+        make_request(temperature=0.8),
+        make_request(temperature=1.0, seed=3),
+    ]
+    generators = {plain[2].request_id: torch.Generator().manual_seed(3)}
+    out = sample(logits[:3], build_batch(plain, generators, vocab, cpu))
+    assert calls == [("_native_draw", 3, torch.bfloat16)] and out.token_ids[0] == int(
+        logits[0].float().argmax()
     )
-    vocab, cpu = 64, torch.device("cpu")
-    logits = torch.randn(3, vocab).bfloat16()
-    plain = [make_request(temperature=0.0), make_request(temperature=0.8), make_request(temperature=1.0)]
-    out = sample(logits, build_batch(plain, {}, vocab, cpu))
-    assert calls == [torch.bfloat16] and out.token_ids[0] == int(logits[0].float().argmax())
     for changed in (
         dict(top_p=0.5),
         dict(top_k=3),
         dict(min_p=0.1),
         dict(presence_penalty=0.5),
-        dict(seed=1),
+        dict(repetition_penalty=1.2),
+        dict(logit_bias={5: 100.0}),
+        dict(min_tokens=2, stop_token_ids=[7]),
     ):
-        request = make_request(temperature=1.0, **changed)
-        generators = {request.request_id: torch.Generator().manual_seed(1)} if "seed" in changed else {}
-        sample(logits[:1], build_batch([request], generators, vocab, cpu))
-    assert calls == [torch.bfloat16]
+        calls.clear()
+        mixed = [
+            make_request(temperature=1.0),
+            make_request(temperature=1.0, **changed),
+            make_request(temperature=0.0),
+        ]
+        out = sample(logits[:3], build_batch(mixed, {}, vocab, cpu))
+        assert sorted(calls) == [("_native_draw", 2, torch.bfloat16), ("_torch_draw", 1, torch.bfloat16)], (
+            changed
+        )
+        assert out.token_ids[2] == int(logits[2].float().argmax())
+        if "logit_bias" in changed:  # the torch row's draw is its own row's, renumbered
+            assert out.token_ids[1] == 5
 
 
 def test_a_mixed_batch_follows_each_rows_distribution_through_the_kernel():

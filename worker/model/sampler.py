@@ -1,10 +1,12 @@
 """Batched sampling on tensors: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
 
-Unseeded rows draw by inverse CDF: one uniform number per row against the row's running sum. A seeded
-request uses the exponential race (argmax of p / q with q ~ Exp(1)) with its noise row from its own
-generator: its tokens then do not depend on what else shares the batch. Both draw from p exactly. On the
-CPU, a batch with nothing to apply before the draw (the common case: temperature only) is drawn by the
-compiled kernel in one call, from the logits in the model's dtype.
+Every row draws by inverse CDF: one uniform number per row against the row's running sum, exact. A seeded
+row takes its number from its own generator, so its tokens do not depend on what else shares the batch.
+On the CPU, rows with nothing to apply before the draw (the common case: temperature only, seeded or not)
+are drawn by the compiled kernel in one call, from the logits in the model's dtype; only the rows that
+change their logits (truncation, penalties, bias, bans, grammars) take the torch path, as a batch of their
+own. One top-p request among 64 rows had sent them all through it: a full sort of every row, ~130 ms a step
+on a 2-core CPU against ~2 ms for the kernel.
 """
 
 from __future__ import annotations
@@ -34,8 +36,38 @@ class SamplingBatch:
     seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
     num_logprobs: list[int | None]
+    plain: list[bool]  # per row: nothing changes its logits before the draw (the compiled kernel may draw it)
     logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
     grammars: list[tuple[int, object]] = field(default_factory=list)  # (row, Grammar) of constrained rows
+
+    def select(self, rows: list[int]) -> SamplingBatch:
+        """The batch of these rows alone, renumbered in this order."""
+        new = {old: i for i, old in enumerate(rows)}
+        index = torch.tensor(rows, dtype=torch.long, device=self.temperature.device)
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.index_select(0, index)
+
+        greedy = take(self.greedy)
+        return SamplingBatch(
+            temperature=take(self.temperature),
+            greedy=greedy,
+            all_greedy=bool(greedy.all()),
+            top_k=take(self.top_k),
+            top_p=take(self.top_p),
+            min_p=take(self.min_p),
+            generators=[self.generators[r] for r in rows],
+            presence=take(self.presence),
+            frequency=take(self.frequency),
+            repetition=take(self.repetition),
+            output_tokens=take(self.output_tokens),
+            seen_tokens=take(self.seen_tokens),
+            banned=[(new[row], ids) for row, ids in self.banned if row in new],
+            num_logprobs=[self.num_logprobs[r] for r in rows],
+            logit_bias=[(new[row], ids, biases) for row, ids, biases in self.logit_bias if row in new],
+            grammars=[(new[row], grammar) for row, grammar in self.grammars if row in new],
+            plain=[self.plain[r] for r in rows],
+        )
 
 
 @dataclass
@@ -74,6 +106,8 @@ def build_batch(
             if ids:
                 banned.append((row, ids))
 
+    banned_rows = {row for row, _ in banned}
+
     def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
@@ -102,6 +136,17 @@ def build_batch(
             if p.logit_bias
         ],
         grammars=[(row, r.grammar) for row, r in enumerate(requests) if r.grammar is not None],
+        plain=[
+            p.top_k == 0
+            and p.top_p >= 1.0
+            and p.min_p <= 0.0
+            and not (p.presence_penalty or p.frequency_penalty)
+            and p.repetition_penalty == 1.0
+            and not p.logit_bias
+            and r.grammar is None
+            and row not in banned_rows
+            for row, (r, p) in enumerate(zip(requests, params, strict=True))
+        ],
     )
 
 
@@ -215,58 +260,39 @@ def _apply_grammars(logits: torch.Tensor, grammars: list[tuple[int, object]]) ->
     apply_bitmask(logits, bitmask, [row for row, _ in grammars])
 
 
-def _draw(probs: torch.Tensor, generators: list) -> torch.Tensor:
-    """One token per row from its distribution. Rows without a seed: inverse CDF, one uniform number per
-    row against the row's running sum (exact sampling; the exponential-race draw it replaces needed one
-    exponential per vocabulary entry, ~30 ms per step at 32 rows x 49k on a 2-core CPU, about as long as the
-    forward pass). Seeded rows keep the exponential race on their own generator, so a seed gives the same
-    tokens as before. A token of probability 0 is never drawn: the uniform is kept above 0."""
-    cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype).clamp_(min=2.0**-30)
-    drawn = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1).clamp_(max=probs.shape[1] - 1)
-    for row, generator in enumerate(generators):
+def _uniforms(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
+    """One number in (0, 1) per row: a seeded row's from its own generator, the others' in one call. Kept
+    above 0, so that a token of probability 0 is never drawn."""
+    uniforms = torch.rand(len(batch.generators), device=device)
+    for row, generator in enumerate(batch.generators):
         if generator is not None:
-            noise = torch.empty_like(probs[row]).exponential_(generator=generator)
-            drawn[row] = (probs[row] / noise).argmax()
-    return drawn
+            uniforms[row] = torch.rand(1, generator=generator, device=generator.device)[0]
+    return uniforms.clamp_(min=2.0**-30)
 
 
-def _native_draw_applies(logits: torch.Tensor, batch: SamplingBatch) -> bool:
-    """Whether the compiled one-pass draw can take this batch: on the CPU, and nothing to apply to the
-    logits before the draw (no truncation, penalty, bias, ban or grammar) and no seeded row."""
-    return (
-        logits.device.type == "cpu"
-        and native_op("sample_rows") is not None
-        and batch.top_k is None
-        and batch.top_p is None
-        and batch.min_p is None
-        and batch.output_tokens is None
-        and batch.seen_tokens is None
-        and not batch.logit_bias
-        and not batch.banned
-        and not batch.grammars
-        and all(generator is None for generator in batch.generators)
-    )
+def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row from its distribution: each row's uniform against its running sum (exact
+    sampling; the exponential-race draw it replaces needed one exponential per vocabulary entry, ~30 ms per
+    step at 32 rows x 49k on a 2-core CPU, about as long as the forward pass)."""
+    cdf = probs.cumsum(dim=-1)
+    u = uniforms.to(cdf.dtype).unsqueeze(1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
-def _native_draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
     """Greedy rows' argmax and the other rows' inverse-CDF draw at their temperature, in the model's dtype
-    (worker/kernels/sampling.cpp): the torch path's six [B, V] passes were ~22 ms a step at 64 rows."""
+    (worker/kernels/sampling.cpp): the torch path's six [B, V] passes were ~22 ms a step at 64 rows. Only
+    for rows with nothing to apply to their logits first (`SamplingBatch.plain`)."""
     inv_temperature = torch.where(batch.greedy, 0.0, batch.temperature.reciprocal()).float().contiguous()
-    uniforms = torch.rand(logits.shape[0]).clamp_(min=2.0**-30)
     tokens = torch.empty(logits.shape[0], dtype=torch.long)
-    native_op("sample_rows").sample_rows(logits.contiguous(), inv_temperature, uniforms, tokens)
+    native_op("sample_rows").sample_rows(logits.contiguous(), inv_temperature, uniforms.contiguous(), tokens)
     return tokens
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits: [B, V] (float32, or the model's dtype) for the rows that produce a token this step."""
-    if _native_draw_applies(logits, batch):
-        tokens = _native_draw(logits, batch)
-        return SamplerOutput(tokens.tolist(), _gather_logprobs(logits, tokens, batch))
-    logits = logits.float()
-    raw_logits = logits
-    logits = logits.clone()
+def _torch_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
+    """Penalties, bias, bans and grammars on float32 logits, then greedy rows' argmax and the others'
+    draw after temperature and truncation."""
+    logits = logits.float().clone()
     _apply_penalties(logits, batch)
     for row, ids, biases in batch.logit_bias:
         logits[row, ids] += torch.tensor(biases, device=logits.device)
@@ -275,10 +301,25 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     if batch.grammars:
         _apply_grammars(logits, batch.grammars)
     if batch.all_greedy:
-        tokens = logits.argmax(dim=-1)
-    else:
-        greedy_tokens = logits.argmax(dim=-1)
-        logits = _apply_truncation(logits / batch.temperature.unsqueeze(1), batch)
-        sampled = _draw(logits.softmax(dim=-1), batch.generators)
-        tokens = torch.where(batch.greedy, greedy_tokens, sampled)
-    return SamplerOutput(tokens.tolist(), _gather_logprobs(raw_logits, tokens, batch))
+        return logits.argmax(dim=-1)
+    greedy_tokens = logits.argmax(dim=-1)
+    logits = _apply_truncation(logits / batch.temperature.unsqueeze(1), batch)
+    return torch.where(batch.greedy, greedy_tokens, _draw(logits.softmax(dim=-1), uniforms))
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits: [B, V] (float32, or the model's dtype) for the rows that produce a token this step."""
+    uniforms = _uniforms(batch, logits.device)
+    native = logits.device.type == "cpu" and native_op("sample_rows") is not None
+    plain = [row for row, is_plain in enumerate(batch.plain) if is_plain] if native else []
+    if len(plain) == len(batch.plain):
+        tokens = _native_draw(logits, batch, uniforms)
+    elif not plain:
+        tokens = _torch_draw(logits, batch, uniforms)
+    else:  # each kind of row on its own path, so a row's draw does not depend on its neighbours
+        rest = [row for row, is_plain in enumerate(batch.plain) if not is_plain]
+        tokens = torch.empty(logits.shape[0], dtype=torch.long)
+        for rows, draw in ((plain, _native_draw), (rest, _torch_draw)):
+            index = torch.tensor(rows, dtype=torch.long)
+            tokens[index] = draw(logits.index_select(0, index), batch.select(rows), uniforms[index])
+    return SamplerOutput(tokens.tolist(), _gather_logprobs(logits, tokens, batch))
