@@ -100,6 +100,24 @@ def test_logprobs_are_of_the_model_distribution_with_top_k_sorted():
     assert out.logprobs[1] is None
 
 
+def test_logprobs_of_the_rows_that_asked_whatever_their_place_in_the_batch():
+    """Rows asking for different numbers of alternatives (0 included) among rows that ask for none, each
+    given its own row's figures."""
+    logits = _logits(5, seed=4)
+    asks = [None, 2, None, 0, 4]
+    out = _sample(logits, [make_request(temperature=0.0, logprobs=k) for k in asks])
+    expected = logits.log_softmax(-1)
+    for row, k in enumerate(asks):
+        if k is None:
+            assert out.logprobs[row] is None
+            continue
+        chosen, top_ids, top_values = out.logprobs[row]
+        assert abs(chosen - expected[row, out.token_ids[row]].item()) < 1e-5
+        best = expected[row].topk(k)
+        assert top_ids == best.indices.tolist()
+        torch.testing.assert_close(torch.tensor(top_values), best.values)
+
+
 def _run_seeded(hf_model, requests) -> dict:
     scheduler = make_scheduler(num_blocks=256, block_size=16, max_num_batched_tokens=512)
     runner = paged_runner(hf_model, 256, 16)
