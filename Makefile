@@ -94,6 +94,7 @@ bench: test-scenarios
 	$(PY) -m bench.peer_bench --write-docs
 	$(PY) -m bench.quant_kernels --rows 1,8,16,32,128,512 --write-docs
 	$(PY) -m bench.w8a8_kernels --write-docs
+	$(PY) -m bench.sampling_mix --write-docs
 	$(PY) -m bench.quant_study --repeats 3 --write-docs
 	$(PY) -m bench.fleet_bench --fresh --write-docs
 	$(PY) -m bench.fleet_faults --runs 3 --write-docs

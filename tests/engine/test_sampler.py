@@ -31,6 +31,27 @@ def test_top_k_and_top_p_only_draw_from_the_allowed_set():
     assert drawn_p == {int(logits[0].argmax())}
 
 
+def test_truncation_keeps_to_its_own_rows():
+    """A top-p row and a top-k row beside rows that came to the torch path for a penalty or a min-p: each
+    row keeps its own set, whichever rows are sorted."""
+    logits = _logits(4, seed=2)
+    requests = [
+        make_request(temperature=1.0, top_p=1e-6),
+        make_request(temperature=1.0, presence_penalty=0.5),
+        make_request(temperature=1.5, top_k=3),
+        make_request(temperature=1.0, min_p=0.05),
+    ]
+    drawn = [set() for _ in requests]
+    for _ in range(300):
+        for row, token in enumerate(_sample(logits, requests).token_ids):
+            drawn[row].add(token)
+    assert drawn[0] == {int(logits[0].argmax())}
+    assert len(drawn[1]) > 5  # nothing truncated: the penalty row draws from its whole distribution
+    assert drawn[2] <= set(logits[2].topk(3).indices.tolist()) and len(drawn[2]) > 1
+    probs = logits[3].softmax(-1)
+    assert drawn[3] <= set((probs >= 0.05 * probs.max()).nonzero().flatten().tolist())
+
+
 def test_min_p_removes_unlikely_tokens():
     logits = _logits()
     probs = logits.softmax(-1)[0]

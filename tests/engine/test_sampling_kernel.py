@@ -85,9 +85,62 @@ def test_bfloat16_and_float32_logits_draw_the_same_tokens(ops):
     assert _draw(ops, logits, inv_t, uniforms) == _draw(ops, logits.float(), inv_t, uniforms)
 
 
+def _nucleus_inverse_cdf(logits: torch.Tensor, inv_t: float, top_p: float, u: float) -> int:
+    """The torch sampler's top-p draw for one row, in float64: the most likely tokens, each kept while the
+    mass before it is at most p, then the inverse CDF over them in vocabulary order."""
+    probs = (logits.double() * inv_t).softmax(-1)
+    ordered, order = probs.sort(descending=True)
+    removed = (ordered.cumsum(-1) - ordered) > top_p
+    removed[0] = False
+    kept = probs.clone()
+    kept[order[removed]] = 0.0
+    cdf = kept.cumsum(-1)
+    return int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.3, 0.9, 0.999])
+@pytest.mark.parametrize("scale", [0.5, 4.0])  # a flat row (a wide nucleus) and a peaked one
+def test_top_p_rows_draw_from_the_nucleus_the_torch_path_keeps(ops, top_p, scale):
+    """Against the float64 reference, 300 uniforms over one row of SmolLM2's vocabulary size. Every token
+    drawn is in the nucleus up to float32 rounding of the running mass. On a peaked row it is the
+    reference's token but within rounding of a boundary (at most 2); on a flat one the nucleus holds tens of
+    thousands of tokens, the float32 sums move its edge by a few, and every draw past that shifts by as
+    many, so only membership is checked there."""
+    gen = torch.Generator().manual_seed(int(scale * 10) + int(top_p * 1000))
+    logits = torch.randn(1, 49152, generator=gen) * scale
+    uniforms = torch.rand(300, generator=gen).clamp_(min=2.0**-30).tolist()
+    out = torch.empty(1, dtype=torch.long)
+    drawn = []
+    for u in uniforms:
+        ops.sample_rows(logits, torch.tensor([1.0]), torch.tensor([u]), out, torch.tensor([top_p]))
+        drawn.append(int(out[0]))
+    probs = logits[0].double().softmax(-1)
+    ordered, order = probs.sort(descending=True)
+    mass_before = torch.empty_like(probs)
+    mass_before[order] = ordered.cumsum(-1) - ordered
+    assert all(float(mass_before[token]) <= top_p + 1e-4 for token in drawn)
+    if scale > 1:
+        expected = [_nucleus_inverse_cdf(logits[0], 1.0, top_p, u) for u in uniforms]
+        assert sum(a != b for a, b in zip(drawn, expected, strict=True)) <= 2
+    if top_p == 1e-6:
+        assert set(drawn) == {int(logits[0].argmax())}
+
+
+def test_top_p_of_one_and_greedy_rows_ignore_the_nucleus(ops):
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(3, 500, generator=gen)
+    uniforms = torch.rand(3, generator=gen)
+    out_plain, out_top_p = torch.empty(3, dtype=torch.long), torch.empty(3, dtype=torch.long)
+    inv_t = torch.tensor([1.0, 0.0, 1.0])
+    ops.sample_rows(logits, inv_t, uniforms, out_plain)
+    ops.sample_rows(logits, inv_t, uniforms, out_top_p, torch.tensor([1.0, 0.2, 1.0]))
+    assert out_top_p.tolist() == out_plain.tolist()
+    assert int(out_top_p[1]) == int(logits[1].argmax())
+
+
 def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
-    """Temperature-only rows, seeded or not, go to the kernel in the logits' own dtype; a row with truncation,
-    a penalty, a bias or a ban takes the torch path alone, without taking its neighbours with it."""
+    """Rows with a temperature and top-p only, seeded or not, go to the kernel in the logits' own dtype; a row
+    with top-k, min-p, a penalty, a bias or a ban takes the torch path alone, without its neighbours."""
     calls = []
     real = {name: getattr(sampler, name) for name in ("_native_draw", "_torch_draw")}
     for name, fn in real.items():
@@ -102,7 +155,7 @@ def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
     logits = torch.randn(4, vocab).bfloat16()
     plain = [
         make_request(temperature=0.0),
-        make_request(temperature=0.8),
+        make_request(temperature=0.8, top_p=0.5),
         make_request(temperature=1.0, seed=3),
     ]
     generators = {plain[2].request_id: torch.Generator().manual_seed(3)}
@@ -111,7 +164,6 @@ def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
         logits[0].float().argmax()
     )
     for changed in (
-        dict(top_p=0.5),
         dict(top_k=3),
         dict(min_p=0.1),
         dict(presence_penalty=0.5),

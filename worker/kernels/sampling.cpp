@@ -9,16 +9,26 @@
 // same distribution (float32 sums in another order). A row whose inverse temperature is 0 gets the argmax
 // (the first largest entry; a NaN counts as largest, as torch's argmax).
 //
+// top_p (optional, per row; 1: off) keeps a row's nucleus as the torch path's top-p does (the most likely
+// entries, each kept while the mass before it is at most p), found without sorting the row: the entries'
+// mass is summed per float exponent (256 buckets), the bucket where the running mass from the top passes p
+// is the only one sorted, and the entries below its last kept value are zeroed before the draw. A sort of
+// the 49,152-entry row had cost ~1.6 ms on a 2-core CPU.
+//
 // Layouts: logits [B, V] float32 or bfloat16, contiguous; inv_temperature [B] float32 (0: greedy); uniforms
-// [B] float32 in (0, 1); out [B] int64, written.
+// [B] float32 in (0, 1); top_p [B] float32 in (0, 1], or none; out [B] int64, written.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "vec.h"
@@ -95,11 +105,47 @@ float exp_run(const T* x, int64_t i, int64_t n, float m, float inv_t, float* e) 
   return sum;
 }
 
+// The smallest value the nucleus keeps: entries e (>= 0, unnormalized) taken largest first while the mass
+// before each is at most `budget` (p times the row's total). Positive floats order as their bit patterns,
+// so the exponent byte buckets them in order.
+float nucleus_floor(const float* e, int64_t n, float budget, std::vector<float>& bucket) {
+  float mass[256] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    if (e[i] <= 0.f) continue;
+    uint32_t bits;
+    std::memcpy(&bits, e + i, sizeof bits);
+    mass[bits >> 23] += e[i];
+  }
+  float before = 0.f, floor = 0.f;
+  for (int b = 255; b >= 0; --b) {
+    if (mass[b] == 0.f) continue;
+    if (before + mass[b] <= budget) {  // the whole bucket is kept, and the next entry's mass before it too
+      before += mass[b];
+      continue;
+    }
+    bucket.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, e + i, sizeof bits);
+      if (e[i] > 0.f && static_cast<int>(bits >> 23) == b) bucket.push_back(e[i]);
+    }
+    std::sort(bucket.begin(), bucket.end(), std::greater<float>());
+    for (float v : bucket) {
+      if (before > budget) break;
+      floor = v;
+      before += v;
+    }
+    return floor;
+  }
+  return 0.f;  // every entry kept
+}
+
 // Inverse CDF over one row: the total is the sum of the runs' sums in order, and the walk adds the same
 // run sums in the same order, so it reaches u * total (< total) inside some run; inside that run, entry by
 // entry, rounding may leave it just short: then the run's last positive entry is taken.
 template <typename T>
-int64_t draw_row(const T* x, int64_t n, float inv_t, float u, std::vector<float>& e, std::vector<float>& runs) {
+int64_t draw_row(const T* x, int64_t n, float inv_t, float u, float top_p, std::vector<float>& e,
+                 std::vector<float>& runs, std::vector<float>& bucket) {
   bool nan;
   const float m = max_row(x, n, nan);
   if (nan || m == -std::numeric_limits<float>::infinity()) return argmax_row(x, n);
@@ -108,6 +154,15 @@ int64_t draw_row(const T* x, int64_t n, float inv_t, float u, std::vector<float>
   runs.resize(num_runs);
   float total = 0.f;
   for (int64_t r = 0; r < num_runs; ++r) total += (runs[r] = exp_run(x, 8 * r, n, m, inv_t, e.data()));
+  if (top_p < 1.f) {  // outside the nucleus: zero, and the runs summed again
+    const float floor = nucleus_floor(e.data(), n, top_p * total, bucket);
+    total = 0.f;
+    for (int64_t r = 0; r < num_runs; ++r) {
+      float sum = 0.f;
+      for (int64_t i = 8 * r; i < std::min(8 * r + 8, n); ++i) sum += (e[i] = e[i] >= floor ? e[i] : 0.f);
+      total += (runs[r] = sum);
+    }
+  }
   const float target = u * total;
   float running = 0.f;
   int64_t r = 0;
@@ -124,17 +179,18 @@ int64_t draw_row(const T* x, int64_t n, float inv_t, float u, std::vector<float>
 
 template <typename T>
 void sample_rows_typed(const at::Tensor& logits, const at::Tensor& inv_temperature, const at::Tensor& uniforms,
-                       const at::Tensor& out) {
+                       const float* top_p, const at::Tensor& out) {
   const int64_t rows = logits.size(0), n = logits.size(1);
   const T* base = logits.data_ptr<T>();
   const float* inv_t = inv_temperature.data_ptr<float>();
   const float* u = uniforms.data_ptr<float>();
   int64_t* tokens = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> e, runs;
+    std::vector<float> e, runs, bucket;
     for (int64_t row = begin; row < end; ++row) {
       const T* x = base + row * n;
-      tokens[row] = inv_t[row] > 0.f ? draw_row(x, n, inv_t[row], u[row], e, runs) : argmax_row(x, n);
+      const float p = top_p != nullptr ? top_p[row] : 1.f;
+      tokens[row] = inv_t[row] > 0.f ? draw_row(x, n, inv_t[row], u[row], p, e, runs, bucket) : argmax_row(x, n);
     }
   });
 }
@@ -144,7 +200,7 @@ void sample_rows_typed(const at::Tensor& logits, const at::Tensor& inv_temperatu
 namespace llmserve {
 
 void sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature, const at::Tensor& uniforms,
-                 const at::Tensor& out) {
+                 const at::Tensor& out, const std::optional<at::Tensor>& top_p) {
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
               "sample_rows: logits must be a contiguous [B, V] CPU tensor");
   const int64_t rows = logits.size(0);
@@ -154,10 +210,14 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature, co
               "sample_rows: inv_temperature and uniforms must be [B] float32");
   TORCH_CHECK(out.scalar_type() == at::kLong && out.is_contiguous() && out.numel() == rows,
               "sample_rows: out must be [B] int64");
+  TORCH_CHECK(!top_p.has_value() || (top_p->scalar_type() == at::kFloat && top_p->is_contiguous() &&
+                                      top_p->numel() == rows),
+              "sample_rows: top_p must be [B] float32");
+  const float* p = top_p.has_value() ? top_p->data_ptr<float>() : nullptr;
   if (logits.scalar_type() == at::kFloat) {
-    sample_rows_typed<float>(logits, inv_temperature, uniforms, out);
+    sample_rows_typed<float>(logits, inv_temperature, uniforms, p, out);
   } else if (logits.scalar_type() == at::kBFloat16) {
-    sample_rows_typed<c10::BFloat16>(logits, inv_temperature, uniforms, out);
+    sample_rows_typed<c10::BFloat16>(logits, inv_temperature, uniforms, p, out);
   } else {
     TORCH_CHECK(false, "sample_rows supports float32 and bfloat16 logits, got ", logits.scalar_type());
   }
@@ -166,7 +226,7 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature, co
 }  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
-  m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms, Tensor(a!) out) -> ()");
+  m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms, Tensor(a!) out, Tensor? top_p=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("sample_rows", &llmserve::sample_rows); }

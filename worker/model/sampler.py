@@ -2,11 +2,11 @@
 
 Every row draws by inverse CDF: one uniform number per row against the row's running sum, exact. A seeded
 row takes its number from its own generator, so its tokens do not depend on what else shares the batch.
-On the CPU, rows with nothing to apply before the draw (the common case: temperature only, seeded or not)
-are drawn by the compiled kernel in one call, from the logits in the model's dtype; only the rows that
-change their logits (truncation, penalties, bias, bans, grammars) take the torch path, as a batch of their
-own. One top-p request among 64 rows had sent them all through it: a full sort of every row, ~130 ms a step
-on a 2-core CPU against ~2 ms for the kernel.
+On the CPU, rows with nothing but a temperature and top-p to apply before the draw (the common case, seeded
+or not) are drawn by the compiled kernel in one call, from the logits in the model's dtype; only the rows
+that change their logits otherwise (top-k, min-p, penalties, bias, bans, grammars) take the torch path, as a
+batch of their own. One top-p request among 64 rows had sent them all through it: a full sort of every row,
+~130 ms a step on a 2-core CPU against ~2 ms for the kernel.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class SamplingBatch:
     seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
     num_logprobs: list[int | None]
-    plain: list[bool]  # per row: nothing changes its logits before the draw (the compiled kernel may draw it)
+    plain: list[bool]  # per row: nothing but a temperature and top-p before the draw (the kernel may draw it)
     logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
     grammars: list[tuple[int, object]] = field(default_factory=list)  # (row, Grammar) of constrained rows
 
@@ -138,7 +138,6 @@ def build_batch(
         grammars=[(row, r.grammar) for row, r in enumerate(requests) if r.grammar is not None],
         plain=[
             p.top_k == 0
-            and p.top_p >= 1.0
             and p.min_p <= 0.0
             and not (p.presence_penalty or p.frequency_penalty)
             and p.repetition_penalty == 1.0
@@ -167,21 +166,34 @@ def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
         logits.copy_(torch.where(seen, penalized, logits))
 
 
+def _truncating_rows(batch: SamplingBatch) -> torch.Tensor:
+    """The rows with top-k or top-p on: only they are sorted (a full sort of the vocabulary, ~1.6 ms a row
+    on a 2-core CPU), while a batch here may hold rows that came for a penalty alone."""
+    truncates = torch.zeros(batch.temperature.shape[0], dtype=torch.bool, device=batch.temperature.device)
+    if batch.top_k is not None:
+        truncates |= batch.top_k > 0
+    if batch.top_p is not None:
+        truncates |= batch.top_p < 1.0
+    return truncates.nonzero().squeeze(1)
+
+
 def _apply_truncation(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """top-k, then top-p over what is left, then min-p; masked entries become -inf."""
-    if batch.top_k is not None or batch.top_p is not None:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rows = _truncating_rows(batch)
+    if rows.numel():
+        sorted_logits, order = logits.index_select(0, rows).sort(dim=-1, descending=True)
         remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
         if batch.top_k is not None:
             ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
-            k = batch.top_k.unsqueeze(1)
+            k = batch.top_k.index_select(0, rows).unsqueeze(1)
             remove |= (k > 0) & (ranks >= k)
         if batch.top_p is not None:
             probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
             mass_before = probs.cumsum(dim=-1) - probs
-            remove |= mass_before > batch.top_p.unsqueeze(1)
+            remove |= mass_before > batch.top_p.index_select(0, rows).unsqueeze(1)
         remove[:, 0] = False
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+        logits = logits.clone()
+        logits[rows] = logits[rows].scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
     if batch.min_p is not None:
         probs = logits.softmax(dim=-1)
         floor = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
@@ -280,12 +292,15 @@ def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
-    """Greedy rows' argmax and the other rows' inverse-CDF draw at their temperature, in the model's dtype
-    (worker/kernels/sampling.cpp): the torch path's six [B, V] passes were ~22 ms a step at 64 rows. Only
-    for rows with nothing to apply to their logits first (`SamplingBatch.plain`)."""
+    """Greedy rows' argmax and the other rows' inverse-CDF draw at their temperature, within their top-p
+    nucleus, in the model's dtype (worker/kernels/sampling.cpp): the torch path's six [B, V] passes were
+    ~22 ms a step at 64 rows, and its top-p sort ~1.6 ms a row. Only for rows with nothing else to apply to
+    their logits first (`SamplingBatch.plain`)."""
     inv_temperature = torch.where(batch.greedy, 0.0, batch.temperature.reciprocal()).float().contiguous()
     tokens = torch.empty(logits.shape[0], dtype=torch.long)
-    native_op("sample_rows").sample_rows(logits.contiguous(), inv_temperature, uniforms.contiguous(), tokens)
+    top_p = None if batch.top_p is None else batch.top_p.float().contiguous()
+    ops = native_op("sample_rows")
+    ops.sample_rows(logits.contiguous(), inv_temperature, uniforms.contiguous(), tokens, top_p)
     return tokens
 
 
