@@ -36,7 +36,7 @@ class SamplingBatch:
     seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
     num_logprobs: list[int | None]
-    plain: list[bool]  # per row: nothing but a temperature and top-p before the draw (the kernel may draw it)
+    kernel_drawable: list[bool]  # per row: nothing but a temperature and top-p before the draw
     logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
     grammars: list[tuple[int, object]] = field(default_factory=list)  # (row, Grammar) of constrained rows
 
@@ -66,7 +66,7 @@ class SamplingBatch:
             num_logprobs=[self.num_logprobs[r] for r in rows],
             logit_bias=[(new[row], ids, biases) for row, ids, biases in self.logit_bias if row in new],
             grammars=[(new[row], grammar) for row, grammar in self.grammars if row in new],
-            plain=[self.plain[r] for r in rows],
+            kernel_drawable=[self.kernel_drawable[r] for r in rows],
         )
 
 
@@ -136,7 +136,7 @@ def build_batch(
             if p.logit_bias
         ],
         grammars=[(row, r.grammar) for row, r in enumerate(requests) if r.grammar is not None],
-        plain=[
+        kernel_drawable=[
             p.top_k == 0
             and p.min_p <= 0.0
             and not (p.presence_penalty or p.frequency_penalty)
@@ -295,7 +295,7 @@ def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Ten
     """Greedy rows' argmax and the other rows' inverse-CDF draw at their temperature, within their top-p
     nucleus, in the model's dtype (worker/kernels/sampling.cpp): the torch path's six [B, V] passes were
     ~22 ms a step at 64 rows, and its top-p sort ~1.6 ms a row. Only for rows with nothing else to apply to
-    their logits first (`SamplingBatch.plain`)."""
+    their logits first (`SamplingBatch.kernel_drawable`)."""
     inv_temperature = torch.where(batch.greedy, 0.0, batch.temperature.reciprocal()).float().contiguous()
     tokens = torch.empty(logits.shape[0], dtype=torch.long)
     top_p = None if batch.top_p is None else batch.top_p.float().contiguous()
@@ -326,15 +326,16 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """logits: [B, V] (float32, or the model's dtype) for the rows that produce a token this step."""
     uniforms = _uniforms(batch, logits.device)
     native = logits.device.type == "cpu" and native_op("sample_rows") is not None
-    plain = [row for row, is_plain in enumerate(batch.plain) if is_plain] if native else []
-    if len(plain) == len(batch.plain):
+    drawable = batch.kernel_drawable
+    kernel_rows = [row for row, ok in enumerate(drawable) if ok] if native else []
+    if native and len(kernel_rows) == len(drawable):
         tokens = _native_draw(logits, batch, uniforms)
-    elif not plain:
+    elif not kernel_rows:
         tokens = _torch_draw(logits, batch, uniforms)
     else:  # each kind of row on its own path, so a row's draw does not depend on its neighbours
-        rest = [row for row, is_plain in enumerate(batch.plain) if not is_plain]
+        rest = [row for row, ok in enumerate(drawable) if not ok]
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
-        for rows, draw in ((plain, _native_draw), (rest, _torch_draw)):
+        for rows, draw in ((kernel_rows, _native_draw), (rest, _torch_draw)):
             index = torch.tensor(rows, dtype=torch.long)
             tokens[index] = draw(logits.index_select(0, index), batch.select(rows), uniforms[index])
     return SamplerOutput(tokens.tolist(), _gather_logprobs(logits, tokens, batch))
