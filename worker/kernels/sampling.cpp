@@ -12,8 +12,9 @@
 // top_p (optional, per row; 1: off) keeps a row's nucleus as the torch path's top-p does (the most likely
 // entries, each kept while the mass before it is at most p), found without sorting the row: the entries'
 // mass is summed per float exponent (256 buckets), the bucket where the running mass from the top passes p
-// is the only one sorted, and the entries below its last kept value are zeroed before the draw. A sort of
-// the 49,152-entry row had cost ~1.6 ms on a 2-core CPU.
+// is the only one sorted, and the entries below its last kept value are zeroed before the draw (entries tied
+// with that value are all kept, where a sort would cut between them). A sort of the 49,152-entry row had cost
+// ~1.6 ms on a 2-core CPU.
 //
 // Layouts: logits [B, V] float32 or bfloat16, contiguous; inv_temperature [B] float32 (0: greedy); uniforms
 // [B] float32 in (0, 1); top_p [B] float32 in (0, 1], or none; out [B] int64, written.
