@@ -14,7 +14,7 @@
 // mass is summed per float exponent (256 buckets), the bucket where the running mass from the top passes p
 // is the only one sorted, and the entries below its last kept value are zeroed before the draw (entries tied
 // with that value are all kept, where a sort would cut between them). A sort of the 49,152-entry row had cost
-// ~1.6 ms on a 2-core CPU.
+// ~1.6 ms on a 2-core AMX Xeon.
 //
 // Layouts: logits [B, V] float32 or bfloat16, contiguous; inv_temperature [B] float32 (0: greedy); uniforms
 // [B] float32 in (0, 1); top_p [B] float32 in (0, 1], or none; out [B] int64, written.
@@ -109,14 +109,16 @@ float exp_run(const T* x, int64_t i, int64_t n, float m, float inv_t, float* e) 
 // The smallest value the nucleus keeps: entries e (>= 0, unnormalized) taken largest first while the mass
 // before each is at most `budget` (p times the row's total). Positive floats order as their bit patterns,
 // so the exponent byte buckets them in order.
+inline int exponent_bucket(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<int>(bits >> 23);
+}
+
 float nucleus_floor(const float* e, int64_t n, float budget, std::vector<float>& bucket) {
   float mass[256] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    if (e[i] <= 0.f) continue;
-    uint32_t bits;
-    std::memcpy(&bits, e + i, sizeof bits);
-    mass[bits >> 23] += e[i];
-  }
+  for (int64_t i = 0; i < n; ++i)
+    if (e[i] > 0.f) mass[exponent_bucket(e[i])] += e[i];
   float before = 0.f, floor = 0.f;
   for (int b = 255; b >= 0; --b) {
     if (mass[b] == 0.f) continue;
@@ -125,11 +127,8 @@ float nucleus_floor(const float* e, int64_t n, float budget, std::vector<float>&
       continue;
     }
     bucket.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, e + i, sizeof bits);
-      if (e[i] > 0.f && static_cast<int>(bits >> 23) == b) bucket.push_back(e[i]);
-    }
+    for (int64_t i = 0; i < n; ++i)
+      if (e[i] > 0.f && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
     std::sort(bucket.begin(), bucket.end(), std::greater<float>());
     for (float v : bucket) {
       if (before > budget) break;

@@ -6,7 +6,7 @@ On the CPU, rows with nothing but a temperature and top-p to apply before the dr
 or not) are drawn by the compiled kernel in one call, from the logits in the model's dtype; only the rows
 that change their logits otherwise (top-k, min-p, penalties, bias, bans, grammars) take the torch path, as a
 batch of their own. One top-p request among 64 rows had sent them all through it: a full sort of every row,
-~130 ms a step on a 2-core CPU against ~2 ms for the kernel.
+~130 ms a step on a 2-core AMX Xeon against ~2 ms for the kernel.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
 
 def _truncating_rows(batch: SamplingBatch) -> torch.Tensor:
     """The rows with top-k or top-p on: only they are sorted (a full sort of the vocabulary, ~1.6 ms a row
-    on a 2-core CPU), while a batch here may hold rows that came for a penalty alone."""
+    on a 2-core AMX Xeon), while a batch here may hold rows that came for a penalty alone."""
     truncates = torch.zeros(batch.temperature.shape[0], dtype=torch.bool, device=batch.temperature.device)
     if batch.top_k is not None:
         truncates |= batch.top_k > 0
@@ -203,7 +203,8 @@ def _apply_truncation(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
 
 def _gather_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> list:
     """Per row: None, or (its token's logprob, top ids, top logprobs). Only the rows that asked are
-    normalized: one request with logprobs among 64 rows had cost a [64, V] log-softmax, ~10 ms a step."""
+    normalized: one request with logprobs among 64 rows had cost a [64, V] log-softmax, ~10 ms a step on a
+    2-core AMX Xeon."""
     rows = [row for row, k in enumerate(batch.num_logprobs) if k is not None]
     if not rows:
         return [None] * len(batch.num_logprobs)
@@ -285,7 +286,7 @@ def _uniforms(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
 def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row from its distribution: each row's uniform against its running sum (exact
     sampling; the exponential-race draw it replaces needed one exponential per vocabulary entry, ~30 ms per
-    step at 32 rows x 49k on a 2-core CPU, about as long as the forward pass)."""
+    step at 32 rows x 49k on a 2-core AVX512-BF16 EPYC, about as long as the forward pass)."""
     cdf = probs.cumsum(dim=-1)
     u = uniforms.to(cdf.dtype).unsqueeze(1)
     return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1).clamp_(max=probs.shape[1] - 1)
