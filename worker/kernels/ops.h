@@ -51,6 +51,6 @@ void decode_layers(const at::Tensor& hidden, const at::Tensor& x, const at::Tens
                    const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& slot_mapping,
                    at::TensorList input_norms, at::TensorList post_norms, at::TensorList qkv,
                    at::TensorList o_proj, at::TensorList gate_up, at::TensorList down, int64_t num_heads,
-                   int64_t num_kv_heads, int64_t weight_bits, double eps);
+                   int64_t num_kv_heads, c10::string_view linear, int64_t linear_rows, double eps);
 
 }  // namespace llmserve

@@ -1,10 +1,12 @@
 """Every decoder layer of a decode-only step in one native call (worker/kernels/decode_layers.cpp).
 
-At one stream the 135M model's int4 decode step spent about a third of its time in Python and small torch
-ops between the kernels; the op chains the same kernels in C++, so it gives the same numbers. It covers the
-case it was built for: the plain Llama layer in float32, every linear on one native quantized kernel (all
-int4 or all int8; no bias), decode tokens only. Anything else keeps
-`_forward_native`'s per-layer loop.
+A decode step through `_forward_native`'s per-layer loop makes ~15 Python and small torch calls per layer
+(views, casts, fresh outputs, the attention wrapper) between the kernels: at one stream a third of the 135M
+model's int4 step, and at 64 sequences in bfloat16 still ~15% of the forward pass, the same few milliseconds
+at every batch size. The op chains the same kernels in C++, so it gives the same numbers. It covers the
+plain Llama layer (no bias) with every linear on one kernel: the project's int4 or int8 kernels (float32),
+its AMX tile kernel (bfloat16), its w8a8 integer GEMM, or oneDNN's prepacked GEMM; decode tokens only.
+Anything else keeps `_forward_native`'s per-layer loop.
 """
 
 from __future__ import annotations
@@ -13,15 +15,29 @@ from dataclasses import dataclass
 
 import torch
 
+from common.linear import padded_rows
 from worker.model.attention import AttentionMetadata
 
-# Linear backend -> (weight bits the op is told, the layer's tensors it is given, in order, the layer's
-# attribute holding the rows from which it leaves the native kernel: None there means never). w8a8 layers
-# ("native-w8a8") run the project's integer GEMM at every row count, which this op does not chain, so they
-# keep the per-layer loop.
-_NATIVE_LINEARS = {
-    "native-int4": (4, ("weight", "scales", "mins"), "dequantize_from"),
-    "native-int8": (8, ("weight", "scales"), "dequantize_from"),
+
+@dataclass(frozen=True)
+class _Kernel:
+    """How the op runs one backend's linears."""
+
+    name: str  # the op's `linear` argument
+    tensors: tuple[str, ...]  # the layer's tensors it is given, in order
+    dtypes: tuple[torch.dtype, ...]  # the activation dtypes the kernel takes
+    leaves_at: str | None = None  # the layer's attribute holding the rows from which it leaves the kernel
+
+
+# Linear backend (the layers' `backend`) -> the kernel the op runs for it.
+_KERNELS = {
+    "native-int4": _Kernel("int4", ("weight", "scales", "mins"), (torch.float32,), "dequantize_from"),
+    "native-int8": _Kernel("int8", ("weight", "scales"), (torch.float32,), "dequantize_from"),
+    "amx": _Kernel("amx", ("weight",), (torch.bfloat16,)),
+    "native-w8a8": _Kernel(
+        "w8a8", ("weight", "weight_scales", "compensation"), (torch.float32, torch.bfloat16)
+    ),
+    "onednn": _Kernel("onednn", ("weight",), (torch.float32, torch.bfloat16)),
 }
 
 
@@ -30,10 +46,10 @@ class DecodeLayers:
     """The op and the model's weights as the TensorLists it takes, gathered once per model."""
 
     ops: object  # torch.ops.llmserve
-    weight_bits: int
+    linear: str  # the kernel of every linear (_KERNELS' names)
     input_norms: list[torch.Tensor]
     post_norms: list[torch.Tensor]
-    qkv: list[torch.Tensor]  # each layer's tensors (_NATIVE_LINEARS), layer after layer
+    qkv: list[torch.Tensor]  # each layer's tensors (_KERNELS), layer after layer
     o_proj: list[torch.Tensor]
     gate_up: list[torch.Tensor]
     down: list[torch.Tensor]
@@ -48,29 +64,31 @@ class DecodeLayers:
     @classmethod
     def build(cls, model: object, ops: object | None) -> DecodeLayers | None:
         """The op for `model` (a LlamaForPagedAttention on the native kernels), or None where it does not
-        apply: a build without the op, a dtype other than float32, a layer beyond plain Llama, a linear not
-        on the native int4/int8 kernel, linears of both kinds, or a bias."""
-        if ops is None or not hasattr(ops, "decode_layers") or model.embed.dtype != torch.float32:
+        apply: a build without the op, a layer beyond plain Llama, linears on a backend the op does not
+        chain (_KERNELS) or on two backends, activations of a dtype their kernel does not take, or a bias."""
+        if ops is None or not hasattr(ops, "decode_layers"):
             return None
         if not model.supports_native_kernels or model.activation != "silu":
             return None
         roles = ("qkv", "o_proj", "gate_up", "down")
         linears = [getattr(layer, role) for layer in model.layers for role in roles]
         backends = {getattr(linear, "backend", None) for linear in linears}
-        if len(backends) != 1 or not backends <= _NATIVE_LINEARS.keys():
+        if len(backends) != 1 or not backends <= _KERNELS.keys():
             return None
-        if any(linear.bias is not None for linear in linears):
+        kernel = _KERNELS[backends.pop()]
+        if model.embed.dtype not in kernel.dtypes or any(linear.bias is not None for linear in linears):
             return None
-        bits, names, leaves_at = _NATIVE_LINEARS[backends.pop()]
-        thresholds = [getattr(linear, leaves_at) for linear in linears]
+        if kernel.name == "onednn" and any(linear.dtype != model.embed.dtype for linear in linears):
+            return None
+        thresholds = [getattr(linear, kernel.leaves_at) for linear in linears] if kernel.leaves_at else []
 
         def tensors(role: str) -> list[torch.Tensor]:
-            return [getattr(getattr(layer, role), name) for layer in model.layers for name in names]
+            return [getattr(getattr(layer, role), name) for layer in model.layers for name in kernel.tensors]
 
         s = model.shape
         return cls(
             ops,
-            bits,
+            kernel.name,
             [layer.input_norm.contiguous() for layer in model.layers],
             [layer.post_norm.contiguous() for layer in model.layers],
             *(tensors(role) for role in roles),
@@ -115,7 +133,8 @@ class DecodeLayers:
             self.down,
             self.num_heads,
             self.num_kv_heads,
-            self.weight_bits,
+            self.linear,
+            padded_rows(len(hidden)) if self.linear == "onednn" else len(hidden),
             self.eps,
         )
 
