@@ -1,6 +1,6 @@
 """What a few requests' sampling options cost the batch they share: the engine in process, a closed loop of
-random prompts (as `vllm bench serve`'s random workload) with some requests setting `top_p`, a seed, logprobs
-or a penalty, against the same load with none.
+random prompts (as `vllm bench serve`'s random workload) with some requests setting `top_p`, `top_k`, a seed,
+logprobs or a penalty, against the same load with none.
 
 Each case keeps `--concurrency` requests running until `--requests` have finished, 128 random prompt tokens
 and `--output-tokens` output tokens each (EOS ignored), temperature 1. The cases take turns on one engine for
@@ -30,6 +30,7 @@ PROMPT_TOKENS = 128
 CASES: dict[str, list[tuple[int, dict]]] = {
     "plain": [],
     "1 in 8 top_p=0.95": [(8, {"top_p": 0.95})],
+    "1 in 8 top_k=50": [(8, {"top_k": 50})],
     "1 in 4 seeded": [(4, {"seed": 7})],
     "1 in 8 logprobs=5": [(8, {"logprobs": 5})],
     "1 in 8 presence_penalty=0.5": [(8, {"presence_penalty": 0.5})],

@@ -138,9 +138,96 @@ def test_top_p_of_one_and_greedy_rows_ignore_the_nucleus(ops):
     assert int(out_top_p[1]) == int(logits[1].argmax())
 
 
+def _kept_by_torch_path(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> set[int]:
+    """The tokens the torch sampler's truncation keeps for one row (worker/model/sampler.py, float64)."""
+    row = logits.double().unsqueeze(0)
+    batch = build_batch(
+        [make_request(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)],
+        {},
+        logits.shape[0],
+        torch.device("cpu"),
+    )
+    kept = sampler._apply_truncation(row, batch)[0]
+    return set(torch.isfinite(kept).nonzero().squeeze(1).tolist())
+
+
+@pytest.mark.parametrize(
+    "top_k, top_p, min_p",
+    [
+        (1, 1.0, 0.0),
+        (50, 1.0, 0.0),
+        (3000, 1.0, 0.0),
+        (50, 0.5, 0.0),
+        (0, 1.0, 0.05),
+        (40, 0.9, 0.2),
+        (0, 0.7, 0.01),
+    ],
+)
+@pytest.mark.parametrize("scale", [0.5, 4.0])  # a flat row and a peaked one
+def test_top_k_and_min_p_rows_draw_from_what_the_torch_path_keeps(ops, top_k, top_p, min_p, scale):
+    """top-k, then top-p over what it keeps, then min-p, in the torch path's order: every draw of 300
+    uniforms is a token the torch path keeps (top-p's edge within float32 rounding of the running mass, as
+    above), and top-k's k-th token, the row's largest and nothing past k are drawn as they should be."""
+    gen = torch.Generator().manual_seed(int(scale * 10) + top_k + int(top_p * 100) + int(min_p * 1000))
+    logits = torch.randn(1, 49152, generator=gen) * scale
+    uniforms = torch.rand(300, generator=gen).clamp_(min=2.0**-30).tolist()
+    out = torch.empty(1, dtype=torch.long)
+    drawn = []
+    for u in uniforms:
+        ops.sample_rows(
+            logits, torch.tensor([1.0]), torch.tensor([u]), out, torch.tensor([top_p]), torch.tensor([top_k]),
+            torch.tensor([min_p]),
+        )  # fmt: skip
+        drawn.append(int(out[0]))
+    kept = _kept_by_torch_path(logits[0], top_k, top_p, min_p)
+    if top_p < 1.0:  # top-p's edge may move by float32 rounding: allow the next few tokens past it
+        order = logits[0].argsort(descending=True).tolist()
+        edge = max(order.index(t) for t in kept)
+        kept |= set(order[: edge + 4])
+    assert set(drawn) <= kept
+    if top_k and top_p == 1.0 and min_p == 0.0:
+        assert len(set(drawn)) <= top_k
+        if top_k == 1:
+            assert set(drawn) == {int(logits[0].argmax())}
+        if top_k == 50 and scale < 1:  # a flat row: the 50 kept tokens are near-equally likely
+            assert len(set(drawn)) >= 40
+
+
+def test_min_p_and_top_k_follow_the_distribution_they_leave(ops):
+    """Draw shares over a row of four likely tokens: top-k 2 keeps the first two in proportion, min-p 0.4
+    drops those below 0.4 times the largest."""
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1] + [1e-9] * 60)
+    logits = probs.log().unsqueeze(0)
+    gen = torch.Generator().manual_seed(5)
+    counts = {"top_k": torch.zeros(64), "min_p": torch.zeros(64)}
+    out = torch.empty(1, dtype=torch.long)
+    for u in torch.rand(3000, generator=gen).clamp_(min=2.0**-30).tolist():
+        args = (logits, torch.tensor([1.0]), torch.tensor([u]), out)
+        ops.sample_rows(*args, None, torch.tensor([2]), None)
+        counts["top_k"][int(out[0])] += 1
+        ops.sample_rows(*args, None, None, torch.tensor([0.4]))
+        counts["min_p"][int(out[0])] += 1
+    torch.testing.assert_close(
+        counts["top_k"][:4] / 3000, torch.tensor([4 / 7, 3 / 7, 0, 0]), atol=0.03, rtol=0
+    )
+    torch.testing.assert_close(
+        counts["min_p"][:4] / 3000, torch.tensor([4 / 9, 3 / 9, 2 / 9, 0]), atol=0.03, rtol=0
+    )
+    assert counts["top_k"][4:].sum() == 0 and counts["min_p"][4:].sum() == 0
+
+
+def test_the_kernel_refuses_a_negative_top_k(ops):
+    out = torch.empty(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="top_k must be >= 0"):
+        ops.sample_rows(
+            torch.zeros(1, 8), torch.tensor([1.0]), torch.tensor([0.5]), out, None, torch.tensor([-1])
+        )
+
+
 def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
-    """Rows with a temperature and top-p only, seeded or not, go to the kernel in the logits' own dtype; a row
-    with top-k, min-p, a penalty, a bias or a ban takes the torch path alone, without its neighbours."""
+    """Rows with a temperature and truncation (top-k, top-p, min-p) only, seeded or not, go to the kernel in
+    the logits' own dtype; a row with a penalty, a bias or a ban takes the torch path alone, without its
+    neighbours."""
     calls = []
     real = {name: getattr(sampler, name) for name in ("_native_draw", "_torch_draw")}
     for name, fn in real.items():
@@ -155,17 +242,16 @@ def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
     logits = torch.randn(4, vocab).bfloat16()
     plain = [
         make_request(temperature=0.0),
-        make_request(temperature=0.8, top_p=0.5),
-        make_request(temperature=1.0, seed=3),
+        make_request(temperature=0.8, top_p=0.5, top_k=3),
+        make_request(temperature=1.0, seed=3, min_p=0.1),
     ]
     generators = {plain[2].request_id: torch.Generator().manual_seed(3)}
     out = sample(logits[:3], build_batch(plain, generators, vocab, cpu))
     assert calls == [("_native_draw", 3, torch.bfloat16)] and out.token_ids[0] == int(
         logits[0].float().argmax()
     )
+    assert out.token_ids[1] in logits[1].float().topk(3).indices.tolist()
     for changed in (
-        dict(top_k=3),
-        dict(min_p=0.1),
         dict(presence_penalty=0.5),
         dict(repetition_penalty=1.2),
         dict(logit_bias={5: 100.0}),

@@ -9,15 +9,19 @@
 // same distribution (float32 sums in another order). A row whose inverse temperature is 0 gets the argmax
 // (the first largest entry; a NaN counts as largest, as torch's argmax).
 //
-// top_p (optional, per row; 1: off) keeps a row's nucleus as the torch path's top-p does (the most likely
-// entries, each kept while the mass before it is at most p), found without sorting the row: the entries'
-// mass is summed per float exponent (256 buckets), the bucket where the running mass from the top passes p
-// is the only one sorted, and the entries below its last kept value are zeroed before the draw (entries tied
-// with that value are all kept, where a sort would cut between them). A sort of the 49,152-entry row had cost
-// ~1.6 ms on a 2-core AMX Xeon.
+// Truncation, each optional and per row, in the torch path's order (worker/model/sampler.py): top_k (0: off)
+// keeps the k most likely entries; top_p (1: off) then keeps the nucleus of what is left (the most likely
+// entries, each kept while the mass before it is at most p of the kept mass); min_p (0: off) then drops the
+// entries less likely than min_p times the most likely one. None sorts the row: the entries are bucketed by
+// float exponent (256 buckets, in order, as positive floats order by their bits), counted (top-k) or their
+// mass summed (top-p), and only the bucket where the count or the running mass from the top passes its
+// bound is sorted; min-p is a plain threshold. The entries below the last kept value are zeroed before the
+// draw; entries tied with that value are all kept, where a sort would cut between them. A sort of the
+// 49,152-entry row had cost ~1.6 ms on a 2-core AMX Xeon.
 //
 // Layouts: logits [B, V] float32 or bfloat16, contiguous; inv_temperature [B] float32 (0: greedy); uniforms
-// [B] float32 in (0, 1); top_p [B] float32 in (0, 1], or none; out [B] int64, written.
+// [B] float32 in (0, 1); top_p [B] float32 in (0, 1], top_k [B] int64 (>= 0), min_p [B] float32 in [0, 1],
+// each or none; out [B] int64, written.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -115,10 +119,12 @@ inline int exponent_bucket(float v) {
   return static_cast<int>(bits >> 23);
 }
 
-float nucleus_floor(const float* e, int64_t n, float budget, std::vector<float>& bucket) {
+// The smallest value the nucleus keeps, among the entries of at least `lowest` (what top-k left): entries
+// taken largest first while the mass before each is at most `budget` (p times their total); 0: all kept.
+float nucleus_floor(const float* e, int64_t n, float lowest, float budget, std::vector<float>& bucket) {
   float mass[256] = {};
   for (int64_t i = 0; i < n; ++i)
-    if (e[i] > 0.f) mass[exponent_bucket(e[i])] += e[i];
+    if (e[i] > 0.f && e[i] >= lowest) mass[exponent_bucket(e[i])] += e[i];
   float before = 0.f, floor = 0.f;
   for (int b = 255; b >= 0; --b) {
     if (mass[b] == 0.f) continue;
@@ -128,7 +134,7 @@ float nucleus_floor(const float* e, int64_t n, float budget, std::vector<float>&
     }
     bucket.clear();
     for (int64_t i = 0; i < n; ++i)
-      if (e[i] > 0.f && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
+      if (e[i] > 0.f && e[i] >= lowest && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
     std::sort(bucket.begin(), bucket.end(), std::greater<float>());
     for (float v : bucket) {
       if (before > budget) break;
@@ -140,11 +146,56 @@ float nucleus_floor(const float* e, int64_t n, float budget, std::vector<float>&
   return 0.f;  // every entry kept
 }
 
+// The k-th largest entry (k >= 1), counting entries of 0 too; 0 where the row has at most k positive entries.
+float kth_largest(const float* e, int64_t n, int64_t k, std::vector<float>& bucket) {
+  int64_t count[256] = {};
+  for (int64_t i = 0; i < n; ++i)
+    if (e[i] > 0.f) ++count[exponent_bucket(e[i])];
+  int64_t above = 0;
+  for (int b = 255; b >= 0; --b) {
+    if (above + count[b] < k) {
+      above += count[b];
+      continue;
+    }
+    bucket.clear();
+    for (int64_t i = 0; i < n; ++i)
+      if (e[i] > 0.f && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
+    const auto kth = bucket.begin() + (k - above - 1);
+    std::nth_element(bucket.begin(), kth, bucket.end(), std::greater<float>());
+    return *kth;
+  }
+  return 0.f;  // fewer than k positive entries: all kept
+}
+
+struct Truncation {
+  int64_t top_k = 0;  // 0: off
+  float top_p = 1.f;  // 1: off
+  float min_p = 0.f;  // 0: off
+
+  bool any() const { return top_k > 0 || top_p < 1.f || min_p > 0.f; }
+};
+
+// The smallest value a row keeps after top-k, top-p and min-p, in that order (0: all kept). e's largest
+// entry is exactly 1 (exp of 0), so min-p's bound is min_p itself.
+float kept_floor(const float* e, int64_t n, float total, const Truncation& t, std::vector<float>& bucket) {
+  float floor = 0.f;
+  if (t.top_k > 0 && t.top_k < n) floor = kth_largest(e, n, t.top_k, bucket);
+  if (t.top_p < 1.f) {
+    float kept = total;
+    if (floor > 0.f) {
+      kept = 0.f;
+      for (int64_t i = 0; i < n; ++i) kept += e[i] >= floor ? e[i] : 0.f;
+    }
+    floor = std::max(floor, nucleus_floor(e, n, floor, t.top_p * kept, bucket));
+  }
+  return std::max(floor, t.min_p);
+}
+
 // Inverse CDF over one row: the total is the sum of the runs' sums in order, and the walk adds the same
 // run sums in the same order, so it reaches u * total (< total) inside some run; inside that run, entry by
 // entry, rounding may leave it just short: then the run's last positive entry is taken.
 template <typename T>
-int64_t draw_row(const T* x, int64_t n, float inv_t, float u, float top_p, std::vector<float>& e,
+int64_t draw_row(const T* x, int64_t n, float inv_t, float u, const Truncation& truncation, std::vector<float>& e,
                  std::vector<float>& runs, std::vector<float>& bucket) {
   bool nan;
   const float m = max_row(x, n, nan);
@@ -154,8 +205,8 @@ int64_t draw_row(const T* x, int64_t n, float inv_t, float u, float top_p, std::
   runs.resize(num_runs);
   float total = 0.f;
   for (int64_t r = 0; r < num_runs; ++r) total += (runs[r] = exp_run(x, 8 * r, n, m, inv_t, e.data()));
-  if (top_p < 1.f) {  // outside the nucleus: zero, and the runs summed again
-    const float floor = nucleus_floor(e.data(), n, top_p * total, bucket);
+  const float floor = truncation.any() ? kept_floor(e.data(), n, total, truncation, bucket) : 0.f;
+  if (floor > 0.f) {  // below the floor: zero, and the runs summed again
     total = 0.f;
     for (int64_t r = 0; r < num_runs; ++r) {
       float sum = 0.f;
@@ -179,7 +230,7 @@ int64_t draw_row(const T* x, int64_t n, float inv_t, float u, float top_p, std::
 
 template <typename T>
 void sample_rows_typed(const at::Tensor& logits, const at::Tensor& inv_temperature, const at::Tensor& uniforms,
-                       const float* top_p, const at::Tensor& out) {
+                       const float* top_p, const int64_t* top_k, const float* min_p, const at::Tensor& out) {
   const int64_t rows = logits.size(0), n = logits.size(1);
   const T* base = logits.data_ptr<T>();
   const float* inv_t = inv_temperature.data_ptr<float>();
@@ -189,8 +240,11 @@ void sample_rows_typed(const at::Tensor& logits, const at::Tensor& inv_temperatu
     std::vector<float> e, runs, bucket;
     for (int64_t row = begin; row < end; ++row) {
       const T* x = base + row * n;
-      const float p = top_p != nullptr ? top_p[row] : 1.f;
-      tokens[row] = inv_t[row] > 0.f ? draw_row(x, n, inv_t[row], u[row], p, e, runs, bucket) : argmax_row(x, n);
+      Truncation truncation;
+      if (top_k != nullptr) truncation.top_k = top_k[row];
+      if (top_p != nullptr) truncation.top_p = top_p[row];
+      if (min_p != nullptr) truncation.min_p = min_p[row];
+      tokens[row] = inv_t[row] > 0.f ? draw_row(x, n, inv_t[row], u[row], truncation, e, runs, bucket) : argmax_row(x, n);
     }
   });
 }
@@ -200,7 +254,8 @@ void sample_rows_typed(const at::Tensor& logits, const at::Tensor& inv_temperatu
 namespace llmserve {
 
 void sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature, const at::Tensor& uniforms,
-                 const at::Tensor& out, const std::optional<at::Tensor>& top_p) {
+                 const at::Tensor& out, const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& top_k,
+                 const std::optional<at::Tensor>& min_p) {
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
               "sample_rows: logits must be a contiguous [B, V] CPU tensor");
   const int64_t rows = logits.size(0);
@@ -213,11 +268,22 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature, co
   TORCH_CHECK(!top_p.has_value() || (top_p->scalar_type() == at::kFloat && top_p->is_contiguous() &&
                                       top_p->numel() == rows),
               "sample_rows: top_p must be [B] float32");
+  TORCH_CHECK(!top_k.has_value() || (top_k->scalar_type() == at::kLong && top_k->is_contiguous() &&
+                                      top_k->numel() == rows),
+              "sample_rows: top_k must be [B] int64");
+  TORCH_CHECK(!min_p.has_value() || (min_p->scalar_type() == at::kFloat && min_p->is_contiguous() &&
+                                      min_p->numel() == rows),
+              "sample_rows: min_p must be [B] float32");
   const float* p = top_p.has_value() ? top_p->data_ptr<float>() : nullptr;
+  const int64_t* k = top_k.has_value() ? top_k->data_ptr<int64_t>() : nullptr;
+  const float* mp = min_p.has_value() ? min_p->data_ptr<float>() : nullptr;
+  if (k != nullptr) {
+    for (int64_t row = 0; row < rows; ++row) TORCH_CHECK(k[row] >= 0, "sample_rows: top_k must be >= 0");
+  }
   if (logits.scalar_type() == at::kFloat) {
-    sample_rows_typed<float>(logits, inv_temperature, uniforms, p, out);
+    sample_rows_typed<float>(logits, inv_temperature, uniforms, p, k, mp, out);
   } else if (logits.scalar_type() == at::kBFloat16) {
-    sample_rows_typed<c10::BFloat16>(logits, inv_temperature, uniforms, p, out);
+    sample_rows_typed<c10::BFloat16>(logits, inv_temperature, uniforms, p, k, mp, out);
   } else {
     TORCH_CHECK(false, "sample_rows supports float32 and bfloat16 logits, got ", logits.scalar_type());
   }
@@ -226,7 +292,9 @@ void sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperature, co
 }  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
-  m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms, Tensor(a!) out, Tensor? top_p=None) -> ()");
+  m.def(
+      "sample_rows(Tensor logits, Tensor inv_temperature, Tensor uniforms, Tensor(a!) out, Tensor? top_p=None, "
+      "Tensor? top_k=None, Tensor? min_p=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) { m.impl("sample_rows", &llmserve::sample_rows); }
