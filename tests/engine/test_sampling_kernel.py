@@ -85,9 +85,11 @@ def test_bfloat16_and_float32_logits_draw_the_same_tokens(ops):
     assert _draw(ops, logits, inv_t, uniforms) == _draw(ops, logits.float(), inv_t, uniforms)
 
 
-def _nucleus_inverse_cdf(logits: torch.Tensor, inv_t: float, top_p: float, u: float) -> int:
-    """The torch sampler's top-p draw for one row, in float64: the most likely tokens, each kept while the
-    mass before it is at most p, then the inverse CDF over them in vocabulary order."""
+def _nucleus_inverse_cdf(
+    logits: torch.Tensor, inv_t: float, top_p: float, uniforms: list[float]
+) -> list[int]:
+    """The torch sampler's top-p draws for one row, in float64: the most likely tokens, each kept while the
+    mass before it is at most p, then the inverse CDF over them in vocabulary order, for each uniform."""
     probs = (logits.double() * inv_t).softmax(-1)
     ordered, order = probs.sort(descending=True)
     removed = (ordered.cumsum(-1) - ordered) > top_p
@@ -95,7 +97,7 @@ def _nucleus_inverse_cdf(logits: torch.Tensor, inv_t: float, top_p: float, u: fl
     kept = probs.clone()
     kept[order[removed]] = 0.0
     cdf = kept.cumsum(-1)
-    return int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64)))
+    return torch.searchsorted(cdf, torch.tensor(uniforms, dtype=torch.float64) * cdf[-1]).tolist()
 
 
 @pytest.mark.parametrize("top_p", [1e-6, 0.3, 0.9, 0.999])
@@ -120,7 +122,7 @@ def test_top_p_rows_draw_from_the_nucleus_the_torch_path_keeps(ops, top_p, scale
     mass_before[order] = ordered.cumsum(-1) - ordered
     assert all(float(mass_before[token]) <= top_p + 1e-4 for token in drawn)
     if scale > 1:
-        expected = [_nucleus_inverse_cdf(logits[0], 1.0, top_p, u) for u in uniforms]
+        expected = _nucleus_inverse_cdf(logits[0], 1.0, top_p, uniforms)
         assert sum(a != b for a, b in zip(drawn, expected, strict=True)) <= 2
     if top_p == 1e-6:
         assert set(drawn) == {int(logits[0].argmax())}
@@ -181,9 +183,11 @@ def test_top_k_and_min_p_rows_draw_from_what_the_torch_path_keeps(ops, top_k, to
         drawn.append(int(out[0]))
     kept = _kept_by_torch_path(logits[0], top_k, top_p, min_p)
     if top_p < 1.0:  # top-p's edge may move by float32 rounding: allow the next few tokens past it
-        order = logits[0].argsort(descending=True).tolist()
-        edge = max(order.index(t) for t in kept)
-        kept |= set(order[: edge + 4])
+        order = logits[0].argsort(descending=True)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))
+        edge = int(rank[list(kept)].max())
+        kept |= set(order[: edge + 4].tolist())
     assert set(drawn) <= kept
     if top_k and top_p == 1.0 and min_p == 0.0:
         assert len(set(drawn)) <= top_k
