@@ -1,11 +1,22 @@
-"""Batched sampling: truncation, penalties, min_tokens, logprobs, and seeds that ignore the batch."""
+"""Batched sampling: truncation, penalties, min_tokens, logprobs, and seeds that ignore the batch. Every test
+runs on both draws: the compiled kernel (the CPU's) and the torch ops (CUDA's, or a build without the
+kernels)."""
 
+import pytest
 import torch
 
 from tests.engine.factories import make_request, make_scheduler, paged_runner, tiny_llama
+from worker.model import sampler
 from worker.model.sampler import build_batch, sample
 
 VOCAB = 50
+
+
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def draw(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setattr(sampler, "native_op", lambda name: None)
+    return request.param
 
 
 def _sample(logits, requests, generators=None):

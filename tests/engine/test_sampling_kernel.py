@@ -228,10 +228,10 @@ def test_the_kernel_refuses_a_negative_top_k(ops):
         )
 
 
-def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
+def test_the_kernel_draws_every_row_the_changed_ones_on_their_own_copies(monkeypatch):
     """Rows with a temperature and truncation (top-k, top-p, min-p) only, seeded or not, go to the kernel in
-    the logits' own dtype; a row with a penalty, a bias or a ban takes the torch path alone, without its
-    neighbours."""
+    the logits' own dtype; a row with a penalty, a bias or a ban goes to it alone, without its neighbours, on
+    a float32 copy with its changes made. The torch path is not taken on the CPU."""
     calls = []
     real = {name: getattr(sampler, name) for name in ("_native_draw", "_torch_draw")}
     for name, fn in real.items():
@@ -268,11 +268,11 @@ def test_the_kernel_draws_the_rows_whose_logits_nothing_changes(monkeypatch):
             make_request(temperature=0.0),
         ]
         out = sample(logits[:3], build_batch(mixed, {}, vocab, cpu))
-        assert sorted(calls) == [("_native_draw", 2, torch.bfloat16), ("_torch_draw", 1, torch.bfloat16)], (
+        assert sorted(calls) == [("_native_draw", 1, torch.float32), ("_native_draw", 2, torch.bfloat16)], (
             changed
         )
         assert out.token_ids[2] == int(logits[2].float().argmax())
-        if "logit_bias" in changed:  # the torch row's draw is its own row's, renumbered
+        if "logit_bias" in changed:  # the changed row's draw is its own row's, renumbered
             assert out.token_ids[1] == 5
 
 

@@ -2,12 +2,14 @@
 
 Every row draws by inverse CDF: one uniform number per row against the row's running sum, exact. A seeded
 row takes its number from its own generator, so its tokens do not depend on what else shares the batch.
-On the CPU, rows with nothing but a temperature and truncation (top-k, top-p, min-p) to apply before the draw
-(the common case, seeded or not) are drawn by the compiled kernel in one call, from the logits in the model's
-dtype; only the rows that change their logits otherwise (penalties, bias, bans, grammars) take the torch
-path, as a batch of their own. One top-p request among 64 rows had sent them all through it: a full sort of
-every row, ~130 ms a step on a 2-core AMX Xeon against ~2 ms for the kernel; 8 top-k rows among 64 still
-cost 17 ms a step on that path against 2 ms in the kernel.
+On the CPU every row is drawn by the compiled kernel (temperature, top-k, top-p, min-p and the draw in one
+pass), seeded or not. Rows with nothing else to apply (the common case) go in one call, from the logits in
+the model's dtype; the rows that change their logits first (penalties, bias, bans, grammars) get those
+changes on float32 copies of their own rows, then the same kernel, as a batch of their own. Elsewhere (CUDA,
+or a build without the kernels) the torch path does it all. One top-p request among 64 rows had sent them
+all through that path: a full sort of every row, ~130 ms a step on a 2-core AMX Xeon against ~2 ms for the
+kernel; 8 top-k rows among 64 still cost 17 ms a step there, and 8 rows with a presence penalty and top-p
+the same.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class SamplingBatch:
     seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
     num_logprobs: list[int | None]
-    kernel_drawable: list[bool]  # per row: nothing but a temperature and truncation before the draw
+    logits_as_is: list[bool]  # per row: nothing changes its logits before temperature and truncation
     logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
     grammars: list[tuple[int, object]] = field(default_factory=list)  # (row, Grammar) of constrained rows
 
@@ -67,7 +69,7 @@ class SamplingBatch:
             num_logprobs=[self.num_logprobs[r] for r in rows],
             logit_bias=[(new[row], ids, biases) for row, ids, biases in self.logit_bias if row in new],
             grammars=[(new[row], grammar) for row, grammar in self.grammars if row in new],
-            kernel_drawable=[self.kernel_drawable[r] for r in rows],
+            logits_as_is=[self.logits_as_is[r] for r in rows],
         )
 
 
@@ -137,7 +139,7 @@ def build_batch(
             if p.logit_bias
         ],
         grammars=[(row, r.grammar) for row, r in enumerate(requests) if r.grammar is not None],
-        kernel_drawable=[
+        logits_as_is=[
             not (p.presence_penalty or p.frequency_penalty)
             and p.repetition_penalty == 1.0
             and not p.logit_bias
@@ -294,8 +296,8 @@ def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
     """Greedy rows' argmax and the other rows' inverse-CDF draw at their temperature, after their top-k,
     top-p and min-p, in the model's dtype (worker/kernels/sampling.cpp): the torch path's six [B, V] passes
-    were ~22 ms a step at 64 rows, and its truncation sort ~1.6 ms a row. Only for rows with nothing else to
-    apply to their logits first (`SamplingBatch.kernel_drawable`)."""
+    were ~22 ms a step at 64 rows, and its truncation sort ~1.6 ms a row. For rows with nothing else to apply
+    to their logits first (`SamplingBatch.logits_as_is`), or with those changes made (`_changed_logits`)."""
     inv_temperature = torch.where(batch.greedy, 0.0, batch.temperature.reciprocal()).float().contiguous()
     tokens = torch.empty(logits.shape[0], dtype=torch.long)
     top_p = None if batch.top_p is None else batch.top_p.float().contiguous()
@@ -306,9 +308,9 @@ def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Ten
     return tokens
 
 
-def _torch_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
-    """Penalties, bias, bans and grammars on float32 logits, then greedy rows' argmax and the others'
-    draw after temperature and truncation."""
+def _changed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Float32 copies of the rows with penalties, bias, bans and grammars applied: what both draws start
+    from for rows that are not drawn from their logits as they are."""
     logits = logits.float().clone()
     _apply_penalties(logits, batch)
     for row, ids, biases in batch.logit_bias:
@@ -317,6 +319,13 @@ def _torch_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tens
         logits[row, ids] = float("-inf")
     if batch.grammars:
         _apply_grammars(logits, batch.grammars)
+    return logits
+
+
+def _torch_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
+    """Penalties, bias, bans and grammars on float32 logits, then greedy rows' argmax and the others'
+    draw after temperature and truncation, on torch ops (any device)."""
+    logits = _changed_logits(logits, batch)
     if batch.all_greedy:
         return logits.argmax(dim=-1)
     greedy_tokens = logits.argmax(dim=-1)
@@ -327,17 +336,20 @@ def _torch_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tens
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """logits: [B, V] (float32, or the model's dtype) for the rows that produce a token this step."""
     uniforms = _uniforms(batch, logits.device)
-    native = logits.device.type == "cpu" and native_op("sample_rows") is not None
-    drawable = batch.kernel_drawable
-    kernel_rows = [row for row, ok in enumerate(drawable) if ok] if native else []
-    if native and len(kernel_rows) == len(drawable):
-        tokens = _native_draw(logits, batch, uniforms)
-    elif not kernel_rows:
+    if logits.device.type != "cpu" or native_op("sample_rows") is None:
         tokens = _torch_draw(logits, batch, uniforms)
-    else:  # each kind of row on its own path, so a row's draw does not depend on its neighbours
-        rest = [row for row, ok in enumerate(drawable) if not ok]
+    elif all(batch.logits_as_is):
+        tokens = _native_draw(logits, batch, uniforms)
+    else:  # the changed rows on float32 copies, each kind on its own, so a row's draw is its own
+        as_is = [row for row, ok in enumerate(batch.logits_as_is) if ok]
+        changed = [row for row, ok in enumerate(batch.logits_as_is) if not ok]
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
-        for rows, draw in ((kernel_rows, _native_draw), (rest, _torch_draw)):
+        for rows, change in ((as_is, False), (changed, True)):
+            if not rows:
+                continue
             index = torch.tensor(rows, dtype=torch.long)
-            tokens[index] = draw(logits.index_select(0, index), batch.select(rows), uniforms[index])
+            part, rows_logits = batch.select(rows), logits.index_select(0, index)
+            if change:
+                rows_logits = _changed_logits(rows_logits, part)
+            tokens[index] = _native_draw(rows_logits, part, uniforms[index])
     return SamplerOutput(tokens.tolist(), _gather_logprobs(logits, tokens, batch))
