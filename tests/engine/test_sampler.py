@@ -108,6 +108,39 @@ def test_penalties_push_repeated_tokens_down():
     assert _sample(logits, [repeat]).token_ids == [4]  # 1.0 / 2 < 0.9
 
 
+def test_penalties_change_exactly_the_tokens_that_occurred():
+    """Against the formulas over the whole vocabulary: frequency x count + presence off each output token,
+    repetition on each prompt or output token, nothing else touched; three rows with their own settings."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, VOCAB, generator=gen) * 3
+    settings = [
+        dict(frequency_penalty=0.7, presence_penalty=0.3),
+        dict(repetition_penalty=1.5),
+        dict(frequency_penalty=-0.4, presence_penalty=1.1, repetition_penalty=0.8),
+    ]
+    outputs = [[3, 3, 7, 49], [5, 6], [7, 7, 7, 0]]
+    requests = []
+    for i, (extra, output) in enumerate(zip(settings, outputs, strict=True)):
+        request = make_request(prompt=[1 + i, 2, 3], temperature=1.0, **extra)
+        for token in output:
+            request.append_output_token(token)
+        requests.append(request)
+    batch = build_batch(requests, {}, VOCAB, torch.device("cpu"))
+    changed = logits.clone()
+    sampler._apply_penalties(changed, batch)
+    expected = logits.clone()
+    for row, request in enumerate(requests):
+        p = request.params
+        counts = torch.bincount(torch.tensor(request.output_token_ids), minlength=VOCAB).float()
+        expected[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+        seen = torch.zeros(VOCAB, dtype=torch.bool)
+        seen[torch.tensor(request.all_token_ids)] = True
+        values = expected[row]
+        penalized = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        expected[row] = torch.where(seen, penalized, values)
+    torch.testing.assert_close(changed, expected)
+
+
 def test_min_tokens_bans_eos_and_stop_ids_until_reached():
     logits = torch.zeros(1, VOCAB)
     logits[0, 7] = 10.0

@@ -150,21 +150,27 @@ def build_batch(
     )
 
 
+def _token_pairs(tokens: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct (row, token) pairs of a [B, L] tensor padded with `vocab`, with how often each occurs."""
+    rows = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(1).expand_as(tokens)
+    real = tokens < vocab
+    keys, counts = torch.unique(rows[real] * vocab + tokens[real], return_counts=True)
+    return keys // vocab, keys % vocab, counts
+
+
 def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
-    num_rows, vocab = logits.shape
+    """OpenAI's frequency and presence penalties (per occurrence in the output, and once per token that
+    occurred) and the repetition penalty (HF's: divide positive logits, multiply negative ones, for tokens of
+    the prompt or the output). Each touches only the tokens that occurred, not the whole vocabulary."""
+    vocab = logits.shape[1]
     if batch.output_tokens is not None:
-        counts = torch.zeros(num_rows, vocab + 1, device=logits.device)
-        counts.scatter_add_(1, batch.output_tokens, torch.ones_like(batch.output_tokens, dtype=counts.dtype))
-        counts = counts[:, :vocab]
-        logits -= batch.frequency.unsqueeze(1) * counts
-        logits -= batch.presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+        rows, ids, counts = _token_pairs(batch.output_tokens, vocab)
+        penalty = batch.frequency[rows] * counts.to(logits.dtype) + batch.presence[rows]
+        logits.index_put_((rows, ids), -penalty.to(logits.dtype), accumulate=True)
     if batch.repetition is not None:
-        seen = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=logits.device)
-        seen.scatter_(1, batch.seen_tokens, True)
-        seen = seen[:, :vocab]
-        penalty = batch.repetition.unsqueeze(1)
-        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits.copy_(torch.where(seen, penalized, logits))
+        rows, ids, _ = _token_pairs(batch.seen_tokens, vocab)
+        values, penalty = logits[rows, ids], batch.repetition[rows].to(logits.dtype)
+        logits[rows, ids] = torch.where(values > 0, values / penalty, values * penalty)
 
 
 def _truncating_rows(batch: SamplingBatch) -> torch.Tensor:
