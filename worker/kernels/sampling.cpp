@@ -110,13 +110,18 @@ float exp_run(const T* x, int64_t i, int64_t n, float m, float inv_t, float* e) 
   return sum;
 }
 
-// The smallest value the nucleus keeps: entries e (>= 0, unnormalized) taken largest first while the mass
-// before each is at most `budget` (p times the row's total). Positive floats order as their bit patterns,
-// so the exponent byte buckets them in order.
+// Positive floats order as their bit patterns, so the exponent byte buckets them in order.
 inline int exponent_bucket(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, sizeof bits);
   return static_cast<int>(bits >> 23);
+}
+
+// The positive entries of at least `lowest` that fall in exponent bucket b, into `bucket`.
+void collect_bucket(const float* e, int64_t n, float lowest, int b, std::vector<float>& bucket) {
+  bucket.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (e[i] > 0.f && e[i] >= lowest && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
 }
 
 // The smallest value the nucleus keeps, among the entries of at least `lowest` (what top-k left): entries
@@ -132,9 +137,7 @@ float nucleus_floor(const float* e, int64_t n, float lowest, float budget, std::
       before += mass[b];
       continue;
     }
-    bucket.clear();
-    for (int64_t i = 0; i < n; ++i)
-      if (e[i] > 0.f && e[i] >= lowest && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
+    collect_bucket(e, n, lowest, b, bucket);
     std::sort(bucket.begin(), bucket.end(), std::greater<float>());
     for (float v : bucket) {
       if (before > budget) break;
@@ -146,7 +149,7 @@ float nucleus_floor(const float* e, int64_t n, float lowest, float budget, std::
   return 0.f;  // every entry kept
 }
 
-// The k-th largest entry (k >= 1), counting entries of 0 too; 0 where the row has at most k positive entries.
+// The k-th largest positive entry (k >= 1); 0 where the row has fewer than k positive entries (all kept).
 float kth_largest(const float* e, int64_t n, int64_t k, std::vector<float>& bucket) {
   int64_t count[256] = {};
   for (int64_t i = 0; i < n; ++i)
@@ -157,9 +160,7 @@ float kth_largest(const float* e, int64_t n, int64_t k, std::vector<float>& buck
       above += count[b];
       continue;
     }
-    bucket.clear();
-    for (int64_t i = 0; i < n; ++i)
-      if (e[i] > 0.f && exponent_bucket(e[i]) == b) bucket.push_back(e[i]);
+    collect_bucket(e, n, 0.f, b, bucket);
     const auto kth = bucket.begin() + (k - above - 1);
     std::nth_element(bucket.begin(), kth, bucket.end(), std::greater<float>());
     return *kth;
