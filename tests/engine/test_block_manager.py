@@ -1,5 +1,7 @@
 """Block manager: allocation, reference counts, chained prefix hashes, LRU eviction. No model."""
 
+import pytest
+
 from tests.engine.factories import make_request
 from worker.engine.block_manager import BlockManager
 
@@ -106,3 +108,48 @@ def test_prefix_caching_off_never_hits():
     first = make_request(prompt=list(range(1, 10)))
     _compute(bm, first, 9)
     assert bm.find_cached_prefix(make_request(prompt=list(range(1, 10)))) == []
+
+
+def test_a_growing_request_takes_the_free_block_after_its_last_out_of_lru_order():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    first, second = make_request(prompt=[1] * 8), make_request(prompt=[2] * 8)
+    assert bm.allocate(first, 8) and bm.allocate(second, 8)
+    assert (first.block_ids, second.block_ids) == ([0, 1], [2, 3])
+    bm.free(first)  # never cached: to the front of the queue, ahead of 4..7
+    assert bm.allocate(second, 9) and second.block_ids == [2, 3, 4]
+    third = make_request(prompt=[3] * 4)
+    assert bm.allocate(third, 4) and third.block_ids == [0]  # the LRU front otherwise
+
+
+@pytest.mark.parametrize("frees_since", [0, 3])
+def test_a_cached_block_is_taken_out_of_lru_order_only_once_half_a_queue_was_freed_since(frees_since):
+    bm = BlockManager(num_blocks=8, block_size=4)
+    grower, cached, other = (
+        make_request(prompt=[1] * 8),
+        make_request(prompt=[2] * 8),
+        make_request(prompt=[3] * 12),
+    )
+    assert bm.allocate(grower, 8)
+    _compute(bm, cached, 8)  # blocks 2 and 3, both cached
+    assert bm.allocate(other, 12)  # blocks 4, 5, 6; 7 stays free
+    bm.free(cached)  # queue: 7, 3, 2 (tail first): block 2 was freed last
+    if frees_since:
+        bm.free(other)  # three more frees, never cached, so to the front: 4, 5, 6, 7, 3, 2
+    assert bm.allocate(grower, 9)
+    if frees_since:
+        assert grower.block_ids == [0, 1, 2]
+    else:  # young: the LRU front instead, and the cached prefix still hits
+        assert grower.block_ids == [0, 1, 7]
+        assert bm.find_cached_prefix(make_request(prompt=[2] * 9)) == [2, 3]
+
+
+def test_the_fresh_blocks_of_one_allocation_are_in_ascending_order():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    old = make_request(prompt=[5] * 16)
+    _compute(bm, old, 16)
+    assert old.block_ids == [0, 1, 2, 3]
+    bm.free(old)  # cached: to the back, tail first (3, 2, 1, 0) after the never-used 4..7
+    filler = make_request(prompt=[6] * 16)
+    assert bm.allocate(filler, 16) and filler.block_ids == [4, 5, 6, 7]
+    new = make_request(prompt=[7] * 12)
+    assert bm.allocate(new, 12) and new.block_ids == [1, 2, 3]  # popped 3, 2, 1
