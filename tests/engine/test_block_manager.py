@@ -1,7 +1,5 @@
 """Block manager: allocation, reference counts, chained prefix hashes, LRU eviction. No model."""
 
-import pytest
-
 from tests.engine.factories import make_request
 from worker.engine.block_manager import BlockManager
 
@@ -121,26 +119,41 @@ def test_a_growing_request_takes_the_free_block_after_its_last_out_of_lru_order(
     assert bm.allocate(third, 4) and third.block_ids == [0]  # the LRU front otherwise
 
 
-@pytest.mark.parametrize("frees_since", [0, 3])
-def test_a_cached_block_is_taken_out_of_lru_order_only_once_half_a_queue_was_freed_since(frees_since):
+def test_a_cached_block_taken_as_next_moves_into_the_lru_victim_at_its_place_in_the_order():
     bm = BlockManager(num_blocks=8, block_size=4)
     grower, cached, other = (
         make_request(prompt=[1] * 8),
         make_request(prompt=[2] * 8),
-        make_request(prompt=[3] * 12),
+        make_request(prompt=[3] * 13),
     )
     assert bm.allocate(grower, 8)
     _compute(bm, cached, 8)  # blocks 2 and 3, both cached
-    assert bm.allocate(other, 12)  # blocks 4, 5, 6; 7 stays free
-    bm.free(cached)  # queue: 7, 3, 2 (tail first): block 2 was freed last
-    if frees_since:
-        bm.free(other)  # three more frees, never cached, so to the front: 4, 5, 6, 7, 3, 2
-    assert bm.allocate(grower, 9)
-    if frees_since:
-        assert grower.block_ids == [0, 1, 2]
-    else:  # young: the LRU front instead, and the cached prefix still hits
-        assert grower.block_ids == [0, 1, 7]
-        assert bm.find_cached_prefix(make_request(prompt=[2] * 9)) == [2, 3]
+    _compute(bm, other, 12)  # blocks 4, 5 and 6, cached; 7 stays free
+    bm.free(cached)
+    bm.free(other)  # LRU order: 7, 3, 2, 6, 5, 4 (each request's tail first)
+    assert bm.take_copies() == []
+    assert bm.allocate(grower, 9) and grower.block_ids == [0, 1, 2]
+    assert bm.take_copies() == [(2, 7)] and bm.take_copies() == []  # 2's K/V go to 7, the LRU victim
+    assert bm.find_cached_prefix(make_request(prompt=[2] * 9)) == [7, 3]
+    # 7 holds 2's place in the order (3, 7, 6, 5, 4): evicted after 3, before the blocks freed after it.
+    taken = []
+    for _ in range(2):
+        filler = make_request(prompt=[9] * 4)
+        assert bm.allocate(filler, 4)
+        taken += filler.block_ids
+    assert taken == [3, 7] and bm.take_copies() == []
+    assert bm.find_cached_prefix(make_request(prompt=[3] * 13)) == [4, 5, 6]
+
+
+def test_the_lru_front_taken_as_next_needs_no_copy():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    grower, cached = make_request(prompt=[1] * 4), make_request(prompt=[2] * 8)
+    assert bm.allocate(grower, 4)
+    _compute(bm, cached, 8)  # blocks 1 and 2, cached
+    bm.free(cached)  # LRU order: 3, 2, 1
+    filler = make_request(prompt=[9] * 8)
+    assert bm.allocate(filler, 8) and filler.block_ids == [2, 3]  # 3, then 2 (3's next, 4, does not exist)
+    assert bm.allocate(grower, 5) and grower.block_ids == [0, 1] and bm.take_copies() == []
 
 
 def test_the_fresh_blocks_of_one_allocation_are_in_ascending_order():

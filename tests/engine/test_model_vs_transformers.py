@@ -179,3 +179,18 @@ def test_preempted_and_resumed_gives_the_same_greedy_output(hf_model):
         preemptions.append(scheduler.num_preemptions)
     assert preemptions[0] == 0 and preemptions[1] > 0
     assert outs[0] == outs[1]
+
+
+def test_a_cached_prefix_moved_under_another_block_still_hits_and_matches(hf_model):
+    """A growing request's next block holds a finished request's cached prefix: the prefix moves into the
+    LRU victim (a block copy before the step), and a later request hits it there."""
+    shared = [(11 * i + 5) % 250 for i in range(8)]
+    grower = make_request(num_prompt_tokens=2, max_tokens=10)  # block 0; grows into block 1 at its 5th token
+    first = make_request(prompt=shared + [3], max_tokens=1)  # blocks 1-3; 1 and 2 cached when it finishes
+    again = make_request(prompt=shared + [4], max_tokens=4)
+    logits, plans, scheduler = run_collecting_logits(
+        hf_model, [grower, first, again], block_size=4, num_blocks=16, budget=64, arrivals=[0, 0, 5]
+    )
+    assert [p.block_copies for p in plans if p.block_copies] == [[(1, 3)]]
+    assert min(logits[again.request_id]) == 8  # both shared blocks came from the cache
+    assert_matches_transformers(hf_model, [grower, first, again], logits)

@@ -13,11 +13,13 @@ count drops to zero goes to the back of the free queue but keeps its hash: until
 again it can still be hit. Allocation takes from the front, so the least recently freed block is
 evicted first.
 
-One exception keeps a sequence's blocks side by side in the pool, where a decode step's attention reads them
-as one stream (docs/STUDY_LOG.md: 64 sequences of ~195 tokens, blocks scattered 23.8 ms a step, side by
-side 19.3): a request's next block is the one after its last when that one is free and either holds nothing
-that could be hit or has seen half a free queue's worth of blocks freed since it was (the older half of the
-LRU order, next in line anyway). The fresh blocks of one allocation go into the table in ascending order.
+A request's next block is the one after its last whenever that one is free, so that a sequence's blocks lie
+side by side in the pool, where a decode step's attention reads them as one stream (docs/STUDY_LOG.md: 64
+sequences of ~195 tokens, blocks scattered 23.8 ms a step, side by side 19.3). Where that block holds a cached
+prefix, its contents move into the block LRU order would have handed out, which takes its place in the
+order: the cache keeps exactly what LRU eviction keeps. The move is a block copy the runner makes before the
+step (`take_copies`, SchedulerOutput.block_copies). The fresh blocks of one allocation go into the table in
+ascending order.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] = ()  # kept for the token re-check on a hash hit
-    freed_at: int = 0  # the manager's count of block frees when this block was last freed
 
 
 def hash_block(parent_hash: int | tuple | None, token_ids: tuple[int, ...]) -> int:
@@ -56,9 +57,13 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # LRU order of the free blocks: entry -> block id, and each free block's entry. An entry keeps its
+        # place while the block under it changes (a cached block moved into another, `_pop_free`).
+        self.free_queue: OrderedDict[int, int] = OrderedDict((i, i) for i in range(num_blocks))
+        self._entry_of: dict[int, int] = {i: i for i in range(num_blocks)}
+        self._next_entry = num_blocks
+        self._copies: list[tuple[int, int]] = []  # (from, to) block moves the runner has not made yet
         self.cached_blocks: dict[int, int] = {}  # block hash -> block id
-        self._frees = 0  # blocks freed so far: the clock of Block.freed_at
         # Per request: hashes of its full blocks that are registered in the cache, in order.
         self._request_hashes: dict[str, list[int]] = {}
         self.prefix_queries = 0  # tokens looked up
@@ -172,31 +177,52 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._frees += 1
-                block.freed_at = self._frees
-                self.free_queue[block_id] = None
+                entry = self._entry_of[block_id] = self._next_entry
+                self._next_entry += 1
+                self.free_queue[entry] = block_id
                 if block.block_hash is None:
-                    self.free_queue.move_to_end(block_id, last=False)
+                    self.free_queue.move_to_end(entry, last=False)
         request.block_ids = []
         request.num_computed_tokens = 0
         self._request_hashes.pop(request.request_id, None)
 
     # ---- internals -----------------------------------------------------------------------
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (from, to) block moves made since the last call, in order: the runner copies each block's K/V
+        before the step that follows, in this order (a block moved twice is moved in turn)."""
+        copies, self._copies = self._copies, []
+        return copies
+
     def _pop_free(self, after: int | None) -> int:
-        """A free block out of the queue: the one after `after` where it may be taken out of LRU order, else
-        the least recently freed."""
-        if after is not None and after + 1 in self.free_queue:
-            block = self.blocks[after + 1]
-            if block.block_hash is None or self._frees - block.freed_at >= len(self.free_queue) // 2:
-                del self.free_queue[after + 1]
-                return after + 1
-        block_id, _ = self.free_queue.popitem(last=False)
-        return block_id
+        """A free block out of the queue: the one after `after` when it is free, else the least recently
+        freed. A cached block taken that way first moves into the least recently freed one, at its place."""
+        wanted = None if after is None else after + 1
+        if wanted not in self._entry_of:
+            _, block_id = self.free_queue.popitem(last=False)
+            del self._entry_of[block_id]
+            return block_id
+        entry = self._entry_of.pop(wanted)
+        cached = self.blocks[wanted]
+        if cached.block_hash is None or next(iter(self.free_queue)) == entry:
+            del self.free_queue[entry]
+            return wanted
+        _, victim_id = self.free_queue.popitem(last=False)
+        del self._entry_of[victim_id]
+        self._evict(victim_id)
+        victim = self.blocks[victim_id]
+        victim.block_hash, victim.token_ids = cached.block_hash, cached.token_ids
+        if self.cached_blocks.get(cached.block_hash) == wanted:
+            self.cached_blocks[cached.block_hash] = victim_id
+        cached.block_hash, cached.token_ids = None, ()
+        self.free_queue[entry] = victim_id
+        self._entry_of[victim_id] = entry
+        self._copies.append((wanted, victim_id))
+        return wanted
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self.free_queue[block_id]
+            del self.free_queue[self._entry_of.pop(block_id)]
         block.ref_count += 1
 
     def _evict(self, block_id: int) -> None:

@@ -50,6 +50,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     prefix_queries: int = 0
     prefix_hits: int = 0
+    # (from, to) KV block copies to make, in order, before the step runs (BlockManager.take_copies)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -114,6 +116,7 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

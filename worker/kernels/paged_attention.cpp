@@ -440,6 +440,33 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_m
     }
 }
 
+// Moves whole blocks of every pool: for each (from, to) pair in order, each KV head's block `to` becomes a
+// copy of its block `from` (the block manager moves a cached block under another id; a block moved twice in
+// one step is moved in turn, so the pairs are never reordered).
+void copy_blocks(at::TensorList caches, const at::Tensor& from_ids, const at::Tensor& to_ids) {
+  TORCH_CHECK(from_ids.scalar_type() == at::kLong && to_ids.scalar_type() == at::kLong && from_ids.is_contiguous() &&
+                  to_ids.is_contiguous() && from_ids.numel() == to_ids.numel(),
+              "copy_blocks: from and to are int64 block ids of one length");
+  const int64_t* src = from_ids.data_ptr<int64_t>();
+  const int64_t* dst = to_ids.data_ptr<int64_t>();
+  for (const at::Tensor& cache : caches) {
+    TORCH_CHECK(cache.device().is_cpu() && cache.dim() == 4 && cache.is_contiguous(),
+                "copy_blocks: pools [KV, num_blocks, block_size, D], contiguous, on the CPU");
+    for (int64_t i = 0; i < from_ids.numel(); ++i)
+      TORCH_CHECK(src[i] >= 0 && src[i] < cache.size(1) && dst[i] >= 0 && dst[i] < cache.size(1),
+                  "copy_blocks: block id out of range");
+  }
+  for (int64_t i = 0; i < from_ids.numel(); ++i)
+    for (const at::Tensor& cache : caches) {
+      const int64_t block_bytes = cache.stride(1) * cache.element_size();
+      const int64_t head_bytes = cache.stride(0) * cache.element_size();
+      auto* base = static_cast<char*>(cache.data_ptr());
+      for (int64_t h = 0; h < cache.size(0); ++h)
+        std::memcpy(base + h * head_bytes + dst[i] * block_bytes, base + h * head_bytes + src[i] * block_bytes,
+                    block_bytes);
+    }
+}
+
 void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
                       const at::Tensor& out) {
@@ -473,9 +500,11 @@ TORCH_LIBRARY(llmserve, m) {
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
       "float scale, Tensor(a!) out) -> ()");
   m.def("write_kv(Tensor k, Tensor v, Tensor slot_mapping, Tensor(a!) k_cache, Tensor(b!) v_cache) -> ()");
+  m.def("copy_blocks(Tensor(a!)[] caches, Tensor src, Tensor dst) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) {
   m.impl("decode_attention", &llmserve::decode_attention);
   m.impl("write_kv", &llmserve::write_kv);
+  m.impl("copy_blocks", &llmserve::copy_blocks);
 }

@@ -11,7 +11,7 @@ import torch
 from common.hugepages import huge_zeros
 from worker.engine.request import Request
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
-from worker.kernels import native_ops
+from worker.kernels import native_op, native_ops
 from worker.model.attention import AttentionMetadata, PrefillChunk, resolve_attention_backend
 from worker.model.decode_graphs import DecodeGraphs
 from worker.model.model import LlamaForPagedAttention, ModelShape
@@ -236,8 +236,23 @@ class ModelRunner:
         tokens = [s.token_ids()[0] for s in items]
         return graphs.run(tokens, [s.start for s in items], [s.request.block_ids for s in items])
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Make the block manager's (from, to) block moves in every layer's K and V pool, in order."""
+        if not copies:
+            return
+        pools = [pool for pair in self.kv_caches for pool in pair]
+        ops = native_op("copy_blocks") if self.device.type == "cpu" else None
+        if ops is not None:
+            from_ids, to_ids = (torch.tensor(ids, dtype=torch.long) for ids in zip(*copies, strict=True))
+            ops.copy_blocks(pools, from_ids, to_ids)
+            return
+        for src, dst in copies:
+            for pool in pools:
+                pool[:, dst].copy_(pool[:, src])
+
     def execute(self, plan: SchedulerOutput) -> tuple[list[Request], SamplerOutput]:
         """Run one step; return the requests that produced a token and what they produced."""
+        self.copy_blocks(plan.block_copies)
         logits = self._graph_decode(plan)
         if logits is not None:
             requests = [s.request for s in plan.scheduled]
@@ -292,6 +307,7 @@ class ModelRunner:
 
     def all_logits(self, plan: SchedulerOutput) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Logits of every token in the step, in the runner's order (for tests against transformers)."""
+        self.copy_blocks(plan.block_copies)
         logits = self._graph_decode(plan)
         if logits is not None:  # a view of the graphs' output buffer, which the next step overwrites
             return list(plan.scheduled), logits.float().clone()
