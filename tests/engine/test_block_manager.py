@@ -166,3 +166,20 @@ def test_the_fresh_blocks_of_one_allocation_are_in_ascending_order():
     assert bm.allocate(filler, 16) and filler.block_ids == [4, 5, 6, 7]
     new = make_request(prompt=[7] * 12)
     assert bm.allocate(new, 12) and new.block_ids == [1, 2, 3]  # popped 3, 2, 1
+
+
+def test_where_cached_blocks_stay_put_a_cached_next_block_is_left_for_the_lru_front():
+    bm = BlockManager(num_blocks=8, block_size=4, move_cached_blocks=False)
+    grower, cached, other = (
+        make_request(prompt=[1] * 8),
+        make_request(prompt=[2] * 8),
+        make_request(prompt=[3] * 4),
+    )
+    assert bm.allocate(grower, 8)
+    _compute(bm, cached, 8)  # blocks 2 and 3, cached
+    assert bm.allocate(other, 4)  # block 4; 5, 6, 7 stay free
+    bm.free(cached)  # LRU order: 5, 6, 7, 3, 2
+    assert bm.allocate(grower, 9) and grower.block_ids == [0, 1, 5] and bm.take_copies() == []
+    assert bm.find_cached_prefix(make_request(prompt=[2] * 9)) == [2, 3]
+    bm.free(other)  # never cached: to the front
+    assert bm.allocate(grower, 13) and grower.block_ids == [0, 1, 5, 6]  # 6 follows 5 and is free

@@ -50,12 +50,21 @@ def chain_seed(request: Request) -> tuple | None:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        move_cached_blocks: bool = True,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # Whether a cached block wanted as a sequence's next block moves (a block copy) or stays put: off on
+        # CUDA, where attention reads a sequence's blocks in parallel wherever they lie (not measured there).
+        self.move_cached_blocks = move_cached_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         # LRU order of the free blocks: entry -> block id, and each free block's entry. An entry keeps its
         # place while the block under it changes (a cached block moved into another, `_pop_free`).
@@ -150,6 +159,12 @@ class BlockManager:
         request.block_ids.extend(sorted(fresh))
         return True
 
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (from, to) block moves made since the last call, in order: the runner copies each block's K/V
+        before the step that follows, in this order (a block moved twice is moved in turn)."""
+        copies, self._copies = self._copies, []
+        return copies
+
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's newly completed full blocks so that others can reuse them."""
         if not self.enable_prefix_caching:
@@ -187,37 +202,37 @@ class BlockManager:
         self._request_hashes.pop(request.request_id, None)
 
     # ---- internals -----------------------------------------------------------------------
-    def take_copies(self) -> list[tuple[int, int]]:
-        """The (from, to) block moves made since the last call, in order: the runner copies each block's K/V
-        before the step that follows, in this order (a block moved twice is moved in turn)."""
-        copies, self._copies = self._copies, []
-        return copies
-
     def _pop_free(self, after: int | None) -> int:
-        """A free block out of the queue: the one after `after` when it is free, else the least recently
-        freed. A cached block taken that way first moves into the least recently freed one, at its place."""
+        """A free block out of the queue: the one after `after` when it is free (a cached one moved first,
+        where cached blocks move), else the least recently freed."""
         wanted = None if after is None else after + 1
-        if wanted not in self._entry_of:
-            _, block_id = self.free_queue.popitem(last=False)
-            del self._entry_of[block_id]
-            return block_id
-        entry = self._entry_of.pop(wanted)
-        cached = self.blocks[wanted]
-        if cached.block_hash is None or next(iter(self.free_queue)) == entry:
-            del self.free_queue[entry]
-            return wanted
+        entry = self._entry_of.get(wanted)
+        if entry is not None:
+            if self.blocks[wanted].block_hash is None or next(iter(self.free_queue)) == entry:
+                del self.free_queue[self._entry_of.pop(wanted)]
+                return wanted
+            if self.move_cached_blocks:
+                self._move_to_lru_victim(wanted)
+                return wanted
+        _, block_id = self.free_queue.popitem(last=False)
+        del self._entry_of[block_id]
+        return block_id
+
+    def _move_to_lru_victim(self, block_id: int) -> None:
+        """Take the cached free block `block_id` out of the queue: its contents move into the least recently
+        freed block (evicting that one's), which takes its place in the order."""
+        entry = self._entry_of.pop(block_id)
         _, victim_id = self.free_queue.popitem(last=False)
         del self._entry_of[victim_id]
         self._evict(victim_id)
-        victim = self.blocks[victim_id]
+        cached, victim = self.blocks[block_id], self.blocks[victim_id]
         victim.block_hash, victim.token_ids = cached.block_hash, cached.token_ids
-        if self.cached_blocks.get(cached.block_hash) == wanted:
+        if self.cached_blocks.get(cached.block_hash) == block_id:
             self.cached_blocks[cached.block_hash] = victim_id
         cached.block_hash, cached.token_ids = None, ()
         self.free_queue[entry] = victim_id
         self._entry_of[victim_id] = entry
-        self._copies.append((wanted, victim_id))
-        return wanted
+        self._copies.append((block_id, victim_id))
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -440,23 +440,23 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_m
     }
 }
 
-// Moves whole blocks of every pool: for each (from, to) pair in order, each KV head's block `to` becomes a
-// copy of its block `from` (the block manager moves a cached block under another id; a block moved twice in
+// Moves whole blocks of every pool: for each (src, dst) pair in order, each KV head's block dst becomes a
+// copy of its block src (the block manager moves a cached block under another id; a block moved twice in
 // one step is moved in turn, so the pairs are never reordered).
-void copy_blocks(at::TensorList caches, const at::Tensor& from_ids, const at::Tensor& to_ids) {
-  TORCH_CHECK(from_ids.scalar_type() == at::kLong && to_ids.scalar_type() == at::kLong && from_ids.is_contiguous() &&
-                  to_ids.is_contiguous() && from_ids.numel() == to_ids.numel(),
-              "copy_blocks: from and to are int64 block ids of one length");
-  const int64_t* src = from_ids.data_ptr<int64_t>();
-  const int64_t* dst = to_ids.data_ptr<int64_t>();
+void copy_blocks(at::TensorList caches, const at::Tensor& src_ids, const at::Tensor& dst_ids) {
+  TORCH_CHECK(src_ids.scalar_type() == at::kLong && dst_ids.scalar_type() == at::kLong && src_ids.is_contiguous() &&
+                  dst_ids.is_contiguous() && src_ids.numel() == dst_ids.numel(),
+              "copy_blocks: src and dst are int64 block ids of one length");
+  const int64_t* src = src_ids.data_ptr<int64_t>();
+  const int64_t* dst = dst_ids.data_ptr<int64_t>();
   for (const at::Tensor& cache : caches) {
     TORCH_CHECK(cache.device().is_cpu() && cache.dim() == 4 && cache.is_contiguous(),
                 "copy_blocks: pools [KV, num_blocks, block_size, D], contiguous, on the CPU");
-    for (int64_t i = 0; i < from_ids.numel(); ++i)
+    for (int64_t i = 0; i < src_ids.numel(); ++i)
       TORCH_CHECK(src[i] >= 0 && src[i] < cache.size(1) && dst[i] >= 0 && dst[i] < cache.size(1),
                   "copy_blocks: block id out of range");
   }
-  for (int64_t i = 0; i < from_ids.numel(); ++i)
+  for (int64_t i = 0; i < src_ids.numel(); ++i)
     for (const at::Tensor& cache : caches) {
       const int64_t block_bytes = cache.stride(1) * cache.element_size();
       const int64_t head_bytes = cache.stride(0) * cache.element_size();

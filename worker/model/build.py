@@ -72,7 +72,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
 
         start_lora(config, model, runner, device)
         sched.max_loras = config.lora.max_loras
-    block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+    block_manager = BlockManager(
+        num_blocks, cache.block_size, cache.enable_prefix_caching, move_cached_blocks=device == "cpu"
+    )
     scheduler = Scheduler(sched, block_manager)
     eos_ids = _eos_token_ids(config.model, tokenizer, GenerationConfig)
     info = ModelInfo(
