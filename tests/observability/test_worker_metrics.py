@@ -74,6 +74,7 @@ def test_every_documented_name_is_exported_before_any_traffic() -> None:
         "llmserve:prefix_cache_queries_total",
         "llmserve:prefix_cache_hits_total",
         "llmserve:num_preemptions_total",
+        "llmserve:kv_block_copies_total",
         "llmserve:prompt_tokens_total",
         "llmserve:generation_tokens_total",
         "llmserve:request_success_total",
@@ -107,6 +108,7 @@ def test_step_sets_gauges_and_accumulates_counters() -> None:
             num_prompt_tokens=38,
             num_generation_tokens=2,
             num_preemptions=1,
+            num_kv_block_copies=2,
             time_to_first_tokens_s=[0.2, 0.3],
         )
     )
@@ -128,6 +130,7 @@ def test_step_sets_gauges_and_accumulates_counters() -> None:
     assert value(metrics, "llmserve:prefix_cache_queries_total") == 32
     assert value(metrics, "llmserve:prefix_cache_hits_total") == 16
     assert value(metrics, "llmserve:num_preemptions_total") == 1
+    assert value(metrics, "llmserve:kv_block_copies_total") == 2
     assert value(metrics, "llmserve:prompt_tokens_total") == 38
     assert value(metrics, "llmserve:generation_tokens_total") == 3
     assert value(metrics, "llmserve:time_to_first_token_seconds_count") == 2

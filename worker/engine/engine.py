@@ -343,6 +343,7 @@ class LLMEngine:
             prefix_cache_hits=plan.prefix_hits,
             num_prompt_tokens=prompt_tokens,
             num_generation_tokens=num_generated,
+            num_kv_block_copies=len(plan.block_copies),
             time_to_first_tokens_s=ttfts,
             inter_token_latencies_s=itls,
         )

@@ -108,6 +108,7 @@ class StepStats:
     prefix_cache_hits: int
     num_prompt_tokens: int  # prompt tokens computed this step
     num_generation_tokens: int  # tokens sampled this step
+    num_kv_block_copies: int = 0  # cached blocks moved so that a sequence's blocks lie side by side
     time_to_first_tokens_s: list[float] = field(default_factory=list)
     inter_token_latencies_s: list[float] = field(default_factory=list)
 

@@ -129,6 +129,10 @@ class WorkerMetrics:
         self.num_preemptions = counter("num_preemptions", "Requests preempted to free KV blocks.").labels(
             model_name
         )
+        self.kv_block_copies = counter(
+            "kv_block_copies",
+            "Cached KV blocks moved into the LRU victim to keep a sequence's blocks side by side.",
+        ).labels(model_name)
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed (prefill).").labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(model_name)
         self._request_success = Counter(
@@ -194,6 +198,7 @@ class WorkerMetrics:
         self.prefix_cache_queries.inc(stats.prefix_cache_queries)
         self.prefix_cache_hits.inc(stats.prefix_cache_hits)
         self.num_preemptions.inc(stats.num_preemptions)
+        self.kv_block_copies.inc(stats.num_kv_block_copies)
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generation_tokens.inc(stats.num_generation_tokens)
         for ttft in stats.time_to_first_tokens_s:
