@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from bench.closed_loop import closed_loop
 from bench.report import cpu_section, publish
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import SchedulerConfig
@@ -41,7 +42,8 @@ CLIENTS = 64
 
 
 class LruOrder(BlockManager):
-    """The placement before: every fresh block is the least recently freed one."""
+    """The placement before: every fresh block is the least recently freed one (one allocation's still in
+    ascending order, which only helps it)."""
 
     def _pop_free(self, after: int | None) -> int:
         return super()._pop_free(None)
@@ -176,27 +178,14 @@ def engine_rounds(rounds: int) -> dict[str, list[tuple[float, float]]]:
     manager = engine.scheduler.block_manager
 
     def run(seed: int, total: int) -> tuple[float, float]:
-        rng, sent = random.Random(seed), 0
+        rng = random.Random(seed)
 
-        def add() -> None:
-            nonlocal sent
+        def send(index: int) -> None:
             prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(64, 192))]
             params = SamplingParams(temperature=1.0, max_tokens=rng.randint(64, 192), ignore_eos=True)
-            engine.add(engine.make_requests(f"r{seed}-{sent}", PromptInput(token_ids=prompt), params))
-            sent += 1
+            engine.add(engine.make_requests(f"r{seed}-{index}", PromptInput(token_ids=prompt), params))
 
-        for _ in range(min(CLIENTS, total)):
-            add()
-        steps, tokens, began = [], 0, time.perf_counter()
-        while engine.has_unfinished():
-            step_began = time.perf_counter()
-            result = engine.step()
-            steps.append(time.perf_counter() - step_began)
-            for out in result.outputs:
-                tokens += len(out.token_ids)
-                if out.finish_reason is not None and sent < total:
-                    add()
-        return tokens / (time.perf_counter() - began), statistics.median(steps) * 1000
+        return closed_loop(engine, send, CLIENTS, total)
 
     run(0, 8)  # warm
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in POLICIES}

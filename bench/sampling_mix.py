@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 
+from bench.closed_loop import closed_loop
 from bench.report import cpu_section, median, publish
 from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
 from worker.engine.outputs import PromptInput
@@ -53,31 +53,16 @@ def options(case: list[tuple[int, dict]], index: int) -> dict:
 
 def run_case(engine, case: list[tuple[int, dict]], args: argparse.Namespace, seed: int) -> dict:
     rng = random.Random(seed)
-    sent = 0
 
-    def add() -> None:
-        nonlocal sent
+    def send(index: int) -> None:
         prompt = [rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)]
         params = SamplingParams(
-            temperature=1.0, max_tokens=args.output_tokens, ignore_eos=True, **options(case, sent)
+            temperature=1.0, max_tokens=args.output_tokens, ignore_eos=True, **options(case, index)
         )
-        engine.add(engine.make_requests(f"s{seed}-{sent}", PromptInput(token_ids=prompt), params))
-        sent += 1
+        engine.add(engine.make_requests(f"s{seed}-{index}", PromptInput(token_ids=prompt), params))
 
-    for _ in range(min(args.concurrency, args.requests)):
-        add()
-    steps, tokens = [], 0
-    start = time.perf_counter()
-    while engine.has_unfinished():
-        began = time.perf_counter()
-        result = engine.step()
-        steps.append(time.perf_counter() - began)
-        for out in result.outputs:
-            tokens += len(out.token_ids)
-            if out.finish_reason is not None and sent < args.requests:
-                add()
-    elapsed = time.perf_counter() - start
-    return {"tok_s": tokens / elapsed, "step_ms": median(steps) * 1000}
+    tok_s, step_ms = closed_loop(engine, send, args.concurrency, args.requests)
+    return {"tok_s": tok_s, "step_ms": step_ms}
 
 
 def main() -> None:
