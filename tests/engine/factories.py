@@ -7,7 +7,9 @@ import itertools
 import torch
 
 from worker.engine.block_manager import BlockManager
-from worker.engine.config import SchedulerConfig
+from worker.engine.config import EngineConfig, SchedulerConfig
+from worker.engine.engine import LLMEngine
+from worker.engine.outputs import ModelInfo
 from worker.engine.request import Request
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler, SchedulerOutput
@@ -108,3 +110,33 @@ def drive(scheduler: Scheduler, runner, max_steps: int = 10_000) -> list[Schedul
             plan, {r.request_id: t for r, t in zip(requests, out.token_ids, strict=True)}
         )
     raise AssertionError("the scheduler did not finish its requests")
+
+
+class IdTokenizer:
+    """Token i is the text `<i>`: enough for the engine's logprob texts and detokenizer."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [int(part) for part in text.replace(">", "").split("<") if part]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    def convert_ids_to_tokens(self, token_id: int) -> str:
+        return f"<{token_id}>"
+
+
+def tiny_engine(
+    hf_model: torch.nn.Module,
+    vocab_size: int,
+    block_size: int,
+    budget: int,
+    num_blocks: int,
+    max_num_seqs: int,
+) -> LLMEngine:
+    """The whole engine (scheduler, block manager, paged runner, sampler) over a tiny model, ids as text."""
+    sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
+    config = EngineConfig(scheduler=sched)  # the KV pool's shape is the block manager's and runner's
+    scheduler = Scheduler(sched, BlockManager(num_blocks, block_size, True))
+    runner = paged_runner(hf_model, num_blocks, block_size)
+    info = ModelInfo("tiny", 256, block_size, num_blocks, "float32", "cpu", max_num_seqs, vocab_size)
+    return LLMEngine(config, scheduler, runner, IdTokenizer(), info, None)

@@ -4,7 +4,9 @@ against a reference, in order, for every pool."""
 import pytest
 import torch
 
-from tests.engine.factories import paged_runner, tiny_llama
+from tests.engine.factories import paged_runner, tiny_engine, tiny_llama
+from worker.engine.outputs import PromptInput
+from worker.engine.sampling_params import SamplingParams
 from worker.kernels import native_op
 
 
@@ -56,3 +58,30 @@ def test_the_runner_copies_every_layer_k_and_v(compiled, monkeypatch):
     runner.copy_blocks(COPIES)
     for got, want in zip(pools, expected, strict=True):
         assert torch.equal(got, want)
+
+
+def test_the_engine_steps_make_and_count_the_moves():
+    """A growing request takes a finished request's cached block as its next: one move, counted in the step's
+    stats (llmserve:kv_block_copies_total), and the prompt that comes back hits the moved prefix."""
+    engine = tiny_engine(tiny_llama(), vocab_size=256, block_size=4, budget=64, num_blocks=16, max_num_seqs=8)
+    shared = [(11 * i + 5) % 250 for i in range(8)]
+
+    def add(request_id: str, prompt: list[int], max_tokens: int) -> None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        engine.add(engine.make_requests(request_id, PromptInput(token_ids=prompt), params))
+
+    add("grower", [1, 2], 10)  # block 0; its 5th token goes into block 1
+    add("first", [*shared, 3], 1)  # blocks 1-3; 1 and 2 cached when it finishes
+    copies, cached = 0, None
+    for step in range(40):
+        if step == 5:
+            add("again", [*shared, 4], 4)
+        result = engine.step()
+        copies += result.stats.num_kv_block_copies if result.stats else 0
+        for out in result.outputs:
+            if out.group_id == "again" and out.finished:
+                cached = out.usage.cached_tokens
+        if step > 5 and not engine.has_unfinished():
+            break
+    assert copies == 1 and cached == 8
+    assert engine.scheduler.block_manager.num_used_blocks == 0

@@ -10,29 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.factories import paged_runner, tiny_llama
-from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig, SchedulerConfig
+from tests.engine.factories import tiny_engine, tiny_llama
 from worker.engine.engine import LLMEngine
-from worker.engine.outputs import ModelInfo, PromptInput, RequestOutput
+from worker.engine.outputs import PromptInput, RequestOutput
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.scheduler import Scheduler
 
 VOCAB = 256
 BLOCK = 4
-
-
-class IdTokenizer:
-    """Token i is the text `<i>`: enough for the engine's logprob texts and detokenizer."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [int(part) for part in text.replace(">", "").split("<") if part]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(f"<{i}>" for i in ids)
-
-    def convert_ids_to_tokens(self, token_id: int) -> str:
-        return f"<{token_id}>"
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +25,7 @@ def hf_model():
 
 
 def make_engine(hf_model, budget: int = 64, num_blocks: int = 128, max_num_seqs: int = 8) -> LLMEngine:
-    sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
-    config = EngineConfig(scheduler=sched)  # the KV pool's shape is the block manager's and runner's
-    scheduler = Scheduler(sched, BlockManager(num_blocks, BLOCK, True))
-    runner = paged_runner(hf_model, num_blocks, BLOCK)
-    info = ModelInfo("tiny", 256, BLOCK, num_blocks, "float32", "cpu", max_num_seqs, VOCAB)
-    return LLMEngine(config, scheduler, runner, IdTokenizer(), info, None)
+    return tiny_engine(hf_model, VOCAB, BLOCK, budget, num_blocks, max_num_seqs)
 
 
 def run(
