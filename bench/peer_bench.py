@@ -15,7 +15,8 @@ and the worker, over HTTP + SSE + gRPC. vLLM is installed and started by ../shar
 The servers take turns `--repeats` times (ours, vLLM, ours, vLLM, ...: a slow spell of this shared machine
 lands on both); the table shows medians, and each ratio is the median of the rounds' ratios. Figures mean
 something only beside the peer's on the same CPU, so every table and JSON names the CPU (model, kind and
-flags, worker/model/cpu_kind.py): raw client JSON goes to docs/bench/peer/<kind>/ with a summary.json, and
+flags, worker/model/cpu_kind.py): raw client JSON goes to docs/bench/peer/<kind>/ (with --write-docs; a
+temporary folder otherwise, so a trial run leaves docs/ as it was) with a summary.json, and
 docs/BENCHMARKS.md gets one section per CPU kind (a run on another kind adds a table, never overwrites one).
 
     .venv/bin/python -m bench.peer_bench [--ours-dtype auto] [--vllm-dtype bfloat16]
@@ -367,7 +368,7 @@ def render(
     for server in servers.values():
         parts = ", ".join(f"{name} {mb:.0f} MB" for name, mb in server.peak_rss_mb.items())
         lines.append(f"- {server.name}: {parts}")
-    lines += [""] + [f"![{p.stem}]({p.relative_to(ROOT / 'docs')})" for p in pngs]
+    lines += [""] + [f"![{p.stem}]({os.path.relpath(p, ROOT / 'docs')})" for p in pngs]
     return "\n".join(lines)
 
 
@@ -413,6 +414,7 @@ def write_summary(rounds: dict, servers: dict[str, Server], command: str, cpu: C
 
 
 def main() -> None:
+    global RESULTS
     exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -443,6 +445,9 @@ def main() -> None:
         raise SystemExit(f"the vLLM peer script is missing ({PEER_SCRIPT}): run with --servers ours")
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
+    if not args.write_docs:  # docs/bench/peer is written by runs that write the docs' table only
+        RESULTS = Path(tempfile.mkdtemp(prefix="peer-bench-"))
+        print(f"raw results in {RESULTS}", flush=True)
     tag = ("-quick" if args.quick else "") + ("-" + "-".join(args.workloads) if partial else "")
     cpu = cpu_info()
     plan = [run for run in runs(args.quick, args.c1_prompts) if run.name in args.workloads]

@@ -16,7 +16,8 @@ into .peers/llama on the first run (never a dependency of the stack); its rows a
 that script is absent or its build fails.
 
 Speed ranks differ by CPU kind (worker/model/cpu_kind.py), so every table and JSON names the CPU (model, kind,
-flags): client JSON and figures.json go to docs/bench/quant/<kind>/, and docs/BENCHMARKS.md gets one section
+flags): client JSON and figures.json go to docs/bench/quant/<kind>/ (with --write-docs; a temporary folder
+otherwise, so a trial run leaves docs/ as it was), and docs/BENCHMARKS.md gets one section
 per kind (a run on another kind adds a table beside this one). Speeds are medians of `--repeats` serving
 runs, the rows taking turns.
 
@@ -567,7 +568,7 @@ def plot(rows: list[Row]) -> str | None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "quant-study.png"
     fig.savefig(path, dpi=90)
-    return str(path.relative_to(ROOT / "docs"))
+    return os.path.relpath(path, ROOT / "docs")
 
 
 def speed_only(row: Row, log_dir: Path, quick: bool) -> dict[str, dict]:
@@ -616,6 +617,7 @@ def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> No
 
 
 def main() -> None:
+    global RESULTS
     exit_on_sigterm()  # killed, it still stops the servers it started
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -632,6 +634,10 @@ def main() -> None:
         "--from-figures", action="store_true", help="re-render docs/bench/quant/<this CPU kind>/figures.json"
     )
     args = parser.parse_args()
+    saved = json.loads((RESULTS / "figures.json").read_text()) if args.from_figures else {}
+    if not args.write_docs:  # docs/bench/quant is written by runs that write the docs' table only
+        RESULTS = Path(tempfile.mkdtemp(prefix="quant-study-"))
+        print(f"raw results in {RESULTS}", flush=True)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
@@ -651,7 +657,6 @@ def main() -> None:
         )
         rows = [r for r in rows if r.kind != "llama"]
     if args.from_figures:
-        saved = json.loads((RESULTS / "figures.json").read_text())
         for row in rows:
             row.figures = saved.get(row.name, {})
         skipped.update({r.name: "the run ended before this row" for r in rows if "speed" not in r.figures})
