@@ -1,12 +1,10 @@
-"""The linears of a decode step with int8 weights x int8 rows (`WORKER_QUANTIZATION=w8a8`), on each integer
-GEMM this CPU has, beside bfloat16 weights, at the row counts of decode batches.
+"""The linears of a decode step with int8 weights x int8 rows (`WORKER_QUANTIZATION=w8a8`) beside bfloat16
+weights, at the row counts of decode batches.
 
 Columns (each one call per linear, as the engine makes them):
   bf16          bfloat16 weights on the engine's `Linear` (the project's AMX tile kernel where AMX exists,
                 else oneDNN's prepacked GEMM): what `WORKER_QUANTIZATION=none` runs
-  w8a8 vnni     worker/kernels/w8a8_linear.cpp held on its AVX512-VNNI path (the path of CPUs without AMX)
-  w8a8 amx      the same held on its AMX-INT8 path (AMX CPUs only)
-  w8a8 auto     the same on the path it picks by rows: what a w8a8 layer runs, at every row count
+  w8a8          worker/kernels/w8a8_linear.cpp (AVX512-VNNI): what a w8a8 layer runs
 Every row is the 30 decoder layers' four linears at SmolLM2-135M's shapes with distinct weights (100 MB of
 int8 codes, 200 MB of bfloat16), so the weights stream from memory as in a served step; a single layer
 timed alone sits in cache and says little. Milliseconds per pass; the columns take turns within each
@@ -44,25 +42,17 @@ def stack() -> list[tuple[Linear, W8A8Linear]]:
     return layers
 
 
-def columns(layers: list, rows: int, paths: list[str]) -> dict[str, Callable[[], None]]:
+def columns(layers: list, rows: int) -> dict[str, Callable[[], None]]:
     xs = {k: torch.randn(rows, k, generator=torch.Generator().manual_seed(k)).bfloat16() for _, k in SHAPES}
     outs = {n: torch.empty(rows, n, dtype=torch.bfloat16) for n, _ in SHAPES}
     ops = native_ops()
 
-    def held(path: str) -> Callable[[], None]:
-        def run() -> None:
-            for _, layer in layers:
-                x, out = xs[layer.in_features], outs[layer.out_features]
-                ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
+    def w8a8() -> None:
+        for _, layer in layers:
+            x, out = xs[layer.in_features], outs[layer.out_features]
+            ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out)
 
-        return run
-
-    fns = {"bf16": lambda: [bf16(xs[layer.in_features]) for bf16, layer in layers]}
-    for path in paths:
-        fns[f"w8a8 {path}"] = held(path)
-    if paths:
-        fns["w8a8 auto"] = held("auto")
-    return fns
+    return {"bf16": lambda: [bf16(xs[layer.in_features]) for bf16, layer in layers], "w8a8": w8a8}
 
 
 def main() -> None:
@@ -74,16 +64,16 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     ops = native_ops()
-    if ops is None or not hasattr(ops, "w8a8_linear"):
+    if ops is None or not hasattr(ops, "w8a8_linear_supported"):
         raise SystemExit("the native kernels are not built: make kernels")
-    usable = ops.w8a8_linear_path()
-    paths = {"amx": ["vnni", "amx"], "vnni": ["vnni"]}.get(usable, [])
+    if not ops.w8a8_linear_supported():
+        raise SystemExit("no integer GEMM on this CPU or build (w8a8 needs AVX512-VNNI)")
     cpu = cpu_info()
     layers = stack()
-    print(f"CPU: {cpu.describe()}; {torch.get_num_threads()} threads; integer GEMM paths: {paths or 'none'}")
+    print(f"CPU: {cpu.describe()}; {torch.get_num_threads()} threads")
     table: dict[int, dict[str, tuple[float, float]]] = {}
     for rows in (int(r) for r in args.rows.split(",")):
-        fns = columns(layers, rows, paths)
+        fns = columns(layers, rows)
         for fn in fns.values():  # warm: oneDNN's primitives, the weights' first touch
             fn()
         times: dict[str, list[float]] = {name: [] for name in fns}
@@ -101,17 +91,14 @@ def main() -> None:
         f"CPU: {cpu.describe()}, {torch.get_num_threads()} threads. Command: `python -m bench.w8a8_kernels "
         f"--rows {args.rows} --reps {args.reps}`. The 120 decoder linears of SmolLM2-135M with distinct "
         "weights, ms per pass, minimum / median of the repetitions (columns in turn). bf16: bfloat16 "
-        "weights on the engine's `Linear`; w8a8 "
-        "vnni / amx: worker/kernels/w8a8_linear.cpp held on one path; w8a8 auto: the path it picks by rows, "
-        "what a w8a8 layer runs. The module docstring has the details. The row count from which `auto` "
-        "takes the AMX path (16) was read off this benchmark's vnni and amx columns, so `auto` near 16 rows "
-        "is not independent of this table; the served comparison is bench.peer_bench's.",
+        "weights on the engine's `Linear`; w8a8: worker/kernels/w8a8_linear.cpp, what a w8a8 layer runs. The "
+        "module docstring has the details; the served comparison is bench.peer_bench's.",
         "",
-        "| rows | " + " | ".join(names) + " | bf16 / w8a8 auto (minima) |",
+        "| rows | " + " | ".join(names) + " | bf16 / w8a8 (minima) |",
         "|---" * (len(names) + 2) + "|",
     ]
     for rows, cells in table.items():
-        ratio = f"{cells['bf16'][0] / cells['w8a8 auto'][0]:.2f}x" if "w8a8 auto" in cells else "-"
+        ratio = f"{cells['bf16'][0] / cells['w8a8'][0]:.2f}x"
         row_cells = " | ".join(f"{lo:.2f} / {mid:.2f}" for lo, mid in cells.values())
         lines.append(f"| {rows} | {row_cells} | {ratio} |")
     publish(cpu_section("w8a8-kernels", cpu.kind), lines, args.write_docs)

@@ -22,30 +22,21 @@ from worker.model.runner import ModelRunner
 from worker.model.smoothing import activation_ranges, factors, smooth
 from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
 
-# w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI or AMX-INT8
+# w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI
 # (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products: it is there when it should be).
 needs_gemm = pytest.mark.skipif(
     not w8a8_available(torch.device("cpu")),
-    reason="no integer GEMM here (make kernels; AVX512-VNNI or AMX-INT8)",
+    reason="no integer GEMM here (make kernels; AVX512-VNNI)",
 )
 
 
-def native_paths() -> list[str]:
-    """The integer GEMM paths this build and CPU run (w8a8_linear.cpp): vnni wherever it is compiled, amx
-    where the tiles are usable; none before `make kernels` or on a CPU with neither."""
+def gemm_or_skip():
+    """The compiled integer GEMM, or a skip where this build or CPU has none (before `make kernels`, or a
+    CPU without AVX512-VNNI)."""
     ops = native_op("w8a8_linear")
-    usable = ops.w8a8_linear_path() if ops is not None else "none"
-    if usable == "none":
-        return []
-    paths = [usable]
-    if usable == "amx":
-        try:  # compiled wherever AMX-INT8 is, unless a build targets AMX without AVX512-VNNI
-            ops.w8a8_linear(torch.zeros(1, 64), torch.zeros(2, 16, 64, dtype=torch.int8), torch.ones(32),
-                            torch.zeros(32, dtype=torch.int32), torch.empty(1, 32), "vnni")  # fmt: skip
-            paths.append("vnni")
-        except RuntimeError:
-            pass
-    return paths
+    if ops is None or not ops.w8a8_linear_supported():
+        pytest.skip("no native integer GEMM in this build or on this CPU")
+    return ops
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -170,15 +161,13 @@ def test_native_group_quantization_equals_the_torch_steps(dtype):
 
 
 def test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products():
-    """A build for a CPU with AVX512-VNNI runs the VNNI path, one with usable AMX-INT8 tiles the AMX path:
-    a build that loses the kernel fails here instead of serving w8a8 through oneDNN unnoticed."""
+    """A build for a CPU with AVX512-VNNI (AMX CPUs among them) has the integer GEMM: a build that loses the
+    kernel fails here instead of leaving w8a8 refused at start unnoticed."""
     ops = native_ops()
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
-    flags = cpu_info().flags
-    tiles = "amx_int8" in flags and ops.amx_linear_supported()  # the same permission the bf16 tiles need
-    expected = "amx" if tiles else "vnni" if "avx512_vnni" in flags else "none"
-    assert hasattr(ops, "w8a8_linear") and ops.w8a8_linear_path() == expected
+    expected = "avx512_vnni" in cpu_info().flags
+    assert hasattr(ops, "w8a8_linear") and ops.w8a8_linear_supported() == expected
 
 
 def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channels():
@@ -199,15 +188,11 @@ def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channe
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 17, 33, 64, 130])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
-    """Every path of the kernel (AMX tiles in groups of 16 rows, VNNI in chunks of 4 rows and 64 channels;
-    the row counts reach every remainder) gives each group's exact int32 sums of the row codes against the
+    """The kernel (chunks of 4 rows and 64 channels; the row counts reach every remainder) gives each group's exact int32 sums of the row codes against the
     weight codes, times the group's scale, added up group after group in float32, times the channel scale,
     rounded once to the output dtype. The scales here are powers of two and the sums small integers, so
     every one of those float32 steps is exact and the kernel must give the exact result, bit for bit."""
-    paths = native_paths()
-    if not paths:
-        pytest.skip("no native integer GEMM in this build or on this CPU")
-    ops = native_op("w8a8_linear")
+    ops = gemm_or_skip()
     gen = torch.Generator().manual_seed(rows)
     n, k = 96, 576  # 6 channel blocks (a pass of 4 and one of 2 per thread); 9 groups of columns
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
@@ -224,46 +209,34 @@ def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
     x[0, :] = 0.0  # an all-zero row: scale 1e-12 / 127, codes 128, sums exactly zero after the compensation
     expected = layer.reference(x)
     assert torch.equal(expected, expected.float().double())  # the reference itself exact in float32
-    for path in paths:
-        out = torch.empty(rows, n, dtype=out_dtype)
-        ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
-        assert torch.equal(out, expected.to(out_dtype)), path
-        assert torch.equal(out[0], torch.zeros(n, dtype=out_dtype))
+    out = torch.empty(rows, n, dtype=out_dtype)
+    ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out)
+    assert torch.equal(out, expected.to(out_dtype))
+    assert torch.equal(out[0], torch.zeros(n, dtype=out_dtype))
 
 
 @pytest.mark.parametrize("rows", [1, 7, 33])
 def test_native_integer_gemm_matches_the_reference_on_real_valued_rows(rows):
     """Arbitrary scales: the float32 sums of the groups round differently from float64's, within float32
-    rounding of a sum of 9 terms; every path agrees with every other to the bit."""
-    paths = native_paths()
-    if not paths:
-        pytest.skip("no native integer GEMM in this build or on this CPU")
-    ops = native_op("w8a8_linear")
+    rounding of a sum of 9 terms."""
+    ops = gemm_or_skip()
     gen = torch.Generator().manual_seed(rows)
     layer = W8A8Linear(torch.randn(96, 576, generator=gen))
     x = torch.randn(rows, 576, generator=gen) * torch.rand(rows, 576, generator=gen) * 10
-    outs = []
-    for path in paths:
-        out = torch.empty(rows, 96)
-        ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out, path)
-        torch.testing.assert_close(out.double(), layer.reference(x), rtol=1e-5, atol=1e-4)
-        outs.append(out)
-    assert all(torch.equal(out, outs[0]) for out in outs)
+    out = torch.empty(rows, 96)
+    ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out)
+    torch.testing.assert_close(out.double(), layer.reference(x), rtol=1e-5, atol=1e-4)
 
 
 def test_native_integer_gemm_reads_bfloat16_rows_as_their_float32_values():
-    paths = native_paths()
-    if not paths:
-        pytest.skip("no native integer GEMM in this build or on this CPU")
-    ops = native_op("w8a8_linear")
+    ops = gemm_or_skip()
     gen = torch.Generator().manual_seed(5)
     layer = W8A8Linear(torch.randn(64, 128, generator=gen))
     x = torch.randn(9, 128, generator=gen).bfloat16()
-    for path in paths:
-        from_bf16, from_f32 = torch.empty(9, 64), torch.empty(9, 64)
-        ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, from_bf16, path)
-        ops.w8a8_linear(x.float(), layer.weight, layer.weight_scales, layer.compensation, from_f32, path)
-        assert torch.equal(from_bf16, from_f32)
+    from_bf16, from_f32 = torch.empty(9, 64), torch.empty(9, 64)
+    ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, from_bf16)
+    ops.w8a8_linear(x.float(), layer.weight, layer.weight_scales, layer.compensation, from_f32)
+    assert torch.equal(from_bf16, from_f32)
 
 
 @needs_gemm
@@ -285,22 +258,14 @@ def test_w8a8_says_what_it_needs_where_the_integer_gemm_is_missing(monkeypatch):
 
     monkeypatch.setattr(w8a8, "native_op", lambda name: None)  # a build without the kernels
     assert not w8a8.w8a8_available(torch.device("cpu"))
-    with pytest.raises(ValueError, match="AVX512-VNNI or AMX-INT8"):
+    with pytest.raises(ValueError, match="AVX512-VNNI"):
         w8a8.W8A8Linear(torch.randn(64, 128))
 
 
-def test_native_integer_gemm_refuses_a_path_this_cpu_lacks_and_wrong_shapes():
-    paths = native_paths()
-    if not paths:
-        pytest.skip("no native integer GEMM in this build or on this CPU")
-    ops = native_op("w8a8_linear")
+def test_native_integer_gemm_refuses_wrong_shapes():
+    ops = gemm_or_skip()
     layer = W8A8Linear(torch.randn(64, 128))
     args = (layer.weight, layer.weight_scales, layer.compensation)
-    with pytest.raises(RuntimeError, match="path must be"):
-        ops.w8a8_linear(torch.randn(8, 128), *args, torch.empty(8, 64), "sse")
-    if "amx" not in paths:
-        with pytest.raises(RuntimeError, match="path must be"):
-            ops.w8a8_linear(torch.randn(8, 128), *args, torch.empty(8, 64), "amx")
     with pytest.raises(RuntimeError, match="shapes differ"):
         ops.w8a8_linear(torch.randn(8, 192), *args, torch.empty(8, 64))
 

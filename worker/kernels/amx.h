@@ -1,4 +1,4 @@
-// What the AMX kernels share (amx_linear.cpp, w8a8_linear.cpp, prefill_attention.cpp): the process's
+// What the AMX kernels share (amx_linear.cpp, prefill_attention.cpp): the process's
 // permission to use the tile registers, the tile configuration's memory layout, and the linears' tile loop.
 // LLMSERVE_AMX is defined where the build targets a CPU with AMX bfloat16 tiles (the kernels compile
 // elsewhere to stubs that say so).
@@ -30,7 +30,7 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles of the two-by-two linears (amx_linear.cpp, w8a8_linear.cpp): C for (row group g, channel block b) is
+// Tiles of the two-by-two linear (amx_linear.cpp): C for (row group g, channel block b) is
 // tile 2g + b; A (row group g) 4 + g; B (channel block b) 6 + b. A and C tiles hold `rows` rows (M itself
 // below 16 rows, else 16 with the rows padded to whole groups); every tile row is 64 bytes.
 inline void configure_pairs(int rows) {
@@ -46,87 +46,54 @@ inline void configure_pairs(int rows) {
 constexpr int64_t kPairPrefetchBytes = 4096;
 
 // Two channel blocks (B tiles: 1 KB a step, read in order from w0 and from w1 = w0 + block_bytes) against every
-// group of 16 rows of a (row_bytes apart, 64 bytes a step), two groups at a time, over `steps` steps; the
-// first pass over the rows prefetches the blocks ahead (never past weights_end). The steps run in chunks of
-// `steps_per_store` (w8a8 scales its sums per group of 64 columns, one step; the bfloat16 linears make one
-// chunk of all the steps): each C tile starts a chunk from start(b, chunk), 16 sums of 4 bytes that every row
-// of it begins with (nullptr: zeros), and ends it in scratch (16 x 16 sums) and store(g, b, chunk, scratch)
-// for row group g and block b. kInt8: the tiles are u8 rows x s8 weights into int32 (TDPBUSD), else bfloat16
-// pairs into float32 (TDPBF16PS).
-// C += A . B on tiles given by number (immediates): TDPBUSD (u8 x s8 into int32) where kInt8, else TDPBF16PS
-// (bfloat16 pairs into float32). A macro because the tile numbers must be literals.
-#ifdef __AMX_INT8__
-#define LLMSERVE_TILE_DOT_INT8(c, a, b) _tile_dpbusd(c, a, b)
-#else
-#define LLMSERVE_TILE_DOT_INT8(c, a, b) ((void)0)
-#endif
-#define LLMSERVE_TILE_DOT(int8, c, a, b) \
-  do {                                    \
-    if constexpr (int8) {                 \
-      LLMSERVE_TILE_DOT_INT8(c, a, b);    \
-    } else {                              \
-      _tile_dpbf16ps(c, a, b);            \
-    }                                     \
-  } while (0)
-
-template <bool kInt8, typename Start, typename Store>
+// group of 16 rows of a (row_bytes apart, 64 bytes a step), two groups at a time, over `steps` steps of bfloat16
+// pairs into float32 (TDPBF16PS); the first pass over the rows prefetches the blocks ahead (never past
+// weights_end). Each C tile then goes to scratch (16 x 16 floats) and to store(g, b, scratch) for row group g
+// and block b.
+template <typename Store>
 void tile_pair_pass(const char* a, int64_t row_bytes, int64_t groups, const char* w0, int64_t block_bytes,
-                    int64_t steps, int64_t steps_per_store, const char* weights_end, void* scratch,
-                    const Start& start, const Store& store) {
+                    int64_t steps, const char* weights_end, void* scratch, const Store& store) {
   const char* w1 = w0 + block_bytes;
   for (int64_t g0 = 0; g0 < groups; g0 += 2) {
     const bool two = g0 + 1 < groups;
     const char* a0 = a + g0 * 16 * row_bytes;
     const char* a1 = a0 + 16 * row_bytes;
-    for (int64_t first = 0; first < steps; first += steps_per_store) {
-      const void* from0 = start(0, first / steps_per_store);
-      const void* from1 = start(1, first / steps_per_store);
-      if (from0 != nullptr) {  // a stride of 0: the same 64 bytes in every row
-        _tile_loadd(0, from0, 0);
-        _tile_loadd(1, from1, 0);
-        if (two) {
-          _tile_loadd(2, from0, 0);
-          _tile_loadd(3, from1, 0);
-        }
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        if (two) {
-          _tile_zero(2);
-          _tile_zero(3);
-        }
-      }
-      for (int64_t step = first; step < first + steps_per_store && step < steps; ++step) {
-        const char* t0 = w0 + step * 1024;
-        const char* t1 = w1 + step * 1024;
-        if (g0 == 0)  // the two blocks' tiles are read in order
-          for (int64_t line = 0; line < 1024; line += 64)
-            for (const char* t : {t0, t1}) {
-              const char* ahead = t + kPairPrefetchBytes + line;
-              if (ahead < weights_end) _mm_prefetch(ahead, _MM_HINT_T0);
-            }
-        _tile_loadd(6, t0, 64);
-        _tile_loadd(7, t1, 64);
-        _tile_loadd(4, a0 + step * 64, row_bytes);
-        LLMSERVE_TILE_DOT(kInt8, 0, 4, 6);
-        LLMSERVE_TILE_DOT(kInt8, 1, 4, 7);
-        if (two) {
-          _tile_loadd(5, a1 + step * 64, row_bytes);
-          LLMSERVE_TILE_DOT(kInt8, 2, 5, 6);
-          LLMSERVE_TILE_DOT(kInt8, 3, 5, 7);
-        }
-      }
-      for (int g = 0; g < (two ? 2 : 1); ++g)
-        for (int b = 0; b < 2; ++b) {
-          switch (2 * g + b) {  // tile numbers are immediates
-            case 0: _tile_stored(0, scratch, 64); break;
-            case 1: _tile_stored(1, scratch, 64); break;
-            case 2: _tile_stored(2, scratch, 64); break;
-            default: _tile_stored(3, scratch, 64); break;
-          }
-          store(g0 + g, b, first / steps_per_store, scratch);
-        }
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
     }
+    for (int64_t step = 0; step < steps; ++step) {
+      const char* t0 = w0 + step * 1024;
+      const char* t1 = w1 + step * 1024;
+      if (g0 == 0)  // the two blocks' tiles are read in order
+        for (int64_t line = 0; line < 1024; line += 64)
+          for (const char* t : {t0, t1}) {
+            const char* ahead = t + kPairPrefetchBytes + line;
+            if (ahead < weights_end) _mm_prefetch(ahead, _MM_HINT_T0);
+          }
+      _tile_loadd(6, t0, 64);
+      _tile_loadd(7, t1, 64);
+      _tile_loadd(4, a0 + step * 64, row_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (two) {
+        _tile_loadd(5, a1 + step * 64, row_bytes);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    for (int g = 0; g < (two ? 2 : 1); ++g)
+      for (int b = 0; b < 2; ++b) {
+        switch (2 * g + b) {  // tile numbers are immediates
+          case 0: _tile_stored(0, scratch, 64); break;
+          case 1: _tile_stored(1, scratch, 64); break;
+          case 2: _tile_stored(2, scratch, 64); break;
+          default: _tile_stored(3, scratch, 64); break;
+        }
+        store(g0 + g, b, scratch);
+      }
   }
 }
 

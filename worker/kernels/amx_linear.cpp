@@ -43,10 +43,9 @@ void channel_pair(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K,
                   int64_t b0, BF16* out, float* scratch) {
   const int64_t block_bytes = 16 * K * 2;  // one channel block: K / 2 pairs of 16 channels
   const char* weights = reinterpret_cast<const char*>(packed);
-  llmserve::tile_pair_pass<false>(
+  llmserve::tile_pair_pass(
       reinterpret_cast<const char*>(x), K * 2, groups, weights + b0 * block_bytes, block_bytes, K / 32,
-      K / 32, weights + (N / 16) * block_bytes, scratch, [](int, int64_t) -> const void* { return nullptr; },
-      [&](int64_t g, int b, int64_t, const void* sums) {
+      weights + (N / 16) * block_bytes, scratch, [&](int64_t g, int b, const void* sums) {
         store_tile(static_cast<const float*>(sums), g * 16, rows, M, N, (b0 + b) * 16, out);
       });
 }

@@ -80,7 +80,7 @@ struct Linears {
       case Kernel::Int4: llmserve::int4_linear(x, t[0], t[1], t[2], out); return out;
       case Kernel::Int8: llmserve::int8_linear(x, t[0], t[1], out); return out;
       case Kernel::Amx: llmserve::amx_linear(x, t[0], out); return out;
-      case Kernel::W8A8: llmserve::w8a8_linear(x, t[0], t[1], t[2], out, "auto"); return out;
+      case Kernel::W8A8: llmserve::w8a8_linear(x, t[0], t[1], t[2], out); return out;
       case Kernel::OneDNN: return onednn_linear(x, t[0]);
     }
     return out;

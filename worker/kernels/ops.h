@@ -33,10 +33,10 @@ void amx_pack_weight(const at::Tensor& w, const at::Tensor& packed);
 void amx_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out);
 
 // w8a8_linear.cpp
-std::string w8a8_linear_path();
+bool w8a8_linear_supported();
 void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation);
 void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
-                 const at::Tensor& compensation, const at::Tensor& out, c10::string_view path);
+                 const at::Tensor& compensation, const at::Tensor& out);
 
 // paged_attention.cpp
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_mapping, const at::Tensor& k_cache,

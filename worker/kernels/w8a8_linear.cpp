@@ -9,18 +9,16 @@
 //
 //     y[m, n] = s_w[n] * sum_g s_x[m, g] ((sum_{k in g} u[m, k] c[n, k]) - 128 sum_{k in g} c[n, k])
 //
-// with u = q_x + 128 the unsigned row codes (what the u8 x s8 instructions take) and c the weight codes; each
-// group's sums start from the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load. The
-// weights are laid out once (w8a8_pack_weight) as both instruction sets read them: per block of 16 output
-// channels, per group of 4 input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit
-// register for VPDPBUSD, one row of an AMX B tile). Two paths, chosen per build and CPU (w8a8_linear_path; `path` names one, for tests and
-// benchmarks):
-//   "amx":  AMX-INT8 tiles (TDPBUSD), two channel blocks x two groups of 16 rows at a time (amx.h's loop),
-//           the tiles stored and scaled after every 64 columns; from kAmxFromRows rows where VNNI is
-//           compiled too.
-//   "vnni": AVX512-VNNI (VPDPBUSD), 4 rows x 64 channels of int32 sums in registers, one group of columns
-//           at a time: its 4 KB of codes come from memory once and from L1 for the further row chunks. The
-//           CPUs without AMX (AMD Zen 4, Intel before Sapphire Rapids) take this one.
+// with u = q_x + 128 the unsigned row codes (what the u8 x s8 instruction takes) and c the weight codes; each
+// group's sums get the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load. The weights
+// are laid out once (w8a8_pack_weight): per block of 16 output channels, per group of 4 input columns, the
+// 16 channels' 4 codes side by side (64 bytes: one 512-bit register for VPDPBUSD).
+//
+// The products run on AVX512-VNNI (VPDPBUSD): 4 rows x 64 channels of int32 sums in registers, one group of
+// columns at a time, its 4 KB of codes read from memory once and from L1 for the further row chunks. CPUs
+// with AMX have VNNI too; an AMX-INT8 tile path was here until 2026-12-06 and was removed once this one was
+// faster at every row count (docs/STUDY_LOG.md): every group of 64 columns needs its own scale, so the tiles
+// had to be stored and read back after each tile product.
 //
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
 // compensation [K / 64, N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
@@ -32,10 +30,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
-#include "amx.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -46,36 +42,11 @@ using BF16 = c10::BFloat16;
 #if defined(LLMSERVE_AVX512) && defined(__AVX512VNNI__)
 #define LLMSERVE_W8A8_VNNI 1
 #endif
-#if defined(LLMSERVE_AMX) && defined(__AMX_INT8__)
-#define LLMSERVE_W8A8_AMX 1
-#endif
 
-// Where both paths exist, AMX from this many rows: below it one row group's tiles are mostly empty and VNNI
-// streams the weights faster (120 distinct SmolLM2 layers, 2-core AMX Xeon, bench/w8a8_kernels.py: 8 rows 6.8
-// against 7.8 ms, 16 rows 10.0 against 9.8, 32 rows 15.9 against 13.4).
-constexpr int64_t kAmxFromRows = 16;
+constexpr int64_t kGroup = 64;  // columns per activation scale: 16 VPDPBUSD steps
 
-bool vnni_compiled() {
 #ifdef LLMSERVE_W8A8_VNNI
-  return true;
-#else
-  return false;
-#endif
-}
-
-bool amx_int8_usable() {
-#ifdef LLMSERVE_W8A8_AMX
-  return llmserve::tiles_permitted();
-#else
-  return false;
-#endif
-}
-
-constexpr int64_t kGroup = 64;  // columns per activation scale: one AMX step, 16 VPDPBUSD steps
-
-#if defined(LLMSERVE_W8A8_VNNI) || defined(LLMSERVE_W8A8_AMX)
-// How a group's sums become float32 and where the totals of one row and 16 channels go. Every group's sums
-// start from `compensation` (-128 times the group's code sum per channel), so they arrive exact.
+// How a group's sums become float32 and where the totals of a row and 16 channels go.
 struct Epilogue {
   const float* weight_scales;   // [N]
   const int32_t* compensation;  // [groups, N]
@@ -85,84 +56,106 @@ struct Epilogue {
   bool bf16;
   int64_t N;
 
-  const int32_t* start(int64_t g, int64_t n0) const { return compensation + g * N + n0; }
-
-  // Group g's exact sums of row m, channels [n0, n0 + 16), scaled by the row's scale for the group and added
-  // to the running total in partial (set at g = 0); at the last group the total, times the weight scale,
-  // goes to out instead.
-  void accumulate(__m512i sums, int64_t m, int64_t g, int64_t n0, float* partial) const {
-    const __m512 scale = _mm512_set1_ps(group_scales[m * groups + g]);
-    const __m512 total = g == 0 ? _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale)
-                                : _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, _mm512_loadu_ps(partial));
+  // Group g's int32 sums of rows [m0, m0 + R), channels [n0, n0 + 16): plus the compensation (then exact),
+  // scaled by the row's scale for the group and added to the row's running total in partial (row r at
+  // partial + r * stride; set at g = 0); at the last group the total, times the weight scales, goes to out
+  // instead. Inlined, with every field read into a local first: the vector stores may alias anything, and
+  // rereading the fields after each of them (as the compiler otherwise must) cost a fifth of a pass.
+  template <int R>
+  __attribute__((always_inline)) void accumulate(const __m512i (&sums)[R], int64_t m0, int64_t g, int64_t n0,
+                                                 float* partial, int64_t stride) const {
+    const __m512i start = _mm512_loadu_si512(compensation + g * N + n0);
+    const float* scales = group_scales + m0 * groups + g;
+    const int64_t row_scales = groups;
+    __m512 totals[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[r], start));
+      const __m512 scale = _mm512_set1_ps(scales[r * row_scales]);
+      totals[r] = g == 0 ? _mm512_mul_ps(v, scale) : _mm512_fmadd_ps(v, scale, _mm512_loadu_ps(partial + r * stride));
+    }
     if (g < groups - 1) {
-      _mm512_storeu_ps(partial, total);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(partial + r * stride, totals[r]);
       return;
     }
-    const __m512 y = _mm512_mul_ps(total, _mm512_loadu_ps(weight_scales + n0));
+    const __m512 w = _mm512_loadu_ps(weight_scales + n0);
+    const int64_t n = N;
     if (bf16) {
-      llmserve::store16(static_cast<BF16*>(out) + m * N + n0, y);
+      BF16* y = static_cast<BF16*>(out) + m0 * n + n0;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) llmserve::store16(y + r * n, _mm512_mul_ps(totals[r], w));
     } else {
-      llmserve::store16(static_cast<float*>(out) + m * N + n0, y);
+      float* y = static_cast<float*>(out) + m0 * n + n0;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) llmserve::store16(y + r * n, _mm512_mul_ps(totals[r], w));
     }
   }
 };
-#endif
 
-#ifdef LLMSERVE_W8A8_VNNI
 constexpr int kMaxRows = 4;    // rows of sums in registers: 4 x 4 accumulators + 4 weights + a broadcast
 constexpr int kMaxBlocks = 4;  // channel blocks of 16 per pass (64 channels): 4 KB of codes a group
-constexpr int64_t kPrefetchBytes = 4096;
+// The codes of the group this many groups on are prefetched into L1 while the row chunks of this one run,
+// a share of its lines before each chunk: all of them before the first chunk left the weights' reads
+// unhidden behind the products (32 rows 15.1 -> 14.0 ms, bench/w8a8_kernels.py; 1, 2 and 4 groups ahead alike).
+constexpr int64_t kAhead = 2;
 
 // Rows [m0, m0 + R) of the codes against channel blocks [b, b + B), columns of group g; partial: [rows, 64]
 // float32, the running totals of these 64 channels.
 template <int R, int B>
 void vnni_tile(const uint8_t* codes, int64_t K, const int8_t* packed, int64_t b, int64_t m0, int64_t g,
-               bool prefetch, float* partial, const Epilogue& epilogue) {
-  // Every loop over r and j is unrolled, so that the sums stay in registers (rolled, GCC kept them on the
-  // stack: a load and a store around each multiply-add, half the speed); 6 rows spilled too.
+               float* partial, const Epilogue& epilogue) {
+  // The group's 16 steps unrolled, each multiply-add in place on its accumulator (inline asm, "+v"): with the
+  // intrinsic in a loop GCC 12 copied every accumulator between registers each step and spilled two of them.
   __m512i acc[R][B];
 #pragma GCC unroll 4
-  for (int j = 0; j < B; ++j) {
-    const __m512i start = _mm512_loadu_si512(epilogue.start(g, (b + j) * 16));
+  for (int j = 0; j < B; ++j)
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r][j] = start;
-  }
+    for (int r = 0; r < R; ++r) acc[r][j] = _mm512_setzero_si512();
   const int8_t* w = packed + b * 16 * K;  // block b + j starts 16 K bytes after block b + j - 1
   const uint8_t* x = codes + m0 * K;
-  for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 4) {
+#pragma GCC unroll 16
+  for (int step = 0; step < kGroup / 4; ++step) {
+    const int64_t k = g * kGroup + 4 * step;
     __m512i wj[B];
 #pragma GCC unroll 4
-    for (int j = 0; j < B; ++j) {
-      const int8_t* tile = w + j * 16 * K + k * 16;
-      if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(tile) + kPrefetchBytes, _MM_HINT_T0);
-      wj[j] = _mm512_loadu_si512(tile);
-    }
+    for (int j = 0; j < B; ++j) wj[j] = _mm512_loadu_si512(w + j * 16 * K + k * 16);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512i xr = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x + r * K + k));
 #pragma GCC unroll 4
-      for (int j = 0; j < B; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xr, wj[j]);
+      for (int j = 0; j < B; ++j) asm("vpdpbusd %2, %1, %0" : "+v"(acc[r][j]) : "v"(xr), "v"(wj[j]));
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
+  for (int j = 0; j < B; ++j) {
+    __m512i sums[R];
 #pragma GCC unroll 4
-    for (int j = 0; j < B; ++j)
-      epilogue.accumulate(acc[r][j], m0 + r, g, (b + j) * 16, partial + (m0 + r) * 64 + j * 16);
+    for (int r = 0; r < R; ++r) sums[r] = acc[r][j];
+    epilogue.accumulate<R>(sums, m0, g, (b + j) * 16, partial + m0 * 64 + j * 16, 64);
+  }
 }
 
-// Channel blocks [b, b + B) against every row: group by group, every row chunk of 4 passing over the group's
-// codes while they are in L1 (the first pass reads them from memory).
 template <int B>
-void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t b, float* partial,
-               const Epilogue& e) {
-  for (int64_t g = 0; g < K / kGroup; ++g) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t b, int64_t blocks,
+               float* partial, const Epilogue& e) {
+  const int64_t groups = K / kGroup, chunks = (M + kMaxRows - 1) / kMaxRows;
+  for (int64_t g = 0; g < groups; ++g) {
+    // the group kAhead groups on (or of the next channel blocks), B KB, its lines spread over the row chunks
+    const int64_t ahead = g + kAhead;
+    const int8_t* next = ahead < groups ? packed + b * 16 * K + ahead * kGroup * 16
+                         : b + B < blocks ? packed + (b + B) * 16 * K + (ahead - groups) * kGroup * 16 : nullptr;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t m0 = c * kMaxRows;
+      if (next != nullptr) {
+        for (int64_t line = c * 16 * B / chunks; line < (c + 1) * 16 * B / chunks; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(next + (line / 16) * 16 * K + (line % 16) * 64), _MM_HINT_T0);
+      }
       switch (std::min<int64_t>(kMaxRows, M - m0)) {
-        case 1: vnni_tile<1, B>(codes, K, packed, b, m0, g, m0 == 0, partial, e); break;
-        case 2: vnni_tile<2, B>(codes, K, packed, b, m0, g, m0 == 0, partial, e); break;
-        case 3: vnni_tile<3, B>(codes, K, packed, b, m0, g, m0 == 0, partial, e); break;
-        default: vnni_tile<4, B>(codes, K, packed, b, m0, g, m0 == 0, partial, e); break;
+        case 1: vnni_tile<1, B>(codes, K, packed, b, m0, g, partial, e); break;
+        case 2: vnni_tile<2, B>(codes, K, packed, b, m0, g, partial, e); break;
+        case 3: vnni_tile<3, B>(codes, K, packed, b, m0, g, partial, e); break;
+        default: vnni_tile<4, B>(codes, K, packed, b, m0, g, partial, e); break;
       }
     }
   }
@@ -171,51 +164,16 @@ void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed,
 void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N, const Epilogue& e) {
   at::parallel_for(0, N / 16, kMaxBlocks, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> partial;  // every row's running totals for 64 channels, between groups
-    if (partial.size() < static_cast<size_t>(M * 64)) partial.resize(static_cast<size_t>(M * 64));
+    if (partial.size() < static_cast<size_t>(M * 64 + 16)) partial.resize(static_cast<size_t>(M * 64 + 16));
+    float* aligned = partial.data() + ((64 - reinterpret_cast<uintptr_t>(partial.data()) % 64) % 64) / 4;
     for (int64_t b = begin; b < end; b += kMaxBlocks) {
       switch (std::min<int64_t>(kMaxBlocks, end - b)) {
-        case 1: vnni_rows<1>(codes, M, K, packed, b, partial.data(), e); break;
-        case 2: vnni_rows<2>(codes, M, K, packed, b, partial.data(), e); break;
-        case 3: vnni_rows<3>(codes, M, K, packed, b, partial.data(), e); break;
-        default: vnni_rows<4>(codes, M, K, packed, b, partial.data(), e); break;
+        case 1: vnni_rows<1>(codes, M, K, packed, b, N / 16, aligned, e); break;
+        case 2: vnni_rows<2>(codes, M, K, packed, b, N / 16, aligned, e); break;
+        case 3: vnni_rows<3>(codes, M, K, packed, b, N / 16, aligned, e); break;
+        default: vnni_rows<4>(codes, M, K, packed, b, N / 16, aligned, e); break;
       }
     }
-  });
-}
-#endif
-
-#ifdef LLMSERVE_W8A8_AMX
-// Channel blocks b0, b0 + 1 against every group of 16 rows, two groups at a time (amx.h's tile loop: an A tile
-// is 16 rows x 64 codes, a B tile 16 groups of 4 codes x 16 channels), the tiles stored after every step (one
-// group of 64 columns). partial: [rows, 32] float32, the running totals of these 32 channels.
-void amx_channel_pair(const uint8_t* codes, int64_t M, int64_t groups, int rows, int64_t K, const int8_t* packed,
-                      int64_t N, int64_t b0, const Epilogue& e, int32_t* scratch, float* partial) {
-  const int64_t block_bytes = 16 * K;
-  const char* weights = reinterpret_cast<const char*>(packed);
-  llmserve::tile_pair_pass<true>(
-      reinterpret_cast<const char*>(codes), K, groups, weights + b0 * block_bytes, block_bytes, K / 64, 1,
-      weights + (N / 16) * block_bytes, scratch,
-      [&](int b, int64_t column_group) -> const void* { return e.start(column_group, (b0 + b) * 16); },
-      [&](int64_t g, int b, int64_t column_group, const void* sums) {
-        for (int64_t r = 0; r < rows && g * 16 + r < M; ++r) {
-          const int64_t m = g * 16 + r;
-          e.accumulate(_mm512_loadu_si512(static_cast<const int32_t*>(sums) + 16 * r), m, column_group,
-                       (b0 + b) * 16, partial + m * 32 + b * 16);
-        }
-      });
-}
-
-void amx_linear_int8(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N, const Epilogue& e) {
-  const int64_t groups = (M + 15) / 16;
-  const int rows = M < 16 ? static_cast<int>(M) : 16;
-  at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) int32_t scratch[16 * 16];
-    thread_local std::vector<float> partial;
-    if (partial.size() < static_cast<size_t>(M * 32)) partial.resize(static_cast<size_t>(M * 32));
-    llmserve::configure_pairs(rows);
-    for (int64_t pair = begin; pair < end; ++pair)
-      amx_channel_pair(codes, M, groups, rows, K, packed, N, 2 * pair, e, scratch, partial.data());
-    _tile_release();
   });
 }
 #endif
@@ -224,12 +182,11 @@ void amx_linear_int8(const uint8_t* codes, int64_t M, int64_t K, const int8_t* p
 
 namespace llmserve {
 
-std::string w8a8_linear_path() {
-  if (amx_int8_usable()) return "amx";
+bool w8a8_linear_supported() {
 #ifdef LLMSERVE_W8A8_VNNI
-  return "vnni";
+  return true;
 #else
-  return "none";
+  return false;
 #endif
 }
 
@@ -263,11 +220,8 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
 }
 
 void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
-                 const at::Tensor& compensation, const at::Tensor& out, c10::string_view path) {
-  const std::string usable = w8a8_linear_path();
-  TORCH_CHECK(usable != "none", "w8a8_linear: this build or CPU has neither AVX512-VNNI nor AMX-INT8");
-  TORCH_CHECK(path == "auto" || path == usable || (path == "vnni" && vnni_compiled()),
-              "w8a8_linear: path must be auto or one this build and CPU has (", usable, "), got ", path);
+                 const at::Tensor& compensation, const at::Tensor& out) {
+  TORCH_CHECK(w8a8_linear_supported(), "w8a8_linear: this build or CPU has no AVX512-VNNI");
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && out.device().is_cpu(), "w8a8_linear runs on CPU tensors");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && out.dim() == 2 && out.is_contiguous(),
               "w8a8_linear: contiguous x [M, K] and out [M, N]");
@@ -283,34 +237,23 @@ void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() &&
                   compensation.numel() == K / kGroup * N,
               "w8a8_linear: int32 compensation [K / 64, N] from w8a8_pack_weight");
-#if defined(LLMSERVE_W8A8_VNNI) || defined(LLMSERVE_W8A8_AMX)
-  const bool amx = path == "amx" || (path == "auto" && usable == "amx" && (M >= kAmxFromRows || !vnni_compiled()));
-  // The AMX path reads whole groups of 16 rows; the rows past M are never stored.
-  const int64_t padded = amx && M > 16 ? (M + 15) / 16 * 16 : M;
-  const at::Tensor codes = at::empty({padded, K}, x.options().dtype(at::kByte));
+#ifdef LLMSERVE_W8A8_VNNI
+  const at::Tensor codes = at::empty({M, K}, x.options().dtype(at::kByte));
   const at::Tensor group_scales = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
-  llmserve::quantize_rows_u8(x, codes.narrow(0, 0, M), group_scales);
+  llmserve::quantize_rows_u8(x, codes, group_scales);
   const Epilogue epilogue{weight_scales.data_ptr<float>(), compensation.data_ptr<int32_t>(),
                           group_scales.data_ptr<float>(), K / kGroup, out.data_ptr(),
                           out.scalar_type() == at::kBFloat16, N};
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const int8_t* wp = packed.data_ptr<int8_t>();
-#ifdef LLMSERVE_W8A8_AMX
-  if (amx) return amx_linear_int8(cp, M, K, wp, N, epilogue);
-#endif
-#ifdef LLMSERVE_W8A8_VNNI
-  vnni_linear(cp, M, K, wp, N, epilogue);
-#endif
+  vnni_linear(codes.data_ptr<uint8_t>(), M, K, packed.data_ptr<int8_t>(), N, epilogue);
 #endif
 }
 
 }  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
-  m.def("w8a8_linear(Tensor x, Tensor packed, Tensor weight_scales, Tensor compensation, Tensor(a!) out, "
-        "str path='auto') -> ()");
+  m.def("w8a8_linear(Tensor x, Tensor packed, Tensor weight_scales, Tensor compensation, Tensor(a!) out) -> ()");
   m.def("w8a8_pack_weight(Tensor codes, Tensor(a!) packed, Tensor(b!) compensation) -> ()");
-  m.def("w8a8_linear_path() -> str", &llmserve::w8a8_linear_path);
+  m.def("w8a8_linear_supported() -> bool", &llmserve::w8a8_linear_supported);
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) {

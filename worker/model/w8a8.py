@@ -3,8 +3,8 @@
 The weight-only layers (quant.py) still multiply in floating point, so under load, where a step is many rows
 and compute-bound, they are no faster than bfloat16. Here each step's activation rows are quantized on
 the fly and the project's integer GEMM (worker/kernels/w8a8_linear.cpp) runs the products on the CPU's
-integer dot-product instructions (VNNI: 64 int8 products per 512-bit instruction, twice bfloat16's 32;
-AMX-INT8 tiles where present), quantizing the rows and rescaling the sums in the same call:
+integer dot-product instructions (VNNI: 64 int8 products per 512-bit instruction, twice bfloat16's 32),
+quantizing the rows and rescaling the sums in the same call:
 
     y[n] = s_w[n] * sum_g s_x[g] * sum_{k in g} q_x[k] q_w[n, k]   (+ b[n])
 
@@ -17,7 +17,7 @@ only the two roundings to 8 bits differ from float. Perplexity against the unqua
 where it serves (bench/quant_study.py).
 
 oneDNN's int8 GEMM, which this layer ran before the project's kernel, takes one activation scale per call and
-cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX512-VNNI or AMX-INT8 (or a
+cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX512-VNNI (or a
 build without the kernels) has no w8a8, and the worker says so at start.
 """
 
@@ -32,9 +32,9 @@ GROUP = 64  # columns per activation scale (w8a8_linear.cpp's kGroup)
 
 
 def w8a8_available(device: torch.device) -> bool:
-    """The project's integer GEMM runs here: the kernels built, a CPU with AVX512-VNNI or AMX-INT8."""
+    """The project's integer GEMM runs here: the kernels built, a CPU with AVX512-VNNI (AMX CPUs have it)."""
     ops = native_op("w8a8_linear")
-    return device.type == "cpu" and ops is not None and ops.w8a8_linear_path() != "none"
+    return device.type == "cpu" and ops is not None and ops.w8a8_linear_supported()
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +59,7 @@ class W8A8Linear:
         if not w8a8_available(weight.device):
             raise ValueError(
                 f"w8a8 runs on the project's integer GEMM, which needs the compiled kernels (`make kernels`) "
-                f"and a CPU with AVX512-VNNI or AMX-INT8; a weight on {weight.device} here has neither "
+                f"and a CPU with AVX512-VNNI; a weight on {weight.device} here has neither "
                 f"(use WORKER_QUANTIZATION=int8 or none)"
             )
         if in_features % GROUP or out_features % 32:
