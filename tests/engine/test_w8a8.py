@@ -188,10 +188,11 @@ def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channe
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 17, 33, 64, 130])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
-    """The kernel (chunks of 4 rows and 64 channels; the row counts reach every remainder) gives each group's exact int32 sums of the row codes against the
-    weight codes, times the group's scale, added up group after group in float32, times the channel scale,
-    rounded once to the output dtype. The scales here are powers of two and the sums small integers, so
-    every one of those float32 steps is exact and the kernel must give the exact result, bit for bit."""
+    """The kernel (chunks of 4 rows and 64 channels; the row counts reach every remainder) gives each group's
+    exact int32 sums of the row codes against the weight codes, times the group's scale, added up group after
+    group in float32, times the channel scale, rounded once to the output dtype. The scales here are powers
+    of two and the sums small integers, so every one of those float32 steps is exact and the kernel must give
+    the exact result, bit for bit."""
     ops = gemm_or_skip()
     gen = torch.Generator().manual_seed(rows)
     n, k = 96, 576  # 6 channel blocks (a pass of 4 and one of 2 per thread); 9 groups of columns
