@@ -68,7 +68,7 @@ def skip_unless_runs_here(case: str) -> None:
     if backend == "onednn" and not onednn_available(probe):
         pytest.skip(f"oneDNN has no {dtype} GEMM on this CPU")
     if quantization == "w8a8" and not w8a8_available(torch.device("cpu")):
-        pytest.skip("no AVX512-VNNI or AMX-INT8 on this CPU or build")
+        pytest.skip("no AVX512-VNNI on this CPU or build")
 
 
 def runner_for(hf_name: str, case: str) -> ModelRunner:
