@@ -58,12 +58,12 @@ struct Epilogue {
 
   // Group g's int32 sums of rows [m0, m0 + R), channels [n0, n0 + 16): plus the compensation (then exact),
   // scaled by the row's scale for the group and added to the row's running total in partial (row r at
-  // partial + r * stride; set at g = 0); at the last group the total, times the weight scales, goes to out
+  // partial + 64 r; set at g = 0); at the last group the total, times the weight scales, goes to out
   // instead. Inlined, with every field read into a local first: the vector stores may alias anything, and
   // rereading the fields after each of them (as the compiler otherwise must) cost a fifth of a pass.
   template <int R>
   __attribute__((always_inline)) void accumulate(const __m512i (&sums)[R], int64_t m0, int64_t g, int64_t n0,
-                                                 float* partial, int64_t stride) const {
+                                                 float* partial) const {
     const __m512i start = _mm512_loadu_si512(compensation + g * N + n0);
     const float* scales = group_scales + m0 * groups + g;
     const int64_t row_scales = groups;
@@ -72,11 +72,11 @@ struct Epilogue {
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[r], start));
       const __m512 scale = _mm512_set1_ps(scales[r * row_scales]);
-      totals[r] = g == 0 ? _mm512_mul_ps(v, scale) : _mm512_fmadd_ps(v, scale, _mm512_loadu_ps(partial + r * stride));
+      totals[r] = g == 0 ? _mm512_mul_ps(v, scale) : _mm512_fmadd_ps(v, scale, _mm512_load_ps(partial + 64 * r));
     }
     if (g < groups - 1) {
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) _mm512_storeu_ps(partial + r * stride, totals[r]);
+      for (int r = 0; r < R; ++r) _mm512_store_ps(partial + 64 * r, totals[r]);
       return;
     }
     const __m512 w = _mm512_loadu_ps(weight_scales + n0);
@@ -101,7 +101,7 @@ constexpr int kMaxBlocks = 4;  // channel blocks of 16 per pass (64 channels): 4
 constexpr int64_t kAhead = 2;
 
 // Rows [m0, m0 + R) of the codes against channel blocks [b, b + B), columns of group g; partial: [rows, 64]
-// float32, the running totals of these 64 channels.
+// float32, the running totals of these 64 channels, 64-byte aligned.
 template <int R, int B>
 void vnni_tile(const uint8_t* codes, int64_t K, const int8_t* packed, int64_t b, int64_t m0, int64_t g,
                float* partial, const Epilogue& epilogue) {
@@ -132,10 +132,12 @@ void vnni_tile(const uint8_t* codes, int64_t K, const int8_t* packed, int64_t b,
     __m512i sums[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) sums[r] = acc[r][j];
-    epilogue.accumulate<R>(sums, m0, g, (b + j) * 16, partial + m0 * 64 + j * 16, 64);
+    epilogue.accumulate<R>(sums, m0, g, (b + j) * 16, partial + m0 * 64 + j * 16);
   }
 }
 
+// Channel blocks [b, b + B) of the [blocks] against every row: group by group, every row chunk of 4 passing
+// over the group's codes while they are in L1.
 template <int B>
 void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t b, int64_t blocks,
                float* partial, const Epilogue& e) {
@@ -163,7 +165,9 @@ void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed,
 
 void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N, const Epilogue& e) {
   at::parallel_for(0, N / 16, kMaxBlocks, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> partial;  // every row's running totals for 64 channels, between groups
+    // every row's running totals for 64 channels, between groups; 64-byte aligned, so that no total's load or
+    // store straddles two cache lines
+    thread_local std::vector<float> partial;
     if (partial.size() < static_cast<size_t>(M * 64 + 16)) partial.resize(static_cast<size_t>(M * 64 + 16));
     float* aligned = partial.data() + ((64 - reinterpret_cast<uintptr_t>(partial.data()) % 64) % 64) / 4;
     for (int64_t b = begin; b < end; b += kMaxBlocks) {
