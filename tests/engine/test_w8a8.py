@@ -195,7 +195,7 @@ def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
     the exact result, bit for bit."""
     ops = gemm_or_skip()
     gen = torch.Generator().manual_seed(rows)
-    n, k = 96, 576  # 6 channel blocks (a pass of 4 and one of 2 per thread); 9 groups of columns
+    n, k = 96, 576  # 6 channel blocks (passes of 3 on two threads, of 4 and 2 on one); 9 groups of columns
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
     codes[:, 0] = 127  # so each channel's scale is its power of two
     weight = codes.float() * 2.0 ** torch.randint(-3, 3, (n, 1), generator=gen)

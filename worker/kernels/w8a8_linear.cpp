@@ -136,7 +136,7 @@ void vnni_tile(const uint8_t* codes, int64_t K, const int8_t* packed, int64_t b,
   }
 }
 
-// Channel blocks [b, b + B) of the [blocks] against every row: group by group, every row chunk of 4 passing
+// Channel blocks [b, b + B) (of `blocks` in all) against every row: group by group, every row chunk of 4 passing
 // over the group's codes while they are in L1.
 template <int B>
 void vnni_rows(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t b, int64_t blocks,
