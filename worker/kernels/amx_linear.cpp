@@ -105,7 +105,7 @@ void store_tile(const float* c_tile, int64_t m0, int64_t rows, int64_t M, int64_
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(c_tile + 16 * r))));
 }
 
-// Channel blocks b0, b0 + 1 (32 channels) against every group of x rows, two groups at a time (amx.h).
+// Channel blocks b0, b0 + 1 (32 channels) against every group of x rows, two groups at a time (tile_pair_pass above).
 void channel_pair(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K, const BF16* packed, int64_t N,
                   int64_t b0, BF16* out, float* scratch) {
   const int64_t block_bytes = 16 * K * 2;  // one channel block: K / 2 pairs of 16 channels
