@@ -131,6 +131,17 @@ class Linear:
         else:
             self.weight = weight.detach()
 
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(x @ gate.T) * (x @ up.T) for a layer whose weight is [gate; up], in one pass where the backend
+        has one (amx without a bias: the same bits as the product followed by the native silu_and_mul, without
+        writing and reading the product's 2 I columns); None elsewhere, and the caller runs the two."""
+        if self.backend != "amx" or self.bias is not None:
+            return None
+        out = x.new_empty(x.shape[0], self.out_features // 2, dtype=torch.bfloat16)
+        if x.shape[0]:
+            torch.ops.llmserve.amx_linear_silu_mul(x.to(torch.bfloat16).contiguous(), self.weight, out)
+        return out
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "amx":
             out = x.new_empty(x.shape[0], self.out_features, dtype=torch.bfloat16)

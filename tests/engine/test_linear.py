@@ -13,6 +13,7 @@ from common.linear import (
     row_buckets,
     warm_up_linears,
 )
+from common.native_kernels import native_op
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33, 300])
@@ -115,6 +116,34 @@ def test_amx_matches_f_linear_in_bfloat16(rows, shape):
     expected = x.float() @ weight.float().T
     assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
     torch.testing.assert_close(got.float(), expected, rtol=8e-3, atol=8e-3 * expected.abs().max().item())
+
+
+@AMX
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 33, 64, 200])
+@pytest.mark.parametrize("shape", [(96, 64), (3072, 576)])
+def test_amx_gated_activation_has_the_bits_of_the_product_then_silu_and_mul(rows, shape):
+    """The one-pass [gate; up] product and activation (an odd number of 16-channel blocks in the first shape,
+    SmolLM2's MLP in the second) against the product followed by the native silu_and_mul, bit for bit."""
+    ops = native_op("silu_and_mul")
+    gen = torch.Generator().manual_seed(rows + shape[0])
+    weight = (torch.randn(*shape, generator=gen) * 0.05).bfloat16()
+    x = torch.randn(rows, shape[1], generator=gen).bfloat16()
+    layer = Linear(weight, backend="amx")
+    product = layer(x)
+    expected = torch.empty(rows, shape[0] // 2, dtype=torch.bfloat16)
+    ops.silu_and_mul(product, expected)
+    got = layer.silu_and_mul(x)
+    assert got.shape == expected.shape and torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    assert layer.silu_and_mul(x[:0]).shape == (0, shape[0] // 2)
+
+
+@AMX
+def test_only_amx_layers_without_a_bias_run_the_gated_activation_in_one_pass():
+    weight = torch.randn(64, 96).bfloat16()
+    x = torch.randn(4, 96).bfloat16()
+    assert Linear(weight, backend="amx").silu_and_mul(x) is not None
+    assert Linear(weight, torch.randn(64).bfloat16(), backend="amx").silu_and_mul(x) is None
+    assert Linear(weight, backend="onednn").silu_and_mul(x) is None
 
 
 @AMX

@@ -180,7 +180,8 @@ void decode_layers(const at::Tensor& hidden, const at::Tensor& x, const at::Tens
   const at::Tensor q = at::empty({rows, num_heads, dim}, options);
   const at::Tensor qkv_buffer = at::empty({linear_rows, qkv_width}, options);
   const at::Tensor proj_buffer = at::empty({linear_rows, hidden_size}, options);  // o_proj's and down's output
-  const at::Tensor gate_up_buffer = at::empty({linear_rows, 2 * intermediate}, options);
+  const at::Tensor gate_up_buffer =
+      info.kernel == Kernel::Amx ? at::Tensor() : at::empty({linear_rows, 2 * intermediate}, options);
   const double scale = std::pow(static_cast<double>(dim), -0.5);  // Python's head_dim ** -0.5
 
   rms_norm(hidden, input_norms[0], eps, normed_rows);
@@ -193,8 +194,11 @@ void decode_layers(const at::Tensor& hidden, const at::Tensor& x, const at::Tens
     decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, attn_heads);
     const at::Tensor projected = first_rows(out_proj(l, attn, proj_buffer), rows);
     add_rms_norm(projected, hidden, post_norms[l], eps, normed_rows);
-    const at::Tensor gate_up_out = first_rows(gate_up_proj(l, normed, gate_up_buffer), rows);
-    silu_and_mul(gate_up_out, act_rows);
+    if (info.kernel == Kernel::Amx) {  // the product and the activation in one pass, the same bits
+      amx_linear_silu_mul(normed, gate_up[l], act);
+    } else {
+      silu_and_mul(first_rows(gate_up_proj(l, normed, gate_up_buffer), rows), act_rows);
+    }
     const at::Tensor down_out = first_rows(down_proj(l, act, proj_buffer), rows);
     if (l + 1 < layers) {
       add_rms_norm(down_out, hidden, input_norms[l + 1], eps, normed_rows);

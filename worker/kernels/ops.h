@@ -31,6 +31,7 @@ void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 bool amx_linear_supported();
 void amx_pack_weight(const at::Tensor& w, const at::Tensor& packed);
 void amx_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out);
+void amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out);
 
 // w8a8_linear.cpp
 bool w8a8_linear_supported();

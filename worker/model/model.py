@@ -352,15 +352,24 @@ class LlamaForPagedAttention:
             v = qkv[:, q_size + kv_size :].view(num_tokens, s.num_kv_heads, s.head_dim)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta)
             ops.add_rms_norm(layer.o_proj(attn.view(num_tokens, q_size)), hidden, layer.post_norm, eps, x)
-            gate_up = layer.gate_up(x)
-            act = gate_up.new_empty(num_tokens, gate_up.shape[1] // 2)
-            ops.silu_and_mul(gate_up, act)
+            act = self._gated_activation(layer.gate_up, x)
             down = layer.down(act)
             if i < last:
                 ops.add_rms_norm(down, hidden, self.layers[i + 1].input_norm, eps, x)
             else:
                 hidden += down
         return self._logits(hidden, logits_indices)
+
+    def _gated_activation(self, gate_up: Linear, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of the [gate; up] projection of x: in one pass where the layer has one (AMX tiles;
+        a LoRA-wrapped or quantized layer has none), else the product and then the native silu_and_mul."""
+        fused = getattr(gate_up, "silu_and_mul", None)
+        act = fused(x) if fused is not None else None
+        if act is None:
+            product = gate_up(x)
+            act = product.new_empty(x.shape[0], product.shape[1] // 2)
+            self.native_ops.silu_and_mul(product, act)
+        return act
 
     def _logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor | None) -> torch.Tensor:
         """The final norm and the LM head over the wanted rows of the last residual stream (native path)."""
