@@ -123,23 +123,20 @@ void channel_pair(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K,
 
 // The gated activation of a [gate; up] layer's block b (channels b * 16 .. + 16 of gate and of up, which are
 // blocks b and b + I / 16 of the packed weight) for every group of x rows: out = silu(gate) * up, with gate and
-// up rounded to bfloat16 first and the same operations as silu_and_mul (fused_ops.cpp), so the result has the
+// up rounded to bfloat16 first and silu_and_mul's own arithmetic (vec.h's silu_mul16), so the result has the
 // bits of amx_linear followed by silu_and_mul, without writing and reading the [M, 2 I] product.
 void gated_block(const BF16* x, int64_t M, int64_t groups, int rows, int64_t K, const BF16* packed, int64_t I,
                  int64_t b, BF16* out, float* scratch) {
   const int64_t block_bytes = 16 * K * 2;
   const char* gate = reinterpret_cast<const char*>(packed) + b * block_bytes;
-  const __m512 one = _mm512_set1_ps(1.f);
-  const BF16* as_bf16 = nullptr;  // selects round_through16's bfloat16 rounding
+  const BF16* as_bf16 = nullptr;  // selects bfloat16 rounding
   tile_pair_pass(reinterpret_cast<const char*>(x), K * 2, groups, gate, gate + (I / 16) * block_bytes, K / 32,
                  reinterpret_cast<const char*>(packed) + (2 * I / 16) * block_bytes, scratch,
                  [&](int64_t g, const float* sums) {
                    for (int64_t r = 0; r < rows && g * 16 + r < M; ++r) {
                      const __m512 gv = llmserve::round_through16(_mm512_loadu_ps(sums + 16 * r), as_bf16);
                      const __m512 uv = llmserve::round_through16(_mm512_loadu_ps(sums + 256 + 16 * r), as_bf16);
-                     const __m512 e = llmserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-                     const __m512 s = llmserve::round_through16(_mm512_div_ps(gv, _mm512_add_ps(one, e)), as_bf16);
-                     llmserve::store16(out + (g * 16 + r) * I + b * 16, _mm512_mul_ps(s, uv));
+                     llmserve::store16(out + (g * 16 + r) * I + b * 16, llmserve::silu_mul16(gv, uv, as_bf16));
                    }
                  });
 }

@@ -230,13 +230,8 @@ void silu_and_mul_row(const T* x, int64_t n, T* out) {
   const T* up = x + n;
   int64_t i = 0;
 #ifdef LLMSERVE_AVX512
-  const __m512 one16 = _mm512_set1_ps(1.f);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = llmserve::load16(gate + i);
-    const __m512 e = llmserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    const __m512 s = llmserve::round_through16(_mm512_div_ps(g, _mm512_add_ps(one16, e)), gate);
-    llmserve::store16(out + i, _mm512_mul_ps(s, llmserve::load16(up + i)));
-  }
+  for (; i + 16 <= n; i += 16)
+    llmserve::store16(out + i, llmserve::silu_mul16(llmserve::load16(gate + i), llmserve::load16(up + i), gate));
 #endif
 #ifdef LLMSERVE_AVX2
   const __m256 one = _mm256_set1_ps(1.f);

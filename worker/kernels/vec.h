@@ -155,6 +155,13 @@ inline __m512 exp16(__m512 x) {  // as exp8
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
+// silu(g), rounded through T as `F.silu(gate)` rounds, times u: the gated activation's arithmetic, shared by
+// silu_and_mul (fused_ops.cpp) and the AMX [gate; up] pass (amx_linear.cpp), which must give the same bits.
+template <typename T>
+inline __m512 silu_mul16(__m512 g, __m512 u, const T* rounding) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_mul_ps(round_through16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), rounding), u);
+}
 }  // namespace llmserve
 #endif
 #endif
