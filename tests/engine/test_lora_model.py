@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.linear import Linear, amx_available
 from tests.engine.factories import paged_runner, tiny_llama
 from tests.support.lora_adapters import MODEL_DIR, edit_config, load_base, make_adapter
 from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
@@ -206,6 +207,26 @@ def test_lora_over_each_linear_kind_adds_exactly_its_low_rank_product(quantizati
     want[rows1] += (x[rows1] @ a1.T) @ b1.T
     want[rows2] += (x[rows2] @ a2.T) @ b2.T
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(
+    not amx_available(torch.zeros(32, 32, dtype=torch.bfloat16)),
+    reason="the one-pass activation runs on AMX tiles",
+)
+def test_gate_up_takes_the_one_pass_activation_only_on_steps_without_adapter_rows():
+    torch.manual_seed(0)
+    base = Linear((torch.randn(64, 96) * 0.1).bfloat16(), backend="amx")
+    context = LoraStepContext()
+    layer = LoraLinear(base, 0, "gate_up", context)
+    x = torch.randn(3, 96).bfloat16()
+    context.set(3, [])
+    assert torch.equal(layer.silu_and_mul(x), base.silu_and_mul(x))
+
+    class Adapter:  # the shape LoraLinear reads: layers[i][projection].a / .b
+        layers = [{"gate_up": type("W", (), {"a": torch.randn(4, 96), "b": torch.randn(64, 4)})()}]
+
+    context.set(3, [(Adapter(), None)])  # its product goes between the projection and the activation
+    assert layer.silu_and_mul(x) is None
 
 
 def test_int8_engine_serves_adapters_and_each_changes_its_output(adapters, prompts):

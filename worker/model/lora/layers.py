@@ -111,6 +111,13 @@ class LoraLinear:
         self.out_features = getattr(base, "out_features", None)
         self.in_features = getattr(base, "in_features", None)
 
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The base layer's one-pass gated activation (common/linear.py `Linear.silu_and_mul`) on a step
+        without adapter rows; None on a step with any, whose low-rank products go between the projection and
+        the activation (the model then runs the two steps)."""
+        fused = getattr(self.base, "silu_and_mul", None)
+        return fused(x) if fused is not None and not self.context.groups else None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         groups = self.context.groups
