@@ -361,8 +361,9 @@ class LlamaForPagedAttention:
         return self._logits(hidden, logits_indices)
 
     def _gated_activation(self, gate_up: Linear, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of the [gate; up] projection of x: in one pass where the layer has one (AMX tiles;
-        a LoRA-wrapped or quantized layer has none), else the product and then the native silu_and_mul."""
+        """silu(gate) * up of the [gate; up] projection of x: in one pass where the layer has one (AMX tiles,
+        LoRA-wrapped too on a step without adapter rows; quantized and oneDNN layers have none), else the
+        product and then the native silu_and_mul."""
         fused = getattr(gate_up, "silu_and_mul", None)
         act = fused(x) if fused is not None else None
         if act is None:
