@@ -1,7 +1,9 @@
-"""Which kernels a 32-sequence decode step (and a shared-prefix prefill chunk) runs on this CPU.
+"""Which kernels a 32-sequence decode step and a prefill chunk (fresh, or over a shared prefix) run on this
+CPU.
 
     .venv/bin/python -m bench.step_kernels [--dtype auto] [--quantization auto] [--num-seqs 32]
-                                           [--steps 3] [--phases decode prefix] [--top 15] [--json PATH]
+                                           [--steps 3] [--phases decode prefix prefill] [--top 15]
+                                           [--json PATH]
 
 Per phase: the top operators of a torch profile (self CPU time), and oneDNN's verbose log of one step
 summed by primitive, implementation and data types. The implementation names the instructions oneDNN chose
@@ -11,6 +13,9 @@ JIT at all), which is what to read first when a kind of CPU is slower than expec
   prefix  requests of one shared 512-token prefix + 32 own tokens, each prefilled alone to its first token:
           the unprofiled first one misses the prefix cache, the profiled ones hit it (bench.peer_bench's
           shared-prefix run, one request at a time)
+  prefill requests of 512 new tokens each (no two alike, so none hits the prefix cache), each prefilled
+          alone to its first token: one full chunk of the default step budget, the linears at their most
+          rows
 Figures are from one short run: for where the time goes, not for how much (bench.peer_bench measures).
 """
 
@@ -152,6 +157,24 @@ def prefix_phase(engine) -> Callable[[], object]:
     return step
 
 
+def prefill_phase(engine) -> Callable[[], object]:
+    """A step that serves one request of 512 tokens no earlier request had to its first token (a whole
+    prefill chunk at the default budget of 512 tokens, and nothing else in the batch)."""
+    served = 0
+
+    def step() -> None:
+        nonlocal served
+        add(engine, f"f{served}", [(served * 7919 + j * 13) % 40000 + 100 for j in range(PREFIX_TOKENS)], 1)
+        served += 1
+        while engine.has_unfinished():
+            engine.step()
+
+    return step
+
+
+PHASES = {"decode": None, "prefix": prefix_phase, "prefill": prefill_phase}  # decode takes --num-seqs
+
+
 def run_phase(name: str, step: Callable[[], object], args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     step()
@@ -195,7 +218,7 @@ def main() -> None:
     parser.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4", "w8a8"])
     parser.add_argument("--num-seqs", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3, help="profiled steps per phase")
-    parser.add_argument("--phases", nargs="+", default=["decode", "prefix"], choices=["decode", "prefix"])
+    parser.add_argument("--phases", nargs="+", default=["decode", "prefix"], choices=list(PHASES))
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -210,7 +233,7 @@ def main() -> None:
     )
     results = []
     for phase in args.phases:
-        step = decode_phase(engine, args.num_seqs) if phase == "decode" else prefix_phase(engine)
+        step = decode_phase(engine, args.num_seqs) if phase == "decode" else PHASES[phase](engine)
         before = engine.stats()
         results.append(run_phase(phase, step, args))
         after = engine.stats()
