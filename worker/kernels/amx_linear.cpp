@@ -13,8 +13,8 @@
 //
 // amx_linear_silu_mul runs an MLP's [gate; up] projection and its activation in one pass: the two blocks of a
 // pass are gate's block b and up's block b, so both C tiles of a row group are at hand and silu(gate) * up is
-// written straight from them (a 512-token prefill step on SmolLM2 124 -> 104 ms: the [M, 2 I] product was
-// written, then read back by a separate pass).
+// written straight from them (a 512-token prefill step on SmolLM2 9-15% shorter, docs/STUDY_LOG.md: the
+// [M, 2 I] product was written, then read back by a separate pass).
 //
 // Layouts: x [M, K] bfloat16, contiguous; packed [N / 16, K / 2, 32] bfloat16 from amx_pack_weight(w [N, K]),
 // K a multiple of 32 and N of 32; out [M, N] bfloat16, written ([M, N / 2] for amx_linear_silu_mul).
