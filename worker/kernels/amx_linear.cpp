@@ -192,7 +192,7 @@ Shape check_amx_args(const at::Tensor& x, const at::Tensor& packed, const at::Te
 }
 
 #ifdef LLMSERVE_AMX
-// Runs pass(xp, groups, rows, scratch) on each thread's share [begin, end) of `units`, with the tiles
+// Runs pass(xp, groups, rows, unit, scratch) for every unit of each thread's share of [0, units), with the tiles
 // configured: xp is x with its rows padded to whole groups of 16 where M is above 16 and not a multiple of it.
 template <typename Pass>
 void over_tiles(const at::Tensor& x, int64_t units, const Pass& pass) {
