@@ -85,6 +85,13 @@ struct Linears {
     }
     return out;
   }
+  // Whether the kernel runs a [gate; up] projection and its activation in one pass (gated below).
+  bool has_gated() const { return info.kernel == Kernel::Amx; }
+  // silu(gate) * up of layer `layer`'s [gate; up] projection into out ([rows, N / 2]), the same bits as the
+  // product followed by silu_and_mul; only where has_gated().
+  void gated(int64_t layer, const at::Tensor& x, const at::Tensor& out) const {
+    llmserve::amx_linear_silu_mul(x, tensors[layer * info.per_layer], out);
+  }
   int64_t out_features() const {
     const at::Tensor& w = tensors[0];
     switch (info.kernel) {
@@ -181,7 +188,7 @@ void decode_layers(const at::Tensor& hidden, const at::Tensor& x, const at::Tens
   const at::Tensor qkv_buffer = at::empty({linear_rows, qkv_width}, options);
   const at::Tensor proj_buffer = at::empty({linear_rows, hidden_size}, options);  // o_proj's and down's output
   const at::Tensor gate_up_buffer =
-      info.kernel == Kernel::Amx ? at::Tensor() : at::empty({linear_rows, 2 * intermediate}, options);
+      gate_up_proj.has_gated() ? at::Tensor() : at::empty({linear_rows, 2 * intermediate}, options);
   const double scale = std::pow(static_cast<double>(dim), -0.5);  // Python's head_dim ** -0.5
 
   rms_norm(hidden, input_norms[0], eps, normed_rows);
@@ -194,8 +201,8 @@ void decode_layers(const at::Tensor& hidden, const at::Tensor& x, const at::Tens
     decode_attention(q, k_caches[l], v_caches[l], block_tables, context_lens, scale, attn_heads);
     const at::Tensor projected = first_rows(out_proj(l, attn, proj_buffer), rows);
     add_rms_norm(projected, hidden, post_norms[l], eps, normed_rows);
-    if (info.kernel == Kernel::Amx) {  // the product and the activation in one pass, the same bits
-      amx_linear_silu_mul(normed, gate_up[l], act);
+    if (gate_up_proj.has_gated()) {
+      gate_up_proj.gated(l, normed, act);
     } else {
       silu_and_mul(first_rows(gate_up_proj(l, normed, gate_up_buffer), rows), act_rows);
     }
