@@ -8,6 +8,8 @@ cores).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
@@ -36,6 +38,17 @@ def pytest_terminal_summary(terminalreporter) -> None:
     from worker.model.cpu_kind import cpu_info
 
     terminalreporter.write_line(f"CPU: {cpu_info().describe()}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each pytest process runs torch on one thread: two processes of two threads each on two
+    cores stall each other's OpenMP barriers (the in-process kernel tests took 4x as long; the suite 227 ->
+    198 s). tests/engine/test_thread_counts.py sets two threads itself to test the kernels' splits; the
+    services the tests start choose their own threads."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
