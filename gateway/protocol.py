@@ -264,12 +264,21 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = Field(default=None, **bounds("logprobs").pydantic())
     echo: bool | None = None
     suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
     prompt_logprobs: int | None = Field(default=None, **bounds("prompt_logprobs").pydantic())  # vLLM's
 
     @model_validator(mode="after")
     def _check_supported(self) -> CompletionRequest:
         if self.suffix:
             raise ValueError("suffix: suffix is not supported")
+        # best_of = n (OpenAI's default) changes nothing; more would return the n best of best_of samples,
+        # which this server does not rank (as vLLM's V1 engine): refused rather than quietly sampling n.
+        if self.best_of is not None and self.best_of < self.num_choices:
+            raise ValueError("best_of: best_of must be at least n")
+        if self.best_of is not None and self.best_of > self.num_choices:
+            raise ValueError(
+                "best_of: best_of above n is not supported (ask for n choices with logprobs and rank them)"
+            )
         if isinstance(self.prompt, list):
             if not self.prompt:
                 raise ValueError("prompt: prompt must not be empty")

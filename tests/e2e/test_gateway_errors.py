@@ -68,8 +68,13 @@ def test_invalid_completion_params_are_400(http: httpx.Client) -> None:
         ({"prompt": {"text": "x"}}, "prompt"),
         ({"suffix": "x"}, "suffix"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"best_of": 3}, "best_of"),  # the best of several samples: not ranked here
+        ({"best_of": 1, "n": 2}, "best_of"),
+        ({"best_of": 0}, "best_of"),
     ]:
         assert_openai_error(http.post("/v1/completions", json=base | change), 400, param)
+    equal = http.post("/v1/completions", json=base | {"best_of": 2, "n": 2})  # best_of = n: plain sampling
+    assert equal.status_code == 200 and len(equal.json()["choices"]) == 2
 
 
 def test_unknown_fields_are_ignored(http: httpx.Client) -> None:
