@@ -59,16 +59,20 @@ def test_decode_steps_get_the_same_inputs_from_the_lean_path(runner):
     assert decode_steps >= 4
 
 
-def test_a_one_token_prompt_chunk_that_does_not_sample_is_handled_alike(runner):
-    """A budget's last token can be a one-token prefill chunk mid-prompt: it runs but samples nothing."""
+def test_a_one_token_prompt_chunk_is_a_prefill_chunk_beside_the_decodes(runner):
+    """A budget's last token can be a one-token chunk mid-prompt: it runs as a prefill chunk of one and
+    samples nothing, while the decode beside it stays a decode (test_prefix_cache_numerics.py has why)."""
     mid_prompt = make_request(prompt=[5, 6, 7, 8, 9, 10])
     mid_prompt.block_ids = [3, 9]
-    decoding = make_request(prompt=[1, 2, 3, 4, 5])
+    decoding = make_request(prompt=[1, 2, 3, 4])
+    decoding.append_output_token(5)
     decoding.block_ids = [7, 2]
     plan = SchedulerOutput([ScheduledRequest(mid_prompt, 1, 4), ScheduledRequest(decoding, 1, 4)])
     got = runner.prepare(plan)
-    assert got.sampling_requests == [decoding] and got.meta.slot_mapping.tolist() == [9 * BLOCK, 2 * BLOCK]
-    assert_same_inputs(got, runner._prepare_batch(list(plan.scheduled)))
+    assert got.sampling_requests == [decoding] and [s.request for s in got.items] == [decoding, mid_prompt]
+    assert got.meta.num_decodes == 1 and got.meta.slot_mapping.tolist() == [2 * BLOCK, 9 * BLOCK]
+    (chunk,) = got.meta.prefills
+    assert (chunk.token_start, chunk.num_tokens, chunk.context_len) == (1, 1, 5)
 
 
 def test_steps_with_prompt_logprobs_keep_the_general_path(runner, monkeypatch):

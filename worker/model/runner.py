@@ -105,8 +105,8 @@ class ModelRunner:
 
     # ---- inputs --------------------------------------------------------------------------
     def prepare(self, plan: SchedulerOutput) -> StepInputs:
-        # Decodes (one token) first, so their queries are one contiguous slice of the batch.
-        items = sorted(plan.scheduled, key=lambda s: s.num_new_tokens != 1)
+        # Decodes (one generated token) first, so their queries are one contiguous slice of the batch.
+        items = sorted(plan.scheduled, key=lambda s: not _is_decode(s))
         if self.attention_backend == "native" and items and all(_plain_decode(s) for s in items):
             inputs = self._prepare_decodes(items)
         else:
@@ -149,7 +149,7 @@ class ModelRunner:
 
     def _prepare_batch(self, items: list[ScheduledRequest]) -> StepInputs:
         """Any step: decodes, prefill chunks, draft tokens, prompt logprobs."""
-        num_decodes = sum(1 for s in items if s.num_new_tokens == 1)
+        num_decodes = sum(1 for s in items if _is_decode(s))
         dev = self.device
         bs = self.block_size
         input_ids: list[int] = []
@@ -326,6 +326,13 @@ class ModelRunner:
         self.generators.pop(request_id, None)
 
 
+def _is_decode(item: ScheduledRequest) -> bool:
+    """One token past the prompt. A prompt's last token alone (the rest of it from the prefix cache) is a
+    prefill chunk of one: run by the decode kernels, its logits and K/V differed from the same prompt's
+    prefilled whole by a bfloat16 rounding, enough to change a seeded sample with the cache's state."""
+    return item.num_new_tokens == 1 and item.start >= item.request.num_prompt_tokens
+
+
 def _plain_decode(item: ScheduledRequest) -> bool:
-    """One token and nothing else to compute: no draft tokens, no prompt logprobs."""
-    return item.num_new_tokens == 1 and not item.request.wants_prompt_logprobs
+    """A decode and nothing else to compute: no draft tokens, no prompt logprobs."""
+    return _is_decode(item) and not item.request.wants_prompt_logprobs

@@ -1,0 +1,75 @@
+"""A prompt's logits do not depend on what the prefix cache holds, where the kernels compute each row alike
+whatever the batch (bfloat16 on AMX tiles or oneDNN's native bfloat16 GEMM).
+
+When every full block of a prompt is cached, only its last token is left to compute. That one token is a
+prefill chunk of one, not a decode: run by the decode kernels it came out a bfloat16 rounding away from the
+same prompt prefilled whole (SmolLM2 on an AMX Xeon: 0.25-0.31 in the logits of every later step), enough to
+change a seeded sample from one request to its repeat.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.linear import amx_available, onednn_available
+from tests.engine.factories import make_request, make_scheduler
+from tests.engine.test_decode_layers import head_dim_64_llama
+from worker.kernels import native_ops
+from worker.model.model import LlamaForPagedAttention
+from worker.model.runner import ModelRunner
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def runner() -> ModelRunner:
+    probe = torch.zeros(32, 32, dtype=torch.bfloat16)
+    if native_ops() is None:
+        pytest.skip("native kernels not built (make kernels)")
+    if not (amx_available(probe) or onednn_available(probe)):
+        pytest.skip("no native bfloat16 GEMM on this CPU: its kernels change method with the batch size")
+    model = LlamaForPagedAttention(head_dim_64_llama().to(torch.bfloat16), max_positions=256)
+    return ModelRunner(model, 128, BLOCK, attention_backend="native")
+
+
+def run(runner: ModelRunner, scheduler, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy to the end: the new tokens of each step and each step's logits."""
+    request = make_request(prompt=prompt, max_tokens=5)
+    scheduler.add_request(request)
+    new_tokens, logits = [], []
+    while scheduler.num_unfinished:
+        plan = scheduler.schedule()
+        new_tokens.append(plan.scheduled[0].num_new_tokens)
+        inputs = runner.prepare(plan)
+        step = runner.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, runner.kv_caches, inputs.logits_indices
+        )
+        logits.append(step.float())
+        token = int(step.argmax(dim=-1)[0])
+        scheduler.update_from_output(plan, {request.request_id: token})
+    return new_tokens, logits
+
+
+def test_a_prompt_left_with_its_last_token_computes_what_it_did_whole(runner):
+    prompt = [(5 * i + 3) % 250 + 1 for i in range(4 * BLOCK + 1)]  # 4 full blocks + the token left over
+    scheduler = make_scheduler(num_blocks=128, block_size=BLOCK, max_num_batched_tokens=64)
+    whole_steps, whole = run(runner, scheduler, prompt)
+    cached_steps, cached = run(runner, scheduler, prompt)
+    assert whole_steps[0] == len(prompt) and cached_steps[0] == 1  # the repeat found 4 blocks cached
+    for step_whole, step_cached in zip(whole, cached, strict=True):
+        assert torch.equal(step_whole, step_cached)
+
+
+def test_a_prompts_last_token_alone_is_a_prefill_chunk_and_a_generated_one_a_decode(runner):
+    prompt = [(7 * i + 1) % 250 + 1 for i in range(2 * BLOCK + 1)]
+    scheduler = make_scheduler(num_blocks=128, block_size=BLOCK, max_num_batched_tokens=64)
+    run(runner, scheduler, prompt)
+    scheduler.add_request(make_request(prompt=prompt, max_tokens=2))
+    plan = scheduler.schedule()
+    inputs = runner.prepare(plan)
+    assert plan.scheduled[0].num_new_tokens == 1
+    assert inputs.meta.num_decodes == 0 and len(inputs.meta.prefills) == 1
+    scheduler.update_from_output(plan, {plan.scheduled[0].request.request_id: 5})
+    decode = runner.prepare(scheduler.schedule())
+    assert decode.meta.num_decodes == 1 and decode.meta.prefills == []
