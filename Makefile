@@ -75,8 +75,9 @@ $(VENV)/bin/prometheus: | $(VENV)/.installed
 
 # Two pytest processes (pytest-xdist), each taking whole files (the files that share a session fixture's
 # processes together: tests/conftest.py), so module and session fixtures stay whole: one process kept the
-# two cores about half busy (6.4 min); two take 3.5 min on the same machine. Every test starts its processes
-# on free loopback ports with their own temp folders.
+# two cores about half busy (6.4 min); two take 3.5 min on the same machine, ~3.3 min since each runs torch on
+# one thread (tests/conftest.py). Every test starts its processes on free loopback ports with their own temp
+# folders.
 test: venv protos kernels model cache-models $(VENV)/bin/prometheus
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 -m "not scenario" tests
 
