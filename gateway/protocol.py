@@ -23,6 +23,21 @@ UNSUPPORTED_FIELDS = {
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
 }
+# vLLM's extensions this server does not implement: refused, naming the field, unless given their default
+# value (vLLM's clients send some with defaults), so a vLLM client never gets output it did not ask for.
+UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "include_stop_str_in_output": ((False,), "the stop string is never returned"),
+    "skip_special_tokens": ((True,), "special tokens are always left out of the text"),
+    "spaces_between_special_tokens": ((True,), "special tokens are left out of the text"),
+    "allowed_token_ids": (([],), "use logit_bias"),
+    "bad_words": (([],), "use logit_bias"),
+    "truncate_prompt_tokens": ((), "prompts are never cut: a prompt past the context is refused"),
+    "add_generation_prompt": ((True,), "the chat template always opens the assistant's turn"),
+    "continue_final_message": ((False,), "the chat template always opens a new assistant turn"),
+    "chat_template": ((), "the model's own chat template is used"),
+    "chat_template_kwargs": (({},), "the model's own chat template is used as it is"),
+    "documents": (([],), "documents are not rendered into the prompt"),
+}
 # Accepted and ignored (they do not change the output); each is logged once per process.
 IGNORED_FIELDS = {
     "store",
@@ -161,6 +176,9 @@ class _SamplingRequest(_Strict):
             for name, why in UNSUPPORTED_FIELDS.items():
                 if data.get(name) is not None:
                     raise ValueError(f"{name}: {name} is not supported ({why})")
+            for name, (defaults, why) in UNSUPPORTED_VLLM_FIELDS.items():
+                if data.get(name) is not None and data[name] not in defaults:
+                    raise ValueError(f"{name}: {name} is not supported ({why})")
             if data.get("modalities") not in (None, ["text"]):
                 raise ValueError("modalities: only text output is supported")
             for name in IGNORED_FIELDS.intersection(data).difference(_logged_ignored):
@@ -241,8 +259,10 @@ class ChatCompletionRequest(_SamplingRequest):
     @model_validator(mode="before")
     @classmethod
     def _check_prompt_logprobs(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("prompt_logprobs") is not None:
-            raise ValueError("prompt_logprobs: prompt_logprobs is only supported on /v1/completions")
+        if isinstance(data, dict):
+            for name in ("prompt_logprobs", "echo"):  # echo: vLLM's, the last message before the reply
+                if data.get(name) not in (None, False):
+                    raise ValueError(f"{name}: {name} is only supported on /v1/completions")
         return data
 
     @model_validator(mode="after")

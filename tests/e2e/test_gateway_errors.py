@@ -52,6 +52,14 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         ({"stream": "yes"}, "stream"),
         ({"seed": "1"}, "seed"),
         ({"model": None}, "model"),
+        ({"echo": True}, "echo"),
+        # vLLM's extensions that would change the output and are not implemented: refused, not ignored
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+        ({"skip_special_tokens": False}, "skip_special_tokens"),
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+        ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
     ],
 )
 def test_invalid_chat_params_are_400(http: httpx.Client, change: dict, param: str) -> None:
@@ -80,6 +88,18 @@ def test_invalid_completion_params_are_400(http: httpx.Client) -> None:
 def test_unknown_fields_are_ignored(http: httpx.Client) -> None:
     response = http.post("/v1/chat/completions", json=CHAT | {"frobnicate": 1, "logit_bias": {}})
     assert response.status_code == 200
+
+
+def test_vllm_extensions_at_their_defaults_are_accepted(http: httpx.Client) -> None:
+    defaults = {
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": False,
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+        "chat_template_kwargs": {},
+        "echo": False,
+    }
+    assert http.post("/v1/chat/completions", json=CHAT | defaults).status_code == 200
 
 
 def test_malformed_bodies_are_400_not_422(http: httpx.Client) -> None:
