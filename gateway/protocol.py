@@ -32,8 +32,6 @@ UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "allowed_token_ids": (([],), "use logit_bias"),
     "bad_words": (([],), "use logit_bias"),
     "truncate_prompt_tokens": ((), "prompts are never cut: a prompt past the context is refused"),
-    "add_generation_prompt": ((True,), "the chat template always opens the assistant's turn"),
-    "continue_final_message": ((False,), "the chat template always opens a new assistant turn"),
     "chat_template": ((), "the model's own chat template is used"),
     "chat_template_kwargs": (({},), "the model's own chat template is used as it is"),
     "documents": (([],), "documents are not rendered into the prompt"),
@@ -234,6 +232,18 @@ class _SamplingRequest(_Strict):
         return None
 
 
+def check_template_options(
+    messages: list[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
+) -> None:
+    """vLLM's rules for its two chat template options (400 naming the field)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError(
+            "continue_final_message: continue_final_message needs add_generation_prompt set to false"
+        )
+    if continue_final_message and messages[-1].role != "assistant":
+        raise ValueError("continue_final_message: the last message must be the assistant's to continue it")
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, **bounds("max_tokens").pydantic())
@@ -242,6 +252,15 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat template options (worker/engine/chat_template.py): the assistant's turn opened after the
+    # messages, or the last message, an assistant's, continued instead
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _check_template_options(self) -> ChatCompletionRequest:
+        check_template_options(self.messages, self.add_generation_prompt, self.continue_final_message)
+        return self
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:

@@ -8,7 +8,14 @@ from __future__ import annotations
 from pydantic import Field, ValidationError, model_validator
 
 from common.gen import worker_pb2
-from gateway.protocol import INT32_MAX, ChatMessage, Tool, _Strict, validation_error
+from gateway.protocol import (
+    INT32_MAX,
+    ChatMessage,
+    Tool,
+    _Strict,
+    check_template_options,
+    validation_error,
+)
 from gateway.worker_pool import WorkerPool
 from gateway.worker_request import chat_message
 
@@ -20,11 +27,15 @@ class TokenizeRequest(_Strict):
     tools: list[Tool] | None = None
     add_special_tokens: bool = True
     return_token_strs: bool = False
+    add_generation_prompt: bool = True  # chat: as /v1/chat/completions takes them
+    continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _one_prompt(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("prompt: send exactly one of prompt and messages")
+        if self.messages is not None:
+            check_template_options(self.messages, self.add_generation_prompt, self.continue_final_message)
         return self
 
 
@@ -52,7 +63,10 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
     if req.messages is not None:
         tools_json = "[" + ",".join(t.model_dump_json(exclude_none=True) for t in req.tools or []) + "]"
         chat = worker_pb2.ChatPrompt(
-            messages=[chat_message(m) for m in req.messages], tools_json=tools_json if req.tools else ""
+            messages=[chat_message(m) for m in req.messages],
+            tools_json=tools_json if req.tools else "",
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
         )
         call = worker_pb2.TokenizeRequest(chat=chat)
     else:

@@ -88,7 +88,12 @@ def chat_request(
         params.structured_output.CopyFrom(worker_pb2.StructuredOutput(json_schema=json.dumps(tools.schema)))
     return worker_pb2.GenerateRequest(
         request_id=request_id,
-        chat=worker_pb2.ChatPrompt(messages=messages, tools_json=tools.tools_json if tools else ""),
+        chat=worker_pb2.ChatPrompt(
+            messages=messages,
+            tools_json=tools.tools_json if tools else "",
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+        ),
         params=params,
         model=model,
     )

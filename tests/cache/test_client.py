@@ -49,6 +49,13 @@ def chat(**fields: object) -> ChatCompletionRequest:
         {"temperature": 0.0, "tools": [{"type": "function", "function": {"name": "f"}}]},
         {"temperature": 0.7},
         {},  # the engine's (OpenAI's) default temperature is 1
+        {"temperature": 0.0, "add_generation_prompt": False},  # the same messages rendered otherwise
+        {
+            "temperature": 0.0,
+            "messages": [*MESSAGES, {"role": "assistant", "content": "Paris"}],
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
     ],
 )
 def test_requests_whose_answer_may_not_be_reused(fields: dict) -> None:

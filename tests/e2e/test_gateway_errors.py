@@ -56,7 +56,9 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         # vLLM's extensions that would change the output and are not implemented: refused, not ignored
         ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
         ({"skip_special_tokens": False}, "skip_special_tokens"),
-        ({"continue_final_message": True}, "continue_final_message"),
+        ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt is true
+        # the last message is the user's: nothing to continue
+        ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
         ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
         ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),

@@ -181,3 +181,31 @@ def test_unsupported_fields_are_named(gateway: Service) -> None:
         "metadata": {"a": "b"},
     }
     assert httpx.post(f"{gateway.addr}/v1/chat/completions", json=harmless, timeout=60).status_code == 200
+
+
+def test_continue_final_message_continues_the_assistants_message(
+    client: openai.OpenAI, gateway: Service
+) -> None:
+    """vLLM's continue_final_message: the reply goes on from the assistant's own start, the prompt being the
+    messages with that last one left open, which /tokenize renders alike (and greedy text from those very ids
+    through /v1/completions is the same reply)."""
+    messages = [
+        {"role": "user", "content": "Count from one to ten."},
+        {"role": "assistant", "content": "1, 2, 3,"},
+    ]
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    reply = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0, extra_body=options
+    )
+    with httpx.Client(base_url=gateway.addr, timeout=60) as http:
+        rendered = http.post("/tokenize", json={"model": MODEL_NAME, "messages": messages} | options).json()
+        default = http.post("/tokenize", json={"model": MODEL_NAME, "messages": messages}).json()
+        text = http.post("/detokenize", json={"model": MODEL_NAME, "tokens": rendered["tokens"]}).json()
+    assert text["prompt"].endswith("<|im_start|>assistant\n1, 2, 3,")  # left open: no end of turn
+    assert reply.usage.prompt_tokens == rendered["count"] < default["count"]  # no end-of-turn, no new turn
+    same_ids = client.completions.create(
+        model=MODEL_NAME, prompt=rendered["tokens"], max_tokens=8, temperature=0
+    )
+    assert reply.choices[0].message.content == same_ids.choices[0].text
+    opened = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0)
+    assert opened.usage.prompt_tokens == default["count"]

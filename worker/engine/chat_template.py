@@ -37,14 +37,27 @@ TOOLS_FORMAT = (
 )
 
 
-def render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
-    """The prompt text with the generation prompt appended."""
+def render_chat(
+    tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict] | None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """The prompt text: the messages, then the assistant's turn opened (add_generation_prompt), or the last
+    message, an assistant's, left open for the reply to continue (continue_final_message, vLLM's option)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+    if continue_final_message and messages[-1]["role"] != "assistant":
+        raise ValueError("continue_final_message needs the last message to be the assistant's")
+    options = {
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+    }
     if tools and _template_knows_tools(tokenizer, messages, tools):
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **options)
     plain = hermes_messages(messages, tools or [])
-    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(plain, tokenize=False, **options)
 
 
 def _template_knows_tools(tokenizer, messages: list[dict[str, Any]], tools: list[dict]) -> bool:

@@ -84,7 +84,13 @@ class LLMEngine:
             if not prompt.messages:
                 raise InvalidRequestError("messages must not be empty")
             try:
-                text = render_chat(self.tokenizer, prompt.messages, prompt.tools)
+                text = render_chat(
+                    self.tokenizer,
+                    prompt.messages,
+                    prompt.tools,
+                    prompt.add_generation_prompt,
+                    prompt.continue_final_message,
+                )
             except Exception as exc:  # a template error is the caller's input problem
                 raise InvalidRequestError(f"could not apply the chat template: {exc}") from exc
             ids = self.tokenizer.encode(text, add_special_tokens=False)

@@ -57,6 +57,8 @@ class PromptInput:
     messages: list[dict[str, Any]] | None = None  # role, content; tool_calls, tool_call_id, name when set
     token_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, rendered with the messages
+    add_generation_prompt: bool = True  # chat: open the assistant's turn after the messages
+    continue_final_message: bool = False  # chat: leave the last (assistant) message open instead
 
 
 @dataclass

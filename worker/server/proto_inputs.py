@@ -17,7 +17,12 @@ def chat_prompt(chat: worker_pb2.ChatPrompt) -> PromptInput:
         tools = json.loads(chat.tools_json) if chat.tools_json else None
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"tools: not valid JSON: {exc}") from None
-    return PromptInput(messages=[_message(m) for m in chat.messages], tools=tools or None)
+    return PromptInput(
+        messages=[_message(m) for m in chat.messages],
+        tools=tools or None,
+        add_generation_prompt=chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True,
+        continue_final_message=chat.continue_final_message,
+    )
 
 
 def _message(m: worker_pb2.ChatMessage) -> dict[str, Any]:
