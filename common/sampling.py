@@ -83,6 +83,8 @@ FIELDS: tuple[SamplingField, ...] = (
     _number("logprobs", int, None, 0, MAX_TOP_LOGPROBS, note="unset: none; k: the sampled token's and top k"),
     _number("prompt_logprobs", int, None, 0, MAX_TOP_LOGPROBS, note="unset: none; k: each prompt token's"),
     SamplingField("ignore_eos", bool, False),
+    SamplingField("skip_special_tokens", bool, True, note="vLLM's; false: special tokens are in the text"),
+    SamplingField("include_stop_str_in_output", bool, False, note="vLLM's; true: the stop in the text"),
     SamplingField("stop", list, (), note=f"at most {MAX_STOP_STRINGS}, each 1..{MAX_STOP_CHARS} characters"),
     SamplingField("stop_token_ids", list, (), Bounds(0, INT32_MAX), note=f"at most {MAX_STOP_TOKEN_IDS}"),
     SamplingField("logit_bias", dict, {}, Bounds(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS), note="token id -> bias"),

@@ -26,8 +26,6 @@ UNSUPPORTED_FIELDS = {
 # vLLM's extensions this server does not implement: refused, naming the field, unless given their default
 # value (vLLM's clients send some with defaults), so a vLLM client never gets output it did not ask for.
 UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "include_stop_str_in_output": ((False,), "the stop string is never returned"),
-    "skip_special_tokens": ((True,), "special tokens are always left out of the text"),
     "spaces_between_special_tokens": ((True,), "special tokens are left out of the text"),
     "allowed_token_ids": (([],), "use logit_bias"),
     "bad_words": (([],), "use logit_bias"),
@@ -158,6 +156,8 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float | None = Field(default=None, **bounds("repetition_penalty").pydantic())
     min_tokens: int | None = Field(default=None, **bounds("min_tokens").pydantic())
     ignore_eos: bool | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[Int32] | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> -100..100
     response_format: ResponseFormat | None = None

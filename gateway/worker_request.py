@@ -23,6 +23,8 @@ def contract_values(req: ChatCompletionRequest | CompletionRequest) -> dict[str,
         logprobs=req.num_logprobs(),
         prompt_logprobs=req.num_prompt_logprobs(),
         ignore_eos=bool(req.ignore_eos),
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
         stop=req.stop_list,
         stop_token_ids=list(req.stop_token_ids or []),
         logit_bias={int(token): bias for token, bias in (req.logit_bias or {}).items()},
@@ -34,8 +36,13 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest) -> worker_pb
     """Unset fields stay unset so the engine applies the contract's defaults in one place."""
     values = contract_values(req)
     params = worker_pb2.SamplingParams(
-        ignore_eos=values["ignore_eos"], stop=values["stop"], stop_token_ids=values["stop_token_ids"]
+        ignore_eos=values["ignore_eos"],
+        include_stop_str_in_output=values["include_stop_str_in_output"],
+        stop=values["stop"],
+        stop_token_ids=values["stop_token_ids"],
     )
+    if not values["skip_special_tokens"]:
+        params.skip_special_tokens = False
     for name in sampling.NUMBER_FIELDS:
         if values[name] is not None:
             setattr(params, name, values[name])

@@ -108,6 +108,10 @@ def test_output_params_cover_the_grammar() -> None:
     assert free != params_fingerprint(output_params(chat(temperature=0, guided_choice=["a", "b"])))
     json_mode = chat(temperature=0, response_format={"type": "json_object"})
     assert free != params_fingerprint(output_params(json_mode))
+    # vLLM's text options: an answer cut before its stop string is not one that ends with it
+    assert free == params_fingerprint(output_params(chat(temperature=0, skip_special_tokens=True)))
+    assert free != params_fingerprint(output_params(chat(temperature=0, include_stop_str_in_output=True)))
+    assert free != params_fingerprint(output_params(chat(temperature=0, skip_special_tokens=False)))
 
 
 async def test_store_then_hit_through_the_client(cache_service: CacheService) -> None:

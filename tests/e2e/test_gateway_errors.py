@@ -54,8 +54,8 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         ({"model": None}, "model"),
         ({"echo": True}, "echo"),
         # vLLM's extensions that would change the output and are not implemented: refused, not ignored
-        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-        ({"skip_special_tokens": False}, "skip_special_tokens"),
+        ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
         ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt is true
         # the last message is the user's: nothing to continue
         ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),

@@ -158,3 +158,43 @@ def test_sdk_raises_typed_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=2, temperature=5)
     assert info.value.body["param"] == "temperature"
+
+
+def test_include_stop_str_in_output_keeps_the_matched_stop_string(client: openai.OpenAI) -> None:
+    """vLLM's include_stop_str_in_output: the text ends with the stop string instead of before it."""
+
+    def complete(**extra: object) -> openai.types.Completion:
+        return client.completions.create(
+            model=MODEL_NAME, prompt="The capital of France is", max_tokens=16, temperature=0, **extra
+        )
+
+    free = complete().choices[0].text
+    stop = free.split()[2]  # a word inside the greedy text
+    cut = complete(stop=[stop]).choices[0]
+    kept = complete(stop=[stop], extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert cut.finish_reason == kept.finish_reason == "stop"
+    assert cut.text == free[: free.index(stop)]
+    assert kept.text == free[: free.index(stop) + len(stop)]
+
+
+def test_special_tokens_reach_the_text_only_when_asked(client: openai.OpenAI) -> None:
+    """vLLM's skip_special_tokens; the stop token that ends a reply (here EOS) stays out of the text unless
+    include_stop_str_in_output asks for it, as in vLLM."""
+    im_start, im_end = 1, 2  # SmolLM2's <|im_start|> and <|im_end|> (EOS)
+
+    def chat(bias: int, **extra: object) -> openai.types.chat.ChatCompletion:
+        return client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=QUESTION,
+            max_tokens=3,
+            temperature=0,
+            logit_bias={str(bias): 100},
+            extra_body=extra,
+        )
+
+    assert chat(im_start).choices[0].message.content == ""
+    assert chat(im_start, skip_special_tokens=False).choices[0].message.content == "<|im_start|>" * 3
+    ended = chat(im_end, skip_special_tokens=False).choices[0]
+    assert ended.finish_reason == "stop" and ended.message.content == ""
+    kept = chat(im_end, skip_special_tokens=False, include_stop_str_in_output=True).choices[0]
+    assert kept.message.content == "<|im_end|>"

@@ -13,8 +13,10 @@ def tokenizer():
     return load_tokenizer(MODEL_DIR)
 
 
-def _stream(tokenizer, text: str, stop: list[str]) -> tuple[list[str], bool, IncrementalDetokenizer]:
-    detok = IncrementalDetokenizer(tokenizer, stop)
+def _stream(
+    tokenizer, text: str, stop: list[str], include_stop: bool = False
+) -> tuple[list[str], bool, IncrementalDetokenizer]:
+    detok = IncrementalDetokenizer(tokenizer, stop, include_stop=include_stop)
     deltas, stopped = [], False
     for token in tokenizer.encode(text):
         stopped = detok.add_token(token)
@@ -40,6 +42,14 @@ def test_stop_string_is_held_back_and_never_emitted(tokenizer):
     assert stopped
     assert "".join(deltas) == "The capital of France is "
     assert "Par" not in "".join(deltas) and detok.text == "The capital of France is "
+
+
+def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(tokenizer):
+    text = "The capital of France is Paris. It is big."
+    deltas, stopped, _ = _stream(tokenizer, text, ["is big", "Paris"], include_stop=True)
+    assert stopped and "".join(deltas) == "The capital of France is Paris"
+    deltas, stopped, _ = _stream(tokenizer, text, ["is big", "Paris. It"], include_stop=True)
+    assert stopped and "".join(deltas) == "The capital of France is Paris. It"  # held back, then whole
 
 
 def test_text_that_only_looks_like_a_stop_string_is_released(tokenizer):

@@ -32,8 +32,7 @@ def test_every_number_is_optional_on_the_wire() -> None:
 def test_the_engine_dataclass_has_every_field_with_the_contract_default() -> None:
     params = SamplingParams()
     engine_fields = {f.name for f in dataclasses.fields(SamplingParams)}
-    assert set(sampling.NAMES) <= engine_fields
-    assert engine_fields - set(sampling.NAMES) == {"skip_special_tokens"}  # engine-only, not on the wire
+    assert engine_fields == set(sampling.NAMES)
     for field in sampling.FIELDS:
         value = getattr(params, field.name)
         assert value == field.default or (not value and not field.default), field.name

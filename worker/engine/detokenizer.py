@@ -2,7 +2,8 @@
 
 Text is decoded from a sliding window of tokens, so a multi-byte UTF-8 character split over several
 tokens is only emitted once complete. Text that may still turn into a stop string is held back;
-a matched stop string (and anything after it) never reaches the client.
+what follows a matched stop string never reaches the client, nor the stop string itself unless the request
+asked for it (vLLM's include_stop_str_in_output).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from functools import lru_cache
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str], skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer, stop: list[str], skip_special_tokens: bool = True, include_stop: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.skip_special_tokens = skip_special_tokens
+        self.include_stop = include_stop
         self.token_ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -40,10 +44,12 @@ class IncrementalDetokenizer:
         return self._truncate_at_stop(search_from)
 
     def _truncate_at_stop(self, search_from: int) -> bool:
-        hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+        """Cut the text at the first stop string to start (the longest starting there), or after it."""
+        hits = [(i, -len(s)) for s in self.stop if (i := self.text.find(s, search_from)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
+        start, minus_length = min(hits)
+        self.text = self.text[: start - minus_length if self.include_stop else start]
         return True
 
     def take_delta(self, final: bool) -> str:

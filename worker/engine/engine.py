@@ -171,7 +171,10 @@ class LLMEngine:
         for request in requests:
             self.scheduler.add_request(request)
             self.detokenizers[request.request_id] = IncrementalDetokenizer(
-                self.tokenizer, request.params.stop, request.params.skip_special_tokens
+                self.tokenizer,
+                request.params.stop,
+                request.params.skip_special_tokens,
+                request.params.include_stop_str_in_output,
             )
         self.groups[group] = [r.request_id for r in requests]
 
@@ -262,10 +265,15 @@ class LLMEngine:
         self, request: Request, tokens: list[int], finished: list[Request], finished_ids: set[str]
     ) -> list[int]:
         """Feed this step's tokens to the detokenizer; on a stop string, finish the request there
-        and drop any later tokens of the step."""
+        and drop any later tokens of the step. A stop token that ended the request (EOS, stop_token_ids) is
+        not fed, as in vLLM, unless the request asked for it (include_stop_str_in_output)."""
         detokenizer = self.detokenizers[request.request_id]
         before = request.num_output_tokens - len(tokens)
-        for j, token in enumerate(tokens):
+        text_tokens = tokens
+        if request.request_id in finished_ids and not request.params.include_stop_str_in_output:
+            if self._ended_on_stop_token(request, tokens[-1]):
+                text_tokens = tokens[:-1]
+        for j, token in enumerate(text_tokens):
             if detokenizer.add_token(token) and before + j + 1 >= request.params.min_tokens:
                 extra = len(tokens) - j - 1
                 if extra:

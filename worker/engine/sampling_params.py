@@ -21,7 +21,7 @@ class GrammarSpec:
 
 @dataclass
 class SamplingParams:
-    """The contract's fields (defaults from it) plus what only the engine sets (skip_special_tokens)."""
+    """The contract's fields, with its defaults."""
 
     n: int = _D["n"]
     temperature: float = _D["temperature"]
@@ -38,7 +38,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = _D["logprobs"]  # None: no logprobs; k: sampled token's logprob and the top k
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool = _D["skip_special_tokens"]
+    include_stop_str_in_output: bool = _D["include_stop_str_in_output"]
     structured_output: GrammarSpec | None = None  # None: free text
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     prompt_logprobs: int | None = _D["prompt_logprobs"]  # None: none; k: each prompt token's, rank and top k

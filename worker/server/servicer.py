@@ -41,8 +41,13 @@ def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
 
 def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
     params = SamplingParams(
-        ignore_eos=proto.ignore_eos, stop=list(proto.stop), stop_token_ids=list(proto.stop_token_ids)
+        ignore_eos=proto.ignore_eos,
+        stop=list(proto.stop),
+        stop_token_ids=list(proto.stop_token_ids),
+        include_stop_str_in_output=proto.include_stop_str_in_output,
     )
+    if proto.HasField("skip_special_tokens"):
+        params.skip_special_tokens = proto.skip_special_tokens
     for name in sampling.NUMBER_FIELDS:  # optional on the wire: unset ones keep the contract's defaults
         if proto.HasField(name):
             setattr(params, name, getattr(proto, name))
