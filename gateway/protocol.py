@@ -29,7 +29,6 @@ UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "spaces_between_special_tokens": ((True,), "special tokens are left out of the text"),
     "allowed_token_ids": (([],), "use logit_bias"),
     "bad_words": (([],), "use logit_bias"),
-    "truncate_prompt_tokens": ((), "prompts are never cut: a prompt past the context is refused"),
     "chat_template": ((), "the model's own chat template is used"),
     "chat_template_kwargs": (({},), "the model's own chat template is used as it is"),
     "documents": (([],), "documents are not rendered into the prompt"),
@@ -158,6 +157,8 @@ class _SamplingRequest(_Strict):
     ignore_eos: bool | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # k > 0: the prompt's last k tokens only; -1: its last max_model_len (vLLM's left truncation)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     stop_token_ids: list[Int32] | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> -100..100
     response_format: ResponseFormat | None = None
@@ -183,6 +184,12 @@ class _SamplingRequest(_Strict):
                 _logged_ignored.add(name)
                 log.info("accepted and ignored request field %r (logged once)", name)
         return data
+
+    @model_validator(mode="after")
+    def _check_truncation(self) -> _SamplingRequest:
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens: must be -1 (the context length) or a positive number")
+        return self
 
     @model_validator(mode="after")
     def _check_structured(self) -> _SamplingRequest:

@@ -130,15 +130,17 @@ class SemanticCacheGate:
 
     def may_reuse(self, req: ChatCompletionRequest | CompletionRequest) -> bool:
         """One answer, no logprobs of the output or the prompt (a stored text has none), no tools (calls are
-        parsed from the text), the chat template at its defaults (vLLM's options render the same messages
-        otherwise), and sampling no hotter than CACHE_MAX_TEMPERATURE (unset: the engine's default
-        temperature)."""
+        parsed from the text), the chat template at its defaults and the prompt whole (vLLM's options change
+        what the same messages prompt), and sampling no hotter than CACHE_MAX_TEMPERATURE (unset: the
+        engine's default temperature)."""
         if req.num_choices != 1 or req.num_logprobs() is not None or req.num_prompt_logprobs() is not None:
             return False
         if getattr(req, "tools", None):
             return False
         if not getattr(req, "add_generation_prompt", True) or getattr(req, "continue_final_message", False):
             return False  # another rendering of the same messages
+        if req.truncate_prompt_tokens is not None:
+            return False  # a part of the prompt
         temperature = sampling.DEFAULTS["temperature"] if req.temperature is None else req.temperature
         return temperature <= self.max_temperature + 1e-6
 

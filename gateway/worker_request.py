@@ -93,7 +93,7 @@ def chat_request(
     params = sampling_params(req)
     if tools is not None and tools.schema is not None:
         params.structured_output.CopyFrom(worker_pb2.StructuredOutput(json_schema=json.dumps(tools.schema)))
-    return worker_pb2.GenerateRequest(
+    out = worker_pb2.GenerateRequest(
         request_id=request_id,
         chat=worker_pb2.ChatPrompt(
             messages=messages,
@@ -104,6 +104,9 @@ def chat_request(
         params=params,
         model=model,
     )
+    if req.truncate_prompt_tokens is not None:
+        out.truncate_prompt_tokens = req.truncate_prompt_tokens
+    return out
 
 
 def completion_request(
@@ -112,6 +115,8 @@ def completion_request(
     """One worker request per prompt; `prompt` picks one of a batch (default: the first)."""
     prompt = req.single_prompt() if prompt is None else prompt
     out = worker_pb2.GenerateRequest(request_id=request_id, params=sampling_params(req), model=model)
+    if req.truncate_prompt_tokens is not None:
+        out.truncate_prompt_tokens = req.truncate_prompt_tokens
     if isinstance(prompt, str):
         out.text = prompt
     else:

@@ -50,6 +50,7 @@ def chat(**fields: object) -> ChatCompletionRequest:
         {"temperature": 0.7},
         {},  # the engine's (OpenAI's) default temperature is 1
         {"temperature": 0.0, "add_generation_prompt": False},  # the same messages rendered otherwise
+        {"temperature": 0.0, "truncate_prompt_tokens": 4},  # a part of the prompt
         {
             "temperature": 0.0,
             "messages": [*MESSAGES, {"role": "assistant", "content": "Paris"}],

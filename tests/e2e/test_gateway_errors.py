@@ -61,7 +61,8 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
         ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
-        ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ],
 )
 def test_invalid_chat_params_are_400(http: httpx.Client, change: dict, param: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -198,3 +199,26 @@ def test_special_tokens_reach_the_text_only_when_asked(client: openai.OpenAI) ->
     assert ended.finish_reason == "stop" and ended.message.content == ""
     kept = chat(im_end, skip_special_tokens=False, include_stop_str_in_output=True).choices[0]
     assert kept.message.content == "<|im_end|>"
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(
+    client: openai.OpenAI, gateway: Service
+) -> None:
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens only, the same as sending those ids."""
+    prompt = "Once upon a time, in a kingdom by the sea, there lived a king who loved to count his gold"
+    with httpx.Client(base_url=gateway.addr, timeout=60) as http:
+        ids = http.post("/tokenize", json={"model": MODEL_NAME, "prompt": prompt}).json()["tokens"]
+    assert len(ids) > 8
+    cut = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0, extra_body={"truncate_prompt_tokens": 8}
+    )
+    last = client.completions.create(model=MODEL_NAME, prompt=ids[-8:], max_tokens=6, temperature=0)
+    assert cut.usage.prompt_tokens == 8 and cut.choices[0].text == last.choices[0].text
+    whole = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=1, extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert whole.usage.prompt_tokens == len(ids)  # shorter than the context: nothing to cut
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=QUESTION, max_tokens=1, extra_body={"truncate_prompt_tokens": 5}
+    )
+    assert chat.usage.prompt_tokens == 5

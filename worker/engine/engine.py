@@ -100,6 +100,9 @@ class LLMEngine:
             raise InvalidRequestError("a prompt is required")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
+        keep = prompt.truncate_prompt_tokens
+        if keep is not None:  # vLLM's: the last k tokens (-1: as many as the context holds)
+            ids = ids[-(self.scheduler.config.max_model_len if keep == -1 else keep) :]
         return ids
 
     def tokenize_for_client(self, prompt: PromptInput, add_special: bool) -> tuple[list[int], list[str]]:

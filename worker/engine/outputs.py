@@ -59,6 +59,7 @@ class PromptInput:
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions, rendered with the messages
     add_generation_prompt: bool = True  # chat: open the assistant's turn after the messages
     continue_final_message: bool = False  # chat: leave the last (assistant) message open instead
+    truncate_prompt_tokens: int | None = None  # k > 0: the last k tokens only; -1: the last max_model_len
 
 
 @dataclass

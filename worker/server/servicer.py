@@ -31,12 +31,21 @@ log = logging.getLogger(__name__)
 def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
     kind = request.WhichOneof("prompt")
     if kind == "text":
-        return PromptInput(text=request.text)
-    if kind == "chat":
-        return chat_prompt(request.chat)
-    if kind == "token_ids":
-        return PromptInput(token_ids=list(request.token_ids.ids))
-    raise InvalidRequestError("a prompt is required: set text, chat or token_ids")
+        prompt = PromptInput(text=request.text)
+    elif kind == "chat":
+        prompt = chat_prompt(request.chat)
+    elif kind == "token_ids":
+        prompt = PromptInput(token_ids=list(request.token_ids.ids))
+    else:
+        raise InvalidRequestError("a prompt is required: set text, chat or token_ids")
+    if request.HasField("truncate_prompt_tokens"):
+        if request.truncate_prompt_tokens == 0 or request.truncate_prompt_tokens < -1:
+            raise InvalidRequestError(
+                "truncate_prompt_tokens must be -1 (the context length) or a positive number",
+                param="truncate_prompt_tokens",
+            )
+        prompt.truncate_prompt_tokens = request.truncate_prompt_tokens
+    return prompt
 
 
 def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
