@@ -199,6 +199,13 @@ def test_special_tokens_reach_the_text_only_when_asked(client: openai.OpenAI) ->
     assert ended.finish_reason == "stop" and ended.message.content == ""
     kept = chat(im_end, skip_special_tokens=False, include_stop_str_in_output=True).choices[0]
     assert kept.message.content == "<|im_end|>"
+    # logprobs cover the text: the stop token's with it, none without
+    with_logprobs = {"logprobs": True, "skip_special_tokens": False}
+    assert [
+        p.token
+        for p in chat(im_end, include_stop_str_in_output=True, **with_logprobs).choices[0].logprobs.content
+    ] == ["<|im_end|>"]
+    assert chat(im_end, **with_logprobs).choices[0].logprobs.content == []
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(

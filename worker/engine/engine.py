@@ -242,8 +242,9 @@ class LLMEngine:
             request.last_token_time = now
             tokens = self._apply_stop_strings(request, tokens, finished, finished_ids)
             logprobs = self._logprobs(tokens[0], by_request[request_id][1])
-            if logprobs and request_id in finished_ids and self._ended_on_stop_token(request, tokens[-1]):
-                logprobs = []  # like OpenAI: logprobs cover the returned text, not the stop token
+            ended_on_stop = request_id in finished_ids and self._ended_on_stop_token(request, tokens[-1])
+            if logprobs and ended_on_stop and not request.params.include_stop_str_in_output:
+                logprobs = []  # like OpenAI: logprobs cover the returned text, here without the stop token
             if request_id in finished_ids:
                 output = self._final_output(request, tokens, logprobs)
             else:
