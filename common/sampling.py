@@ -24,6 +24,7 @@ MAX_LOGIT_BIAS = 100.0
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1 << 17  # past any vocabulary this stack serves
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
@@ -88,6 +89,7 @@ FIELDS: tuple[SamplingField, ...] = (
     SamplingField("stop", list, (), note=f"at most {MAX_STOP_STRINGS}, each 1..{MAX_STOP_CHARS} characters"),
     SamplingField("stop_token_ids", list, (), Bounds(0, INT32_MAX), note=f"at most {MAX_STOP_TOKEN_IDS}"),
     SamplingField("logit_bias", dict, {}, Bounds(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS), note="token id -> bias"),
+    SamplingField("allowed_token_ids", list, (), Bounds(0, INT32_MAX), note="vLLM's; empty: every token"),
     SamplingField("structured_output", object, None, note=f"unset: free text; else one of {GRAMMAR_KINDS}"),
 )
 BY_NAME: dict[str, SamplingField] = {f.name: f for f in FIELDS}
@@ -123,6 +125,8 @@ def check(values: Mapping[str, Any]) -> None:
     stop_token_ids = list(values.get("stop_token_ids") or ())
     if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise SamplingError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed", "stop_token_ids")
+    if len(values.get("allowed_token_ids") or ()) > MAX_ALLOWED_TOKEN_IDS:
+        raise SamplingError(f"at most {MAX_ALLOWED_TOKEN_IDS} allowed token ids", "allowed_token_ids")
     for bias in (values.get("logit_bias") or {}).values():
         if not (math.isfinite(bias) and bias in bounds("logit_bias")):
             message = f"logit_bias values must be in {bounds('logit_bias')}, got {bias}"

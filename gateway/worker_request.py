@@ -27,6 +27,7 @@ def contract_values(req: ChatCompletionRequest | CompletionRequest) -> dict[str,
         include_stop_str_in_output=req.include_stop_str_in_output,
         stop=req.stop_list,
         stop_token_ids=list(req.stop_token_ids or []),
+        allowed_token_ids=list(req.allowed_token_ids or []),
         logit_bias={int(token): bias for token, bias in (req.logit_bias or {}).items()},
     )
     return values
@@ -40,6 +41,7 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest) -> worker_pb
         include_stop_str_in_output=values["include_stop_str_in_output"],
         stop=values["stop"],
         stop_token_ids=values["stop_token_ids"],
+        allowed_token_ids=values["allowed_token_ids"],
     )
     if not values["skip_special_tokens"]:
         params.skip_special_tokens = False

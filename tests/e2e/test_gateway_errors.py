@@ -60,7 +60,9 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         # the last message is the user's: nothing to continue
         ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
-        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+        ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+        ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),  # past the vocabulary: the worker's check
+        ({"bad_words": ["x"]}, "bad_words"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ],

@@ -229,3 +229,21 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(
         model=MODEL_NAME, messages=QUESTION, max_tokens=1, extra_body={"truncate_prompt_tokens": 5}
     )
     assert chat.usage.prompt_tokens == 5
+
+
+def test_allowed_token_ids_are_the_only_tokens_sampled(client: openai.OpenAI, gateway: Service) -> None:
+    """vLLM's allowed_token_ids: every sampled token is one of them, greedy or not."""
+    with httpx.Client(base_url=gateway.addr, timeout=60) as http:
+        allowed = http.post("/tokenize", json={"model": MODEL_NAME, "prompt": " yes no"}).json()["tokens"]
+    assert len(allowed) == 2
+    for temperature in (0.0, 1.5):
+        reply = client.completions.create(
+            model=MODEL_NAME,
+            prompt="Is the sky blue?",
+            max_tokens=6,
+            temperature=temperature,
+            logprobs=0,
+            extra_body={"allowed_token_ids": allowed},
+        )
+        tokens = reply.choices[0].logprobs.tokens
+        assert len(tokens) == 6 and set(tokens) <= {" yes", " no"}, tokens

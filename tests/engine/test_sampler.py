@@ -153,6 +153,21 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached():
     assert _sample(logits, [request]).token_ids == [7]
 
 
+def test_allowed_token_ids_are_the_only_tokens_a_row_samples():
+    """vLLM's allowed_token_ids, on its own row: greedy takes the best of them, sampling draws only them."""
+    logits = _logits(3, seed=5)
+    allowed = [3, 17, 41]
+    logits[:, allowed] = torch.tensor([0.5, 1.0, 0.0])
+    logits[:, 8] = 10.0  # what every row would take without the mask
+    greedy = make_request(temperature=0.0, allowed_token_ids=allowed)
+    hot = make_request(temperature=2.0, allowed_token_ids=allowed)
+    free = make_request(temperature=0.0)
+    for _ in range(40):
+        assert _sample(logits, [greedy, hot, free]).token_ids[::2] == [17, 8]
+    drawn = [_sample(logits[1:2], [hot]).token_ids[0] for _ in range(200)]
+    assert set(drawn) == set(allowed)  # each at ~30% at temperature 2: all three in 200 draws
+
+
 def test_logprobs_are_of_the_model_distribution_with_top_k_sorted():
     logits = _logits(2)
     requests = [make_request(temperature=0.0, logprobs=3), make_request(temperature=0.0)]

@@ -42,6 +42,7 @@ def can_speculate(request: Request) -> bool:
         and request.num_output_tokens >= p.min_tokens
         and request.grammar is None  # drafts would be verified against unmasked logits
         and not p.logit_bias
+        and not p.allowed_token_ids
     )
 
 

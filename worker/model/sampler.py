@@ -42,6 +42,7 @@ class SamplingBatch:
     logits_as_is: list[bool]  # per row: nothing changes its logits before temperature and truncation
     logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
     grammars: list[tuple[int, object]] = field(default_factory=list)  # (row, Grammar) of constrained rows
+    allowed: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, the only ids it may sample)
 
     def select(self, rows: list[int]) -> SamplingBatch:
         """The batch of these rows alone, renumbered in this order."""
@@ -69,6 +70,7 @@ class SamplingBatch:
             num_logprobs=[self.num_logprobs[r] for r in rows],
             logit_bias=[(new[row], ids, biases) for row, ids, biases in self.logit_bias if row in new],
             grammars=[(new[row], grammar) for row, grammar in self.grammars if row in new],
+            allowed=[(new[row], ids) for row, ids in self.allowed if row in new],
             logits_as_is=[self.logits_as_is[r] for r in rows],
         )
 
@@ -139,10 +141,12 @@ def build_batch(
             if p.logit_bias
         ],
         grammars=[(row, r.grammar) for row, r in enumerate(requests) if r.grammar is not None],
+        allowed=[(row, p.allowed_token_ids) for row, p in enumerate(params) if p.allowed_token_ids],
         logits_as_is=[
             not (p.presence_penalty or p.frequency_penalty)
             and p.repetition_penalty == 1.0
             and not p.logit_bias
+            and not p.allowed_token_ids
             and r.grammar is None
             and row not in banned_rows
             for row, (r, p) in enumerate(zip(requests, params, strict=True))
@@ -315,14 +319,19 @@ def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Ten
 
 
 def _changed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Float32 copies of the rows with penalties, bias, bans and grammars applied: what both draws start
-    from for rows that are not drawn from their logits as they are."""
+    """Float32 copies of the rows with penalties, bias, bans, allowed tokens and grammars applied: what both
+    draws start from for rows that are not drawn from their logits as they are."""
     logits = logits.float().clone()
     _apply_penalties(logits, batch)
     for row, ids, biases in batch.logit_bias:
         logits[row, ids] += torch.tensor(biases, device=logits.device)
     for row, ids in batch.banned:
         logits[row, ids] = float("-inf")
+    for row, ids in batch.allowed:  # every other token masked (vLLM's allowed_token_ids)
+        keep = torch.full_like(logits[row], float("-inf"))
+        index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        keep[index] = logits[row, index]
+        logits[row] = keep
     if batch.grammars:
         _apply_grammars(logits, batch.grammars)
     return logits

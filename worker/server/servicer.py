@@ -54,6 +54,7 @@ def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
         stop=list(proto.stop),
         stop_token_ids=list(proto.stop_token_ids),
         include_stop_str_in_output=proto.include_stop_str_in_output,
+        allowed_token_ids=list(proto.allowed_token_ids),
     )
     if proto.HasField("skip_special_tokens"):
         params.skip_special_tokens = proto.skip_special_tokens
@@ -75,6 +76,7 @@ def check_params_for_model(params: SamplingParams, vocab_size: int) -> None:
         raise InvalidRequestError(str(exc), param=exc.param) from None
     token_ids = [("stop_token_ids", t) for t in params.stop_token_ids]
     token_ids += [("logit_bias", t) for t in getattr(params, "logit_bias", None) or ()]
+    token_ids += [("allowed_token_ids", t) for t in params.allowed_token_ids]
     for name, token_id in token_ids:
         if not 0 <= token_id < vocab_size:
             message = f"{name}: token id {token_id} is out of range [0, {vocab_size})"
