@@ -55,6 +55,11 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, "service_unavailable", None, "service_unavailable", headers)
 
 
+def worker_lost(detail: str) -> APIError:
+    """503: the worker running the request went away before it finished; the client may retry."""
+    return unavailable(f"The worker running the request went away before it finished ({detail}); retry it")
+
+
 def timed_out(message: str) -> APIError:
     """504: the request ran past its deadline (GATEWAY_REQUEST_TIMEOUT_S) and was aborted."""
     return APIError(504, message, "timeout_error", None, "request_timeout")

@@ -16,12 +16,13 @@ from starlette.types import Receive, Scope, Send
 
 from common.gen import worker_pb2
 from gateway import observability
-from gateway.errors import APIError, from_grpc
+from gateway.errors import APIError, from_grpc, worker_lost
 from gateway.http_io import check_api_key, read_body, until_disconnect
 from gateway.limits import RequestLimits, check_limits
 from gateway.merged_stream import MergedStream
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.responses import SSE_DONE, ChoiceState, ResponseMeta, UsageTotals, sse, usage_dict
+from gateway.routing import metrics
 from gateway.semantic import CacheDecision, SemanticCacheGate
 from gateway.settings import GatewaySettings
 from gateway.tool_calls import ToolCallParser, ToolPlan, plan_tools
@@ -46,6 +47,14 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+class WorkerLost(Exception):
+    """The worker running a request went away (its connection dropped, or it stalled) before the end."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 @dataclass
@@ -136,16 +145,7 @@ class Serving:
         headers = decision.headers()
         if decision.hit is not None:
             return self._cached(meta, decision, bool(req.stream), headers)
-        streams: list[WorkerStream] = []
-        try:
-            for generate in generates:
-                started = self.pool.generate(generate, prompt_param, req.user)
-                streams.append(await until_disconnect(raw, started, WorkerStream.cancel))
-        except BaseException:
-            for started_stream in streams:
-                started_stream.cancel()
-            raise
-        stream = MergedStream(streams, req.num_choices)
+        stream = await self._start(raw, req, generates, prompt_param)
         n = req.num_choices * len(generates)
         generation = Generation(meta, stream, decision, n, prompt_param, tools)
         if req.stream:
@@ -159,11 +159,42 @@ class Serving:
                 body, close, media_type="text/event-stream", headers=headers | SSE_HEADERS
             )
         try:
-            result = await until_disconnect(raw, self._collect(generation))
+            try:
+                result = await until_disconnect(raw, self._collect(generation))
+            except WorkerLost as lost:
+                # Nothing was sent yet: run it again, once, where routing sends it now (the lost worker's
+                # calls fail at once, so it is skipped). A stream can't be taken back: it ends in an error.
+                log.warning("a worker went away mid-generation (%s); running the request again", lost.error)
+                metrics.RETRIES.labels(req.model).inc()
+                generation.stream.cancel()
+                generation.stream = await self._start(raw, req, generates, prompt_param)
+                try:
+                    result = await until_disconnect(raw, self._collect(generation))
+                except WorkerLost as again:
+                    raise again.error from None
         finally:
-            stream.cancel()
+            generation.stream.cancel()
             self.cache.release(decision)
         return JSONResponse(result, headers=headers)
+
+    async def _start(
+        self,
+        raw: Request,
+        req: ChatCompletionRequest | CompletionRequest,
+        generates: list[worker_pb2.GenerateRequest],
+        prompt_param: str,
+    ) -> MergedStream:
+        """One worker call per prompt, merged; calls already started are cancelled if a later one fails."""
+        streams: list[WorkerStream] = []
+        try:
+            for generate in generates:
+                started = self.pool.generate(generate, prompt_param, req.user)
+                streams.append(await until_disconnect(raw, started, WorkerStream.cancel))
+        except BaseException:
+            for started_stream in streams:
+                started_stream.cancel()
+            raise
+        return MergedStream(streams, req.num_choices)
 
     async def _collect(self, generation: Generation) -> dict[str, Any]:
         meta, stream, n, tools = generation.meta, generation.stream, generation.n, generation.tools
@@ -183,7 +214,13 @@ class Serving:
                     usage.add(chunk.usage, chunk.index)
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the worker's process or connection is gone
+                raise WorkerLost(worker_lost(exc.details() or "")) from None
             raise from_grpc(exc, generation.prompt_param) from None
+        except APIError as exc:
+            if exc.code == "worker_stalled":
+                raise WorkerLost(exc) from None
+            raise
         if tools is not None and tools.mode != "none":
             for state in choices:
                 parser = ToolCallParser(tools)
@@ -258,7 +295,9 @@ class Serving:
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
             log.warning("worker stream %s failed mid-stream: %s", meta.id, exc.code().name)
-            yield sse(from_grpc(exc, generation.prompt_param).body())
+            lost = exc.code() == grpc.StatusCode.UNAVAILABLE
+            error = worker_lost(exc.details() or "") if lost else from_grpc(exc, generation.prompt_param)
+            yield sse(error.body())
             yield SSE_DONE
             completed = True
         except APIError as exc:  # the stream stalled (GATEWAY_STREAM_STALL_S)

@@ -16,7 +16,8 @@ ROUTED = Counter(
 )
 RETRIES = Counter(
     "llmserve_gateway_routing_retries_total",
-    "Requests moved to another worker before their first token (the worker refused, died or stopped).",
+    "Requests moved to another worker: before their first token (the worker refused, died or stopped), "
+    "or, not streamed, after it (the worker died or stalled: run again from the start).",
     ["model"],
 )
 WORKER_RUNNING = Gauge(

@@ -266,3 +266,38 @@ def test_a_worker_killed_mid_stream_ends_every_request_promptly(
         assert response.json()["error"]["code"] == "service_unavailable"
     finally:
         gateway.stop()
+
+
+def _gateway_metric(gateway: Service, prefix: str) -> float:
+    metrics = httpx.get(f"{gateway.addr}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
+def test_a_plain_request_whose_worker_dies_runs_again_on_another(worker: Service, log_dir: Path) -> None:
+    """Nothing of a non-streamed answer has reached the client when its worker dies, so the gateway runs
+    the request again on the worker left: the client gets the whole answer, not a 503."""
+    victim = start_worker("worker-victim", log_dir)
+    gateway = start_gateway(
+        "gateway-retry", log_dir, f"{victim.addr},{worker.addr}", ready=True, GATEWAY_ROUTING="round_robin"
+    )
+    try:
+        reported = f'llmserve_gateway_worker_running{{model="{MODEL_NAME}",worker="{victim.addr}"}}'
+        wait_for(
+            lambda: reported in httpx.get(f"{gateway.addr}/metrics").text, 30, "the victim's load reports"
+        )
+        retries = _gateway_metric(gateway, "llmserve_gateway_routing_retries_total")
+        body = CHAT | {"max_tokens": 150, "ignore_eos": True}
+        url = f"{gateway.addr}/v1/chat/completions"
+        with ThreadPoolExecutor(2) as pool, grpc.insecure_channel(victim.addr) as channel:
+            calls = [pool.submit(httpx.post, url, json=body, timeout=120) for _ in range(2)]  # one each
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            wait_for(lambda: stub.GetStats(pb.StatsRequest()).num_running == 1, 30, "a request on the victim")
+            victim.proc.kill()
+            responses = [call.result(timeout=120) for call in calls]
+        for response in responses:
+            assert response.status_code == 200, response.text
+            assert response.json()["usage"]["completion_tokens"] == 150
+        assert _gateway_metric(gateway, "llmserve_gateway_routing_retries_total") >= retries + 1
+    finally:
+        gateway.stop()
+        victim.stop()
