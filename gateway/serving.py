@@ -162,8 +162,9 @@ class Serving:
             try:
                 result = await until_disconnect(raw, self._collect(generation))
             except WorkerLost as lost:
-                # Nothing was sent yet: run it again, once, where routing sends it now (the lost worker's
-                # calls fail at once, so it is skipped). A stream can't be taken back: it ends in an error.
+                # Nothing was sent yet: run it again where routing sends it now (the lost worker's calls fail
+                # at once, so it is skipped). Once only: a request that itself crashed its worker takes one
+                # more down at most. A stream can't be taken back: it ends in an error.
                 log.warning("a worker went away mid-generation (%s); running the request again", lost.error)
                 metrics.RETRIES.labels(req.model).inc()
                 generation.stream.cancel()
