@@ -25,6 +25,8 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_ALLOWED_TOKEN_IDS = 1 << 17  # past any vocabulary this stack serves
+MAX_BAD_WORDS = 64  # each is matched against the output's tail before every token
+MAX_BAD_WORD_CHARS = 256
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
@@ -90,6 +92,7 @@ FIELDS: tuple[SamplingField, ...] = (
     SamplingField("stop_token_ids", list, (), Bounds(0, INT32_MAX), note=f"at most {MAX_STOP_TOKEN_IDS}"),
     SamplingField("logit_bias", dict, {}, Bounds(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS), note="token id -> bias"),
     SamplingField("allowed_token_ids", list, (), Bounds(0, INT32_MAX), note="vLLM's; empty: every token"),
+    SamplingField("bad_words", list, (), note=f"vLLM's; at most {MAX_BAD_WORDS}"),
     SamplingField("structured_output", object, None, note=f"unset: free text; else one of {GRAMMAR_KINDS}"),
 )
 BY_NAME: dict[str, SamplingField] = {f.name: f for f in FIELDS}
@@ -127,6 +130,10 @@ def check(values: Mapping[str, Any]) -> None:
         raise SamplingError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed", "stop_token_ids")
     if len(values.get("allowed_token_ids") or ()) > MAX_ALLOWED_TOKEN_IDS:
         raise SamplingError(f"at most {MAX_ALLOWED_TOKEN_IDS} allowed token ids", "allowed_token_ids")
+    bad_words = list(values.get("bad_words") or ())
+    if len(bad_words) > MAX_BAD_WORDS or not all(0 < len(w) <= MAX_BAD_WORD_CHARS for w in bad_words):
+        message = f"at most {MAX_BAD_WORDS} bad words, each of 1 to {MAX_BAD_WORD_CHARS} characters"
+        raise SamplingError(message, "bad_words")
     for bias in (values.get("logit_bias") or {}).values():
         if not (math.isfinite(bias) and bias in bounds("logit_bias")):
             message = f"logit_bias values must be in {bounds('logit_bias')}, got {bias}"

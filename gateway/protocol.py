@@ -27,7 +27,6 @@ UNSUPPORTED_FIELDS = {
 # value (vLLM's clients send some with defaults), so a vLLM client never gets output it did not ask for.
 UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "spaces_between_special_tokens": ((True,), "special tokens are left out of the text"),
-    "bad_words": (([],), "use logit_bias"),
     "chat_template": ((), "the model's own chat template is used"),
     "chat_template_kwargs": (({},), "the model's own chat template is used as it is"),
     "documents": (([],), "documents are not rendered into the prompt"),
@@ -160,6 +159,7 @@ class _SamplingRequest(_Strict):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     stop_token_ids: list[Int32] | None = None
     allowed_token_ids: list[Int32] | None = None  # vLLM's: the only tokens that may be sampled
+    bad_words: list[str] | None = None  # vLLM's: words never generated
     logit_bias: dict[str, float] | None = None  # token id (as a JSON key) -> -100..100
     response_format: ResponseFormat | None = None
     # vLLM's structured output extensions

@@ -28,6 +28,7 @@ def contract_values(req: ChatCompletionRequest | CompletionRequest) -> dict[str,
         stop=req.stop_list,
         stop_token_ids=list(req.stop_token_ids or []),
         allowed_token_ids=list(req.allowed_token_ids or []),
+        bad_words=list(req.bad_words or []),
         logit_bias={int(token): bias for token, bias in (req.logit_bias or {}).items()},
     )
     return values
@@ -42,6 +43,7 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest) -> worker_pb
         stop=values["stop"],
         stop_token_ids=values["stop_token_ids"],
         allowed_token_ids=values["allowed_token_ids"],
+        bad_words=values["bad_words"],
     )
     if not values["skip_special_tokens"]:
         params.skip_special_tokens = False

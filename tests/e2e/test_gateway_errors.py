@@ -62,7 +62,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
         ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
         ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),  # past the vocabulary: the worker's check
-        ({"bad_words": ["x"]}, "bad_words"),
+        ({"bad_words": [""]}, "bad_words"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ],

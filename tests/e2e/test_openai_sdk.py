@@ -247,3 +247,27 @@ def test_allowed_token_ids_are_the_only_tokens_sampled(client: openai.OpenAI, ga
         )
         tokens = reply.choices[0].logprobs.tokens
         assert len(tokens) == 6 and set(tokens) <= {" yes", " no"}, tokens
+
+
+def test_bad_words_are_not_generated(client: openai.OpenAI) -> None:
+    """vLLM's bad_words: the greedy answer's own words, banned, are no longer in it."""
+
+    def complete(**extra: object) -> str:
+        return (
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt="My favourite animals are",
+                max_tokens=12,
+                temperature=0,
+                extra_body=extra,
+            )
+            .choices[0]
+            .text
+        )
+
+    free = complete()
+    words = [w.strip(".,;:!?") for w in free.split()]
+    banned = [w for w in words if len(w) > 2][:2]
+    assert banned, free
+    kept = complete(bad_words=banned)
+    assert kept != free and not set(banned) & {w.strip(".,;:!?") for w in kept.split()}, (free, kept)

@@ -168,6 +168,22 @@ def test_allowed_token_ids_are_the_only_tokens_a_row_samples():
     assert set(drawn) == set(allowed)  # each at ~30% at temperature 2: all three in 200 draws
 
 
+def test_bad_words_mask_the_token_that_would_complete_one():
+    """vLLM's bad_words, as token sequences: a one-token word is never sampled, a longer one's last token
+    only where the output ends with the rest of it."""
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5] = 10.0
+    logits[0, 9] = 9.0
+    logits[0, 4] = 8.0
+    request = make_request(temperature=0.0)
+    request.bad_word_ids = [[5], [7, 9]]
+    assert _sample(logits, [request]).token_ids == [9]  # 5 never; 9 is free after anything but 7
+    request.append_output_token(7)
+    assert _sample(logits, [request]).token_ids == [4]  # after 7, 9 would complete [7, 9]
+    request.append_output_token(3)
+    assert _sample(logits, [request]).token_ids == [9]
+
+
 def test_logprobs_are_of_the_model_distribution_with_top_k_sorted():
     logits = _logits(2)
     requests = [make_request(temperature=0.0, logprobs=3), make_request(temperature=0.0)]

@@ -143,6 +143,7 @@ class LLMEngine:
         if out_of_range:
             raise InvalidRequestError(f"logit_bias: token id {out_of_range[0]} is out of range")
         request_id = request_id or uuid.uuid4().hex
+        bad_word_ids = self._bad_word_ids(params.bad_words)
         return [
             Request(
                 request_id=request_id if params.n == 1 else f"{request_id}#{i}",
@@ -154,9 +155,21 @@ class LLMEngine:
                 index=i,
                 grammar=self._grammar(params),
                 lora=lora,
+                bad_word_ids=bad_word_ids,
             )
             for i in range(params.n)
         ]
+
+    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word's token sequence as it would be generated mid-text and at the start (with and without a
+        leading space), as vLLM matches them; each distinct sequence once."""
+        sequences: dict[tuple[int, ...], None] = {}
+        for word in words:
+            for text in (word, f" {word.lstrip()}"):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids:
+                    sequences[tuple(ids)] = None
+        return [list(ids) for ids in sequences]
 
     def _grammar(self, params: SamplingParams):
         """A fresh matcher when the output is constrained (compiled once per spec, then copied)."""

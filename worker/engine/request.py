@@ -55,6 +55,7 @@ class Request:
     grammar: Any = field(default=None, repr=False)  # structured_output.Grammar when the output is constrained
     arrival_time: float = field(default_factory=time.monotonic)
     lora: LoraRef | None = None  # the LoRA adapter it runs with; None: the base model
+    bad_word_ids: list[list[int]] = field(default_factory=list)  # params.bad_words as token sequences
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

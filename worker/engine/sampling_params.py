@@ -44,6 +44,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     prompt_logprobs: int | None = _D["prompt_logprobs"]  # None: none; k: each prompt token's, rank and top k
     allowed_token_ids: list[int] = field(default_factory=list)  # set: the only tokens that may be sampled
+    bad_words: list[str] = field(default_factory=list)  # words never generated (Request.bad_word_ids)
 
     @property
     def greedy(self) -> bool:

@@ -43,6 +43,7 @@ def can_speculate(request: Request) -> bool:
         and request.grammar is None  # drafts would be verified against unmasked logits
         and not p.logit_bias
         and not p.allowed_token_ids
+        and not p.bad_words
     )
 
 

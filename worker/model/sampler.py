@@ -37,7 +37,7 @@ class SamplingBatch:
     repetition: torch.Tensor | None
     output_tokens: torch.Tensor | None  # [B, Lmax], padded with vocab_size
     seen_tokens: torch.Tensor | None  # [B, Lmax'] prompt + output, padded with vocab_size
-    banned: list[tuple[int, list[int]]]  # (row, token ids) masked for rows below min_tokens
+    banned: list[tuple[int, list[int]]]  # (row, token ids) masked: stops below min_tokens, bad words' ends
     num_logprobs: list[int | None]
     logits_as_is: list[bool]  # per row: nothing changes its logits before temperature and truncation
     logit_bias: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (row, ids, biases)
@@ -104,12 +104,14 @@ def build_batch(
     any_repetition = any(p.repetition_penalty != 1.0 for p in params)
     banned = []
     for row, (request, p) in enumerate(zip(requests, params, strict=True)):
+        ids = []
         if request.num_output_tokens < p.min_tokens:
             ids = list(p.stop_token_ids)
             if request.eos_token_id is not None and not p.ignore_eos:
                 ids.append(request.eos_token_id)
-            if ids:
-                banned.append((row, ids))
+        ids += _bad_word_tails(request)
+        if ids:
+            banned.append((row, ids))
 
     banned_rows = {row for row, _ in banned}
 
@@ -152,6 +154,17 @@ def build_batch(
             for row, (r, p) in enumerate(zip(requests, params, strict=True))
         ],
     )
+
+
+def _bad_word_tails(request: Request) -> list[int]:
+    """The last token of each bad word whose other tokens the output ends with (vLLM's bad_words)."""
+    out = request.output_token_ids
+    tails = []
+    for ids in request.bad_word_ids:
+        head = len(ids) - 1
+        if head == 0 or (len(out) >= head and out[len(out) - head :] == ids[:head]):
+            tails.append(ids[-1])
+    return tails
 
 
 def _token_pairs(tokens: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -55,6 +55,7 @@ def params_from_proto(proto: worker_pb2.SamplingParams) -> SamplingParams:
         stop_token_ids=list(proto.stop_token_ids),
         include_stop_str_in_output=proto.include_stop_str_in_output,
         allowed_token_ids=list(proto.allowed_token_ids),
+        bad_words=list(proto.bad_words),
     )
     if proto.HasField("skip_special_tokens"):
         params.skip_special_tokens = proto.skip_special_tokens
