@@ -27,9 +27,7 @@ UNSUPPORTED_FIELDS = {
 # value (vLLM's clients send some with defaults), so a vLLM client never gets output it did not ask for.
 UNSUPPORTED_VLLM_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "spaces_between_special_tokens": ((True,), "special tokens are left out of the text"),
-    "chat_template": ((), "the model's own chat template is used"),
-    "chat_template_kwargs": (({},), "the model's own chat template is used as it is"),
-    "documents": (([],), "documents are not rendered into the prompt"),
+    "chat_template": ((), "the model's own chat template is used (vLLM runs a request's only when trusted)"),
 }
 # Accepted and ignored (they do not change the output); each is logged once per process.
 IGNORED_FIELDS = {
@@ -263,6 +261,8 @@ class ChatCompletionRequest(_SamplingRequest):
     # messages, or the last message, an assistant's, continued instead
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template (the worker checks)
+    documents: list[dict[str, Any]] | None = None  # the template's `documents`
 
     @model_validator(mode="after")
     def _check_template_options(self) -> ChatCompletionRequest:

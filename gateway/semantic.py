@@ -139,6 +139,8 @@ class SemanticCacheGate:
             return False
         if not getattr(req, "add_generation_prompt", True) or getattr(req, "continue_final_message", False):
             return False  # another rendering of the same messages
+        if getattr(req, "chat_template_kwargs", None) or getattr(req, "documents", None):
+            return False
         if req.truncate_prompt_tokens is not None:
             return False  # a part of the prompt
         temperature = sampling.DEFAULTS["temperature"] if req.temperature is None else req.temperature

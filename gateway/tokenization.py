@@ -5,6 +5,9 @@ A chat body is rendered with the model's template exactly as /v1/chat/completion
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import Field, ValidationError, model_validator
 
 from common.gen import worker_pb2
@@ -29,6 +32,8 @@ class TokenizeRequest(_Strict):
     return_token_strs: bool = False
     add_generation_prompt: bool = True  # chat: as /v1/chat/completions takes them
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> TokenizeRequest:
@@ -67,6 +72,8 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
             tools_json=tools_json if req.tools else "",
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
+            template_kwargs_json=json.dumps(req.chat_template_kwargs) if req.chat_template_kwargs else "",
+            documents_json=json.dumps(req.documents) if req.documents else "",
         )
         call = worker_pb2.TokenizeRequest(chat=chat)
     else:

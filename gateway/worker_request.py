@@ -104,6 +104,8 @@ def chat_request(
             tools_json=tools.tools_json if tools else "",
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
+            template_kwargs_json=json.dumps(req.chat_template_kwargs) if req.chat_template_kwargs else "",
+            documents_json=json.dumps(req.documents) if req.documents else "",
         ),
         params=params,
         model=model,

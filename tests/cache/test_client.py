@@ -51,6 +51,8 @@ def chat(**fields: object) -> ChatCompletionRequest:
         {},  # the engine's (OpenAI's) default temperature is 1
         {"temperature": 0.0, "add_generation_prompt": False},  # the same messages rendered otherwise
         {"temperature": 0.0, "truncate_prompt_tokens": 4},  # a part of the prompt
+        {"temperature": 0.0, "chat_template_kwargs": {"date_string": "1 Dec 2026"}},  # template inputs
+        {"temperature": 0.0, "documents": [{"text": "x"}]},
         {
             "temperature": 0.0,
             "messages": [*MESSAGES, {"role": "assistant", "content": "Paris"}],

@@ -59,7 +59,9 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt is true
         # the last message is the user's: nothing to continue
         ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
-        ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),  # the worker's check
+        ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),
         ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
         ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),  # past the vocabulary: the worker's check
         ({"bad_words": [""]}, "bad_words"),
@@ -101,7 +103,8 @@ def test_vllm_extensions_at_their_defaults_are_accepted(http: httpx.Client) -> N
         "include_stop_str_in_output": False,
         "add_generation_prompt": True,
         "continue_final_message": False,
-        "chat_template_kwargs": {},
+        "chat_template_kwargs": {"date_string": "1 Dec 2026"},  # a template variable SmolLM2's ignores
+        "documents": [{"title": "t", "text": "x"}],
         "echo": False,
     }
     assert http.post("/v1/chat/completions", json=CHAT | defaults).status_code == 200

@@ -3,6 +3,8 @@ default), not opened, or the last message, an assistant's, left open for the rep
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -43,3 +45,23 @@ def test_tools_keep_the_options(tokenizer):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     text = render_chat(tokenizer, STARTED, tools, add_generation_prompt=False, continue_final_message=True)
     assert "<tools>" in text and text.endswith("<|im_start|>assistant\n1, 2,")
+
+
+def test_template_variables_and_documents_reach_the_template(tokenizer):
+    """vLLM's chat_template_kwargs and documents, on a template that reads them (SmolLM2's reads neither)."""
+    custom = copy.copy(tokenizer)
+    custom.chat_template = (
+        "{% for m in messages %}{{ m.content }}{% endfor %}|{{ greeting }}|"
+        "{% for d in documents %}{{ d.text }};{% endfor %}"
+    )
+    documents = [{"title": "a", "text": "first"}, {"title": "b", "text": "second"}]
+    text = render_chat(custom, ASKED, None, template_kwargs={"greeting": "hello"}, documents=documents)
+    assert text == "Count to five|hello|first;second;"
+    assert render_chat(tokenizer, ASKED, None, template_kwargs={"greeting": "x"}) == render_chat(
+        tokenizer, ASKED, None
+    )
+
+
+def test_template_variables_may_not_be_apply_chat_templates_own_parameters(tokenizer):
+    with pytest.raises(ValueError, match="may not set"):
+        render_chat(tokenizer, ASKED, None, template_kwargs={"tokenize": True})

@@ -26,6 +26,26 @@ import json
 from typing import Any
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
+# apply_chat_template's own parameters: not template variables a request may set
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "messages",
+    }
+)
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -37,23 +57,47 @@ TOOLS_FORMAT = (
 )
 
 
+class TemplateOptionError(ValueError):
+    """A template option the request set wrongly; `param` names it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def render_chat(
     tokenizer,
     messages: list[dict[str, Any]],
     tools: list[dict] | None,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+    documents: list[Any] | None = None,
 ) -> str:
     """The prompt text: the messages, then the assistant's turn opened (add_generation_prompt), or the last
-    message, an assistant's, left open for the reply to continue (continue_final_message, vLLM's option)."""
+    message, an assistant's, left open for the reply to continue (continue_final_message, vLLM's option).
+    template_kwargs: more variables for the template, none of apply_chat_template's own parameters (vLLM's
+    chat_template_kwargs, e.g. Llama 3.1's `date_string`); documents: the template's `documents`."""
+    reserved = RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs or {})
+    if reserved:
+        raise TemplateOptionError(
+            f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs"
+        )
     if continue_final_message and add_generation_prompt:
-        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        raise TemplateOptionError(
+            "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+        )
     if continue_final_message and messages[-1]["role"] != "assistant":
-        raise ValueError("continue_final_message needs the last message to be the assistant's")
+        raise TemplateOptionError(
+            "continue_final_message needs the last message to be the assistant's", "continue_final_message"
+        )
     options = {
+        **(template_kwargs or {}),
         "add_generation_prompt": add_generation_prompt,
         "continue_final_message": continue_final_message,
     }
+    if documents:
+        options["documents"] = documents
     if tools and _template_knows_tools(tokenizer, messages, tools):
         return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **options)
     plain = hermes_messages(messages, tools or [])

@@ -90,9 +90,12 @@ class LLMEngine:
                     prompt.tools,
                     prompt.add_generation_prompt,
                     prompt.continue_final_message,
+                    prompt.template_kwargs,
+                    prompt.documents,
                 )
             except Exception as exc:  # a template error is the caller's input problem
-                raise InvalidRequestError(f"could not apply the chat template: {exc}") from exc
+                param = getattr(exc, "param", None)  # an option set wrongly (TemplateOptionError)
+                raise InvalidRequestError(f"could not apply the chat template: {exc}", param=param) from exc
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         elif prompt.text is not None:
             ids = self.tokenizer.encode(prompt.text)

@@ -60,6 +60,8 @@ class PromptInput:
     add_generation_prompt: bool = True  # chat: open the assistant's turn after the messages
     continue_final_message: bool = False  # chat: leave the last (assistant) message open instead
     truncate_prompt_tokens: int | None = None  # k > 0: the last k tokens only; -1: the last max_model_len
+    template_kwargs: dict[str, Any] | None = None  # chat: more variables for the template (vLLM's)
+    documents: list[Any] | None = None  # chat: the template's `documents` (vLLM's)
 
 
 @dataclass

@@ -13,16 +13,28 @@ from worker.engine.sampling_params import GrammarSpec
 
 def chat_prompt(chat: worker_pb2.ChatPrompt) -> PromptInput:
     """Messages in transformers' chat-template convention (tool calls as `function` objects)."""
-    try:
-        tools = json.loads(chat.tools_json) if chat.tools_json else None
-    except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"tools: not valid JSON: {exc}") from None
+    tools = _json_field(chat.tools_json, "tools", list)
     return PromptInput(
         messages=[_message(m) for m in chat.messages],
         tools=tools or None,
+        template_kwargs=_json_field(chat.template_kwargs_json, "chat_template_kwargs", dict),
+        documents=_json_field(chat.documents_json, "documents", list),
         add_generation_prompt=chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True,
         continue_final_message=chat.continue_final_message,
     )
+
+
+def _json_field(text: str, param: str, kind: type) -> Any:
+    """A JSON-encoded field of the chat prompt ("" for unset), of the given kind."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"{param}: not valid JSON: {exc}", param=param) from None
+    if not isinstance(value, kind):
+        raise InvalidRequestError(f"{param}: must be a JSON {kind.__name__}", param=param)
+    return value
 
 
 def _message(m: worker_pb2.ChatMessage) -> dict[str, Any]:
