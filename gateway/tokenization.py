@@ -5,7 +5,6 @@ A chat body is rendered with the model's template exactly as /v1/chat/completion
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
@@ -20,7 +19,7 @@ from gateway.protocol import (
     validation_error,
 )
 from gateway.worker_pool import WorkerPool
-from gateway.worker_request import chat_message
+from gateway.worker_request import chat_prompt
 
 
 class TokenizeRequest(_Strict):
@@ -67,15 +66,7 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
     assert isinstance(req, TokenizeRequest)
     if req.messages is not None:
         tools_json = "[" + ",".join(t.model_dump_json(exclude_none=True) for t in req.tools or []) + "]"
-        chat = worker_pb2.ChatPrompt(
-            messages=[chat_message(m) for m in req.messages],
-            tools_json=tools_json if req.tools else "",
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            template_kwargs_json=json.dumps(req.chat_template_kwargs) if req.chat_template_kwargs else "",
-            documents_json=json.dumps(req.documents) if req.documents else "",
-        )
-        call = worker_pb2.TokenizeRequest(chat=chat)
+        call = worker_pb2.TokenizeRequest(chat=chat_prompt(req, tools_json if req.tools else ""))
     else:
         call = worker_pb2.TokenizeRequest(text=req.prompt, add_special_tokens=req.add_special_tokens)
     if req.model is not None:

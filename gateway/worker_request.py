@@ -89,24 +89,28 @@ def chat_message(m: ChatMessage) -> worker_pb2.ChatMessage:
     )
 
 
+def chat_prompt(req: Any, tools_json: str) -> worker_pb2.ChatPrompt:
+    """The messages of a chat or /tokenize request with its template options, as the worker takes them."""
+    return worker_pb2.ChatPrompt(
+        messages=[chat_message(m) for m in req.messages],
+        tools_json=tools_json,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        template_kwargs_json=json.dumps(req.chat_template_kwargs) if req.chat_template_kwargs else "",
+        documents_json=json.dumps(req.documents) if req.documents else "",
+    )
+
+
 def chat_request(
     req: ChatCompletionRequest, request_id: str, model: str, tools: ToolPlan | None = None
 ) -> worker_pb2.GenerateRequest:
     """Tools are rendered unless tool_choice is none; a forced call constrains the output to its schema."""
-    messages = [chat_message(m) for m in req.messages]
     params = sampling_params(req)
     if tools is not None and tools.schema is not None:
         params.structured_output.CopyFrom(worker_pb2.StructuredOutput(json_schema=json.dumps(tools.schema)))
     out = worker_pb2.GenerateRequest(
         request_id=request_id,
-        chat=worker_pb2.ChatPrompt(
-            messages=messages,
-            tools_json=tools.tools_json if tools else "",
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            template_kwargs_json=json.dumps(req.chat_template_kwargs) if req.chat_template_kwargs else "",
-            documents_json=json.dumps(req.documents) if req.documents else "",
-        ),
+        chat=chat_prompt(req, tools.tools_json if tools else ""),
         params=params,
         model=model,
     )
