@@ -109,7 +109,8 @@ def build_batch(
             ids = list(p.stop_token_ids)
             if request.eos_token_id is not None and not p.ignore_eos:
                 ids.append(request.eos_token_id)
-        ids += _bad_word_tails(request)
+        if request.bad_word_ids:
+            ids += _bad_word_tails(request)
         if ids:
             banned.append((row, ids))
 
