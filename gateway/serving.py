@@ -57,6 +57,16 @@ class WorkerLost(Exception):
         self.error = error
 
 
+def lost_worker_error(exc: grpc.aio.AioRpcError | APIError) -> APIError | None:
+    """What the client is told when `exc`, ending a worker stream, means its worker went away (the process or
+    connection gone, or no token for GATEWAY_STREAM_STALL_S); None for any other failure."""
+    if isinstance(exc, APIError):
+        return exc if exc.code == "worker_stalled" else None
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return worker_lost(exc.details() or "")
+    return None
+
+
 @dataclass
 class Generation:
     """One request's worker streams and what shaping its answer needs, streamed (_sse) or not (_collect)."""
@@ -215,12 +225,14 @@ class Serving:
                     usage.add(chunk.usage, chunk.index)
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the worker's process or connection is gone
-                raise WorkerLost(worker_lost(exc.details() or "")) from None
+            lost = lost_worker_error(exc)
+            if lost is not None:
+                raise WorkerLost(lost) from None
             raise from_grpc(exc, generation.prompt_param) from None
         except APIError as exc:
-            if exc.code == "worker_stalled":
-                raise WorkerLost(exc) from None
+            lost = lost_worker_error(exc)
+            if lost is not None:
+                raise WorkerLost(lost) from None
             raise
         if tools is not None and tools.mode != "none":
             for state in choices:
@@ -296,8 +308,7 @@ class Serving:
         except grpc.aio.AioRpcError as exc:
             observability.WORKER_ERRORS.labels(exc.code().name).inc()
             log.warning("worker stream %s failed mid-stream: %s", meta.id, exc.code().name)
-            lost = exc.code() == grpc.StatusCode.UNAVAILABLE
-            error = worker_lost(exc.details() or "") if lost else from_grpc(exc, generation.prompt_param)
+            error = lost_worker_error(exc) or from_grpc(exc, generation.prompt_param)
             yield sse(error.body())
             yield SSE_DONE
             completed = True

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter, ValidationError
 
 from gateway import observability
-from gateway.errors import from_grpc, invalid_request
+from gateway.errors import APIError, from_grpc, invalid_request
 from gateway.http_io import check_api_key, read_body, until_disconnect
 from gateway.limits import RequestLimits
 from gateway.protocol import validation_error
@@ -24,8 +24,9 @@ from gateway.responses_api.events import ResponseBuilder, new_id, usage
 from gateway.responses_api.protocol import FunctionChoice, InputItem, ResponsesRequest, normalize_item
 from gateway.responses_api.store import ResponseStore
 from gateway.responses_api.translate import to_chat_request
+from gateway.routing import metrics
 from gateway.semantic import scope_of
-from gateway.serving import SSE_HEADERS, ClosingStreamingResponse
+from gateway.serving import SSE_HEADERS, ClosingStreamingResponse, WorkerLost, lost_worker_error
 from gateway.settings import GatewaySettings
 from gateway.tool_calls import ToolCallParser, ToolPlan, plan_tools
 from gateway.worker_pool import WorkerPool, WorkerStream
@@ -92,20 +93,31 @@ class ResponsesServing:
         limits = RequestLimits.from_settings(self.settings)
         chat = to_chat_request(req, items, limits, self.pool.max_model_len(req.model))
         tools = plan_tools(chat)
-        builder = ResponseBuilder(
-            new_id("resp"), echoed_fields(req, req.store is not False and self.store.enabled)
-        )
+        fields = echoed_fields(req, req.store is not False and self.store.enabled)
+        builder = ResponseBuilder(new_id("resp"), fields)
         generate = chat_request(chat, builder.id, chat.model, tools)
-        started = self.pool.generate(generate, PROMPT_PARAM, req.user)
-        stream = await until_disconnect(raw, started, WorkerStream.cancel)
+        stream = await until_disconnect(
+            raw, self.pool.generate(generate, PROMPT_PARAM, req.user), WorkerStream.cancel
+        )
         conversation = [item.model_dump(by_alias=True, exclude_none=True) for item in items]
-        steps = self._steps(builder, stream, tools, tenant, conversation)
         if req.stream:
+            steps = self._steps(builder, stream, tools, tenant, conversation)
             return ClosingStreamingResponse(
                 _sse(steps), stream.cancel, media_type="text/event-stream", headers=SSE_HEADERS
             )
         try:
-            await until_disconnect(raw, _drain(steps))
+            try:
+                steps = self._steps(builder, stream, tools, tenant, conversation, raise_lost=True)
+                await until_disconnect(raw, _drain(steps))
+            except WorkerLost as lost:
+                # Nothing was sent or stored yet: run it again from the start, as the chat route does.
+                log.warning("a worker went away mid-response (%s); running the request again", lost.error)
+                metrics.RETRIES.labels(req.model).inc()
+                stream.cancel()
+                builder = ResponseBuilder(builder.id, fields, created_at=builder.created_at)
+                started = self.pool.generate(generate, PROMPT_PARAM, req.user)
+                stream = await until_disconnect(raw, started, WorkerStream.cancel)
+                await until_disconnect(raw, _drain(self._steps(builder, stream, tools, tenant, conversation)))
         finally:
             stream.cancel()
         if builder.failure is not None:
@@ -136,9 +148,12 @@ class ResponsesServing:
         tools: ToolPlan,
         tenant: str,
         conversation: list[Json],
+        raise_lost: bool = False,
     ) -> AsyncIterator[list[Json]]:
         """The events of each worker chunk. The response is stored before its last event goes out, so a client
-        that read it can fetch or continue it at once. A failure ends the stream with response.failed."""
+        that read it can fetch or continue it at once. A failure ends the stream with response.failed, and is
+        stored; with `raise_lost`, a worker that went away raises WorkerLost instead (the caller runs it
+        again)."""
         parser = ToolCallParser(tools) if tools.mode != "none" else None
         totals = UsageTotals()
         yield builder.begin()
@@ -160,10 +175,17 @@ class ResponsesServing:
                     await self._save(builder, tenant, conversation)
                 if events:
                     yield events
-        except grpc.aio.AioRpcError as exc:
-            observability.WORKER_ERRORS.labels(exc.code().name).inc()
-            log.warning("worker stream %s failed: %s", builder.id, exc.code().name)
-            error = from_grpc(exc, PROMPT_PARAM)
+        except (grpc.aio.AioRpcError, APIError) as exc:
+            if isinstance(exc, grpc.aio.AioRpcError):
+                observability.WORKER_ERRORS.labels(exc.code().name).inc()
+                log.warning("worker stream %s failed: %s", builder.id, exc.code().name)
+            lost = lost_worker_error(exc)
+            if lost is not None and raise_lost:
+                raise WorkerLost(lost) from None
+            if isinstance(exc, grpc.aio.AioRpcError):
+                error = lost or from_grpc(exc, PROMPT_PARAM)
+            else:
+                error = exc
             events = builder.fail(error.message)
             builder.failure = error
             await self._save(builder, tenant, conversation)

@@ -55,6 +55,33 @@ def finish_reasons(events: list[str]) -> list[str]:
     return [r for r in reasons if r]
 
 
+def stream_response(url: str, started: threading.Event) -> list[dict]:
+    """A /v1/responses event stream read to its end (long: its worker is killed first); returns the events."""
+    body = {
+        "model": MODEL_NAME,
+        "input": "Count from one to a thousand.",
+        "stream": True,
+        "max_output_tokens": 1500,
+    }
+    events = []
+    with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line.removeprefix("data: ")))
+                if events[-1]["type"] == "response.output_text.delta":
+                    started.set()
+    return events
+
+
+def start_response_streams(pool: ThreadPoolExecutor, url: str, count: int) -> list[Future]:
+    started = [threading.Event() for _ in range(count)]
+    futures = [pool.submit(stream_response, url, event) for event in started]
+    for event in started:
+        assert event.wait(60), "a response stream never started"
+    return futures
+
+
 @pytest.fixture(scope="module")
 def stall_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("stall") / "stall"
@@ -131,6 +158,27 @@ def test_a_gateway_timeout_mid_stream_ends_it_with_an_error_event(
     finally:
         stall_file.unlink(missing_ok=True)
         gateway.stop()
+
+
+def test_a_stalled_engine_ends_a_response_stream_with_response_failed(
+    held_worker: Service, log_dir: Path, stall_file: Path
+) -> None:
+    """The stall timer's error reaches a /v1/responses stream as its last event, response.failed, not as a
+    connection cut mid-stream."""
+    gateway = start_gateway("gateway-stall-responses", log_dir, held_worker.addr, GATEWAY_STREAM_STALL_S="3")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            (stream,) = start_response_streams(pool, gateway.addr, 1)
+            stall_file.touch()  # the engine stops stepping; the worker reports it stalled
+            events = stream.result(timeout=60)
+        failed = events[-1]
+        assert failed["type"] == "response.failed", failed
+        assert "stopped answering" in failed["response"]["error"]["message"]
+    finally:
+        stall_file.unlink(missing_ok=True)
+        gateway.stop()
+    with grpc.insecure_channel(held_worker.addr) as channel:
+        assert wait_for_idle(worker_pb2_grpc.WorkerStub(channel), timeout_s=30).num_kv_blocks_used == 0
 
 
 def test_gateway_sigterm_drains_streams_in_flight_then_exits_0(
@@ -245,23 +293,28 @@ def test_a_worker_killed_mid_stream_ends_every_request_promptly(
 ) -> None:
     gateway = start_gateway("gateway-crash", log_dir, doomed_worker.addr)
     try:
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(3) as pool:
             (stream,) = start_streams(pool, gateway.addr, 1, 1500)
+            (response_stream,) = start_response_streams(pool, gateway.addr, 1)
             body = CHAT | {"max_tokens": 1500, "ignore_eos": True}
             plain = pool.submit(httpx.post, f"{gateway.addr}/v1/chat/completions", json=body, timeout=120)
             with grpc.insecure_channel(doomed_worker.addr) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 wait_for(
-                    lambda: stub.GetStats(pb.StatsRequest()).num_running == 2, 30, "both requests to run"
+                    lambda: stub.GetStats(pb.StatsRequest()).num_running == 3, 30, "all three requests to run"
                 )
             doomed_worker.proc.kill()  # no goodbye, as a crash or the OOM killer
             killed_at = time.monotonic()
             events = stream.result(timeout=30)
+            response_events = response_stream.result(timeout=30)
             response = plain.result(timeout=30)
             assert time.monotonic() - killed_at < 10
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == "service_unavailable"
+        assert "went away" in error["message"]
+        failed = response_events[-1]
+        assert failed["type"] == "response.failed" and "went away" in failed["response"]["error"]["message"]
         assert response.status_code == 503, response.text
         assert response.json()["error"]["code"] == "service_unavailable"
     finally:
@@ -273,12 +326,35 @@ def _gateway_metric(gateway: Service, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
-def test_a_plain_request_whose_worker_dies_runs_again_on_another(worker: Service, log_dir: Path) -> None:
+PLAIN_ROUTES = {  # a route, a request held to 150 tokens, and the output tokens its answer reports
+    "chat": ("/v1/chat/completions", CHAT | {"max_tokens": 150, "ignore_eos": True}),
+    "responses": (
+        "/v1/responses",
+        {"model": MODEL_NAME, "input": "Tell me a long story.", "max_output_tokens": 150},
+    ),
+}
+
+
+def _output_tokens(route: str, answer: dict) -> int:
+    if route == "responses":
+        assert answer["status"] in ("completed", "incomplete") and answer["error"] is None, answer
+        return answer["usage"]["output_tokens"]
+    return answer["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("route", PLAIN_ROUTES)
+def test_a_plain_request_whose_worker_dies_runs_again_on_another(
+    worker: Service, log_dir: Path, route: str
+) -> None:
     """Nothing of a non-streamed answer has reached the client when its worker dies, so the gateway runs
     the request again on the worker left: the client gets the whole answer, not a 503."""
-    victim = start_worker("worker-victim", log_dir)
+    victim = start_worker(f"worker-victim-{route}", log_dir)
     gateway = start_gateway(
-        "gateway-retry", log_dir, f"{victim.addr},{worker.addr}", ready=True, GATEWAY_ROUTING="round_robin"
+        f"gateway-retry-{route}",
+        log_dir,
+        f"{victim.addr},{worker.addr}",
+        ready=True,
+        GATEWAY_ROUTING="round_robin",
     )
     try:
         reported = f'llmserve_gateway_worker_running{{model="{MODEL_NAME}",worker="{victim.addr}"}}'
@@ -286,17 +362,17 @@ def test_a_plain_request_whose_worker_dies_runs_again_on_another(worker: Service
             lambda: reported in httpx.get(f"{gateway.addr}/metrics").text, 30, "the victim's load reports"
         )
         retries = _gateway_metric(gateway, "llmserve_gateway_routing_retries_total")
-        body = CHAT | {"max_tokens": 150, "ignore_eos": True}
-        url = f"{gateway.addr}/v1/chat/completions"
+        path, body = PLAIN_ROUTES[route]
         with ThreadPoolExecutor(2) as pool, grpc.insecure_channel(victim.addr) as channel:
-            calls = [pool.submit(httpx.post, url, json=body, timeout=120) for _ in range(2)]  # one each
-            stub = worker_pb2_grpc.WorkerStub(channel)
+            calls = [pool.submit(httpx.post, gateway.addr + path, json=body, timeout=120) for _ in range(2)]
+            stub = worker_pb2_grpc.WorkerStub(channel)  # round-robin: one request on each worker
             wait_for(lambda: stub.GetStats(pb.StatsRequest()).num_running == 1, 30, "a request on the victim")
             victim.proc.kill()
             responses = [call.result(timeout=120) for call in calls]
         for response in responses:
             assert response.status_code == 200, response.text
-            assert response.json()["usage"]["completion_tokens"] == 150
+            tokens = _output_tokens(route, response.json())
+            assert tokens == 150 if route == "chat" else 0 < tokens <= 150
         assert _gateway_metric(gateway, "llmserve_gateway_routing_retries_total") >= retries + 1
     finally:
         gateway.stop()
