@@ -1,6 +1,7 @@
 """The cache's decisions, free of gRPC, in three tiers, each checked only when the ones before it missed:
 
-1. exact: the same partition and the same normalized turns (a Redis key);
+1. exact: the same partition and the same normalized turns (a Redis key); a completion's prompt, the same
+   text byte for byte, and no other tier (cache_service/keys.py `exact_only`);
 2. canonical: a stored question with a canonical key in common (cache_service/canonical.py) in the same
    searched partition (for a conversation: canonical-equal earlier turns), no embedding needed;
 3. semantic: the nearest stored questions by cosine in that partition, at or above the threshold that
@@ -109,6 +110,7 @@ class SemanticCache:
         partition = key.search_partition
         if (
             level == "exact"
+            or key.exact_only
             or len(key.query) > MAX_COMPARABLE_CHARS
             or not self.index.has_partition(partition)
         ):

@@ -62,6 +62,13 @@ class ParsedKey:
     conversation: Conversation
     scope: str
     model: str
+    kind: str = "chat"  # or "completion": a raw prompt, matched byte for byte only
+
+    @property
+    def exact_only(self) -> bool:
+        """A completion's prompt is text to continue, not a question: a trailing space, a capital or a sign
+        changes what follows it ("return a" / "return a *"), so only the same prompt may share an answer."""
+        return self.kind == "completion"
 
     @property
     def query(self) -> str:
@@ -85,8 +92,10 @@ class ParsedKey:
 
     @property
     def entry_id(self) -> str:
-        """Same partition + same normalized turns = same entry (a store overwrites, a lookup hits exactly)."""
-        turns = "\0".join(normalize_text(text) for _, text in self.conversation.turns)
+        """Same partition + same normalized turns = same entry (a store overwrites, a lookup hits exactly); a
+        completion's prompt is not normalized."""
+        same = (lambda text: text) if self.exact_only else normalize_text
+        turns = "\0".join(same(text) for _, text in self.conversation.turns)
         digest = hashlib.sha256(f"{self.partition}\0{turns}".encode())
         return digest.hexdigest()[:32]
 
@@ -135,4 +144,4 @@ def parse_key(key: cache_pb2.CacheKey) -> ParsedKey:
         raise NotCacheableError("query text is empty")
     material = json.dumps([kind, key.model, key.scope, key.params_fingerprint, shape], separators=(",", ":"))
     partition = hashlib.sha256(material.encode()).hexdigest()[:32]
-    return ParsedKey(partition=partition, conversation=conversation, scope=key.scope, model=key.model)
+    return ParsedKey(partition, conversation, key.scope, key.model, kind)

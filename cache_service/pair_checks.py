@@ -5,7 +5,8 @@ A sentence model reads "3 pounds" and "a pound", "safe" and "not safe", "legal" 
 "in December" as almost the same question. These closed classes of English (number words, negators,
 negating prefixes, calendar words) are checked exactly instead. They are general vocabulary and morphology,
 not words picked from any evaluation set. Different numbers (when both sides name some), a negation on one
-side only, and different arithmetic relations veto a candidate (`veto`, called by cache_service/vetoes.py).
+side only, and different arithmetic relations or operations veto a candidate (`veto`, called by
+cache_service/vetoes.py).
 """
 
 from __future__ import annotations
@@ -382,6 +383,76 @@ def percents(text: str) -> list[float]:
     return sorted(v for v in said if v is not None)
 
 
+# The operations of arithmetic: "767 - 96" and "767 * 96" ask different things, though the canonical key drops
+# a spaced operator as punctuation and a sentence model reads them as one question. A sign counts as binary
+# (spaced on both sides or on neither, by spaces only) between a number in digits or a bracket and another
+# operand, or between two one-letter variables when spaced ("a + b"; only the letters algebra names unknowns
+# with: "5V / 220R" and "g / 5gal" hold units). "-" and "/" with no spaces between numbers are loose ("~-",
+# "~/"): ranges, dates and fractions as often ("0-9", "2024/25", "3/4"). Not signs: "-" and "/" with no
+# spaces beside a letter (codes: "F-150", "y/o"), a sign before a number alone ("+1.75", "-5"), the dot of a
+# hydrate ("CaCl2·2H2O"), an "x" or "by" (dimensions as often as products: "4x8", "4 by 8"). Said in words
+# ("plus", "times", "divided by") an operation counts between a number and a number or variable ("three x
+# plus seven"; "3 times a week" is none).
+_SPOKEN_OPERATORS = {"plus": "+", "minus": "-", "times": "*", "multiplied by": "*", "divided by": "/"}
+_SPOKEN_OPERATOR = re.compile(r"\b(multiplied by|divided by|plus|minus|times)\b")
+_OPERATOR_SIGNS = {"−": "-", "–": "-", "×": "*", "÷": "/", "**": "^"}
+_OPERATION_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+|\*\*|\x02[-+*/]|[-+*/^×÷−–()]")
+_VARIABLES = frozenset("abcnxyz")
+
+
+def _operand(token: str) -> str:
+    """ "digits", "number" (a number word), "variable", "bracket" or "" (no operand)."""
+    if token[0].isdigit():
+        return "digits"
+    if token in NUMBER_WORDS:
+        return "number"
+    if token in _VARIABLES:
+        return "variable"
+    return "bracket" if token in "()" else ""
+
+
+def operations(text: str) -> list[str]:
+    """The operators of arithmetic a text writes between operands, as a sorted multiset ("12 * 4", "12 × 4"
+    and "twelve times four": ["*"]; "0-9": ["~-"], loose)."""
+    text = _SPOKEN_OPERATOR.sub(lambda m: " \x02" + _SPOKEN_OPERATORS[m.group(1)] + " ", text.lower())
+    tokens = list(_OPERATION_TOKEN.finditer(text))
+    found = []
+    for before, sign, after in zip(tokens, tokens[1:], tokens[2:], strict=False):
+        left, right = _operand(before.group()), _operand(after.group())
+        if sign.group().startswith("\x02"):  # said in words; "a" there is the article ("3 times a week")
+            sides = {left, right} if "a" not in (before.group(), after.group()) else set()
+            if sides <= {"digits", "number", "variable"} and sides & {"digits", "number"}:
+                found.append(sign.group()[1])
+            continue
+        gaps = text[before.end() : sign.start()], text[sign.end() : after.start()]
+        op = _OPERATOR_SIGNS.get(sign.group(), sign.group())
+        if op not in "-+*/^" or not (left and right) or bool(gaps[0]) != bool(gaps[1]):
+            continue
+        if any(g and not g.isspace() for g in gaps):
+            continue
+        spaced = bool(gaps[0])
+        if op in "-/" and not spaced and "variable" in (left, right):
+            continue
+        if op in "-/" and not spaced and left == right == "digits":
+            found.append("~" + op)  # a range, date or fraction as often: "767-96" may be "767 - 96"
+            continue
+        if {"digits", "bracket"} & {left, right} or (spaced and left == right == "variable"):
+            found.append(op)
+    return sorted(found)
+
+
+def operations_differ(oa: list[str], ob: list[str], same_numbers: bool) -> bool:
+    """Other operations on both sides ("12 - 4" / "12 * 4"), or on one side of the same numbers ("12 - 4" /
+    "12 4"), unless a loose sign there may be it ("767 - 96" / "767-96"); loose signs alone never differ."""
+    clear_a, clear_b = [o for o in oa if o[0] != "~"], [o for o in ob if o[0] != "~"]
+    if clear_a and clear_b:
+        return clear_a != clear_b
+    if not (clear_a or clear_b) or not same_numbers:
+        return False
+    one, other = (clear_a, ob) if clear_a else (clear_b, oa)
+    return bool(set(one) - {o[1] for o in other if o[0] == "~"})
+
+
 def read_aloud_equal(wa: list[str], wb: list[str], na: list[float], nb: list[float]) -> bool:
     """The same numbers once one side's are read as spoken ("one eighty" / "180")."""
     sa, sb = spoken_numbers(wa), spoken_numbers(wb)
@@ -416,4 +487,6 @@ def veto(a: str, b: str) -> str:
     ra, rb = sorted(_RELATIONS.findall(a)), sorted(_RELATIONS.findall(b))
     if ra and rb and ra != rb:
         return "relations differ"
+    if operations_differ(operations(a), operations(b), na == nb):
+        return "operations differ"
     return ""

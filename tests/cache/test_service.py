@@ -179,6 +179,25 @@ def test_completion_prompts_are_cached_apart_from_chat(stub) -> None:
     assert not lookup(stub, chat_key("The capital of France is", "t-prompt")).hit
 
 
+@pytest.mark.parametrize(
+    "asked",
+    [
+        "def add(a, b):\n    return a *",  # a sign the canonical key drops
+        "def add(a, b):\n    return a ",  # a trailing space, which the chat tiers drop
+        "def add(a, b):\n    return a\n",
+        "DEF ADD(A, B):\n    RETURN A",
+        "def add(a, b):\n    return a.",
+        "def add(a, b):\n  return a",  # other spacing
+    ],
+)
+def test_a_completion_prompt_hits_only_byte_for_byte(stub, asked: str) -> None:
+    """A prompt is text to continue: whatever differs changes what follows it."""
+    stored = "def add(a, b):\n    return a"
+    store(stub, cache_pb2.CacheKey(model="m", scope="t-raw", prompt=stored), " + b")
+    assert lookup(stub, cache_pb2.CacheKey(model="m", scope="t-raw", prompt=stored)).exact
+    assert not lookup(stub, cache_pb2.CacheKey(model="m", scope="t-raw", prompt=asked)).hit
+
+
 def test_health_and_reflection(cache_service: CacheService) -> None:
     methods = serving_with_reflection(cache_service.addr, "llmserve.cache.v1.SemanticCache")
     assert methods == {"Lookup", "Store", "Invalidate", "GetStats"}
