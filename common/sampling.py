@@ -81,7 +81,7 @@ FIELDS: tuple[SamplingField, ...] = (
     _number("presence_penalty", float, 0.0, -2.0, 2.0),
     _number("frequency_penalty", float, 0.0, -2.0, 2.0),
     _number("repetition_penalty", float, 1.0, 0.0, 10.0, open_=True, note="vLLM's; 1: off"),
-    _number("max_tokens", int, None, 1, INT32_MAX, note="unset: up to the context limit"),
+    _number("max_tokens", int, None, 0, INT32_MAX, note="unset: up to the context; 0: score the prompt only"),
     _number("min_tokens", int, 0, 0, INT32_MAX),
     _number("logprobs", int, None, 0, MAX_TOP_LOGPROBS, note="unset: none; k: the sampled token's and top k"),
     _number("prompt_logprobs", int, None, 0, MAX_TOP_LOGPROBS, note="unset: none; k: each prompt token's"),
@@ -139,6 +139,10 @@ def check(values: Mapping[str, Any]) -> None:
             message = f"logit_bias values must be in {bounds('logit_bias')}, got {bias}"
             raise SamplingError(message, "logit_bias")
     max_tokens, min_tokens = values.get("max_tokens"), values.get("min_tokens")
+    if max_tokens == 0 and values.get("prompt_logprobs") is None:  # a run that would return nothing at all
+        raise SamplingError(
+            "max_tokens must be at least 1 unless prompt logprobs are asked for", "max_tokens"
+        )
     if max_tokens is not None and min_tokens is not None and min_tokens > max_tokens:
         raise SamplingError("min_tokens must not exceed max_tokens", "min_tokens")
 

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.gen import worker_pb2
-from gateway import tokenization
+from gateway import observability, tokenization
 from gateway.drain import DrainGate, DrainMiddleware
 from gateway.embeddings import EmbeddingsClient, disabled, parse_embedding_request
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
@@ -224,6 +224,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, __: ClientDisconnected) -> Response:
+        """Counted once per request whose client left first (a stream that started counts its own)."""
+        observability.CLIENT_DISCONNECTS.inc()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(RequestValidationError)

@@ -76,7 +76,8 @@ def check_limits(
     if choices == 1:
         return  # one choice is bounded by the model's context already
     asked = req.completion_limit()
-    per_choice = asked if max_model_len is None else min(asked or max_model_len, max_model_len)
+    unset_as = max_model_len if asked is None else asked  # 0 (echo, max_tokens 0) counts as 0
+    per_choice = asked if max_model_len is None else min(unset_as, max_model_len)
     if per_choice is not None and choices * per_choice > limits.max_total_tokens:
         param = "n" if asked is None and req.num_choices > 1 else "max_tokens"
         per_prompt = f" for each of {num_prompts} prompts" if num_prompts > 1 else ""

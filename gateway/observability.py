@@ -10,7 +10,20 @@ from starlette.types import Message, Receive, Scope, Send
 from common.prometheus import init_labels
 from gateway.http_io import HttpMiddleware
 
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics"})
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/ready",
+        "/metrics",
+    }
+)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 HTTP_REQUESTS = Counter(
@@ -44,7 +57,7 @@ SHARED_GENERATIONS = Counter(
 )
 CLIENT_DISCONNECTS = Counter(
     "llmserve_gateway_client_disconnects_total",
-    "Requests whose client went away before the answer was complete.",
+    "Requests whose client went away before the answer was complete (streamed, or answered 499).",
 )
 
 # Label values the dashboard reads, exported at 0 before the first event (common/prometheus.py).
@@ -69,6 +82,8 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
+    if path.startswith("/v1/responses/"):  # GET and DELETE of a stored response, its input_items
+        return "/v1/responses/{response_id}"
     return "other"
 
 

@@ -41,6 +41,7 @@ IGNORED_FIELDS = {
     "guided_decoding_backend",
 }
 _logged_ignored: set[str] = set()
+DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
 class _Strict(BaseModel):
@@ -114,8 +115,13 @@ class ChatMessage(_Strict):
 
     @model_validator(mode="after")
     def _check_content(self) -> ChatMessage:
+        """OpenAI's rules: content, unless an assistant's that calls tools; a tool message names its call."""
         if self.content is None and self.role in ROLES_NEEDING_CONTENT:
             raise ValueError(f"content is required for a {self.role!r} message")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required for an 'assistant' message without tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("tool_call_id is required for a 'tool' message")
         return self
 
     def text(self) -> str:
@@ -182,6 +188,12 @@ class _SamplingRequest(_Strict):
                 _logged_ignored.add(name)
                 log.info("accepted and ignored request field %r (logged once)", name)
         return data
+
+    @model_validator(mode="after")
+    def _check_stream_options(self) -> _SamplingRequest:
+        if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's 400, in their words
+            raise ValueError("stream_options: Stream options can only be defined when `stream=True`.")
+        return self
 
     @model_validator(mode="after")
     def _check_truncation(self) -> _SamplingRequest:
@@ -254,7 +266,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, **bounds("max_tokens").pydantic())
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, **bounds("logprobs").pydantic())
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(default=None, min_length=1)  # OpenAI refuses an empty list
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # vLLM's chat template options (worker/engine/chat_template.py): the assistant's turn opened after the
@@ -297,6 +309,14 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("top_logprobs: top_logprobs requires logprobs to be true")
         return self
 
+    @model_validator(mode="after")
+    def _check_max_tokens(self) -> ChatCompletionRequest:
+        """0 is the contract's for scoring a prompt, which chat does not do (nor vLLM's or OpenAI's)."""
+        if self.completion_limit() == 0:
+            name = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            raise ValueError(f"{name}: {name} must be at least 1")
+        return self
+
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
@@ -307,6 +327,8 @@ class ChatCompletionRequest(_SamplingRequest):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[Int32] | list[list[Int32]]
+    # OpenAI's and vLLM's default for legacy completions (an explicit null: up to the context limit)
+    max_tokens: int | None = Field(default=DEFAULT_COMPLETION_MAX_TOKENS, **bounds("max_tokens").pydantic())
     logprobs: int | None = Field(default=None, **bounds("logprobs").pydantic())
     echo: bool | None = None
     suffix: str | None = None
@@ -328,6 +350,8 @@ class CompletionRequest(_SamplingRequest):
         if isinstance(self.prompt, list):
             if not self.prompt:
                 raise ValueError("prompt: prompt must not be empty")
+        if self.max_tokens == 0 and not self.echo:  # OpenAI's legacy API scores a prompt this way only
+            raise ValueError("max_tokens: max_tokens 0 generates nothing: it needs echo, to score the prompt")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -353,8 +377,13 @@ class CompletionRequest(_SamplingRequest):
         return bool(self.echo) and self.logprobs is not None
 
     def num_prompt_logprobs(self) -> int | None:
-        """What the worker computes: enough for both `prompt_logprobs` and echo's logprobs."""
-        wanted = [self.prompt_logprobs, self.logprobs if self.echo_logprobs else None]
+        """What the worker computes: enough for both `prompt_logprobs` and echo's logprobs; with max_tokens 0
+        at least 0 (the worker's prompt-only run, which the contract allows only with prompt logprobs)."""
+        wanted = [
+            self.prompt_logprobs,
+            self.logprobs if self.echo_logprobs else None,
+            0 if self.max_tokens == 0 else None,
+        ]
         return max((k for k in wanted if k is not None), default=None)
 
 

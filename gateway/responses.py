@@ -162,6 +162,7 @@ class ResponseMeta:
             "object": obj,
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": None,  # OpenAI's key; null, as vLLM sends it
             "choices": choices,
         }
         if self.include_usage:
@@ -231,6 +232,7 @@ class ResponseMeta:
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": None,
             "choices": rendered,
             "usage": usage,
         }

@@ -85,4 +85,4 @@ async def detokenize(pool: WorkerPool, body: bytes) -> dict:
     assert isinstance(req, DetokenizeRequest)
     if req.model is not None:
         await pool.check_model(req.model)
-    return {"prompt": await pool.detokenize(req.tokens, req.model)}
+    return {"prompt": await pool.detokenize(req.tokens, req.model, param="tokens")}

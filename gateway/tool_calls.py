@@ -6,7 +6,8 @@
   worker/engine/chat_template.py teaches), which are parsed out of the text. Text that does not parse
   stays content.
 - `required`: the output is constrained to a JSON list of calls to the given tools (at least one; exactly
-  one when `parallel_tool_calls` is false), so the calls always parse and match the parameter schemas.
+  one when `parallel_tool_calls` is false), so the calls always parse and match the parameter schemas;
+  when max_tokens cuts the list, its complete calls are returned.
 - a named function: the output is constrained to that function's arguments.
 """
 
@@ -102,12 +103,22 @@ class ToolCallParser:
         if self.plan.mode == "named":
             return "", [new_call(self.plan.function_name, text.strip() or "{}")]
         if self.plan.mode == "required":
-            try:
-                calls = json.loads(text)
-                return "", [new_call(c["name"], c["arguments"]) for c in calls]
-            except (json.JSONDecodeError, TypeError, KeyError):
-                return text, []  # cut off by max_tokens: hand back what there is as content
+            return "", _whole_calls(text)
         return _parse_hermes(text)
+
+
+def _whole_calls(text: str) -> list[dict[str, Any]]:
+    """The complete calls of the constrained JSON list: max_tokens may cut it, and a cut call is left out
+    (no arguments are invented; vLLM's own parse returns no calls at all then), never dumped as content."""
+    decoder, calls, at = json.JSONDecoder(), [], text.find("[") + 1
+    while at > 0:
+        at += len(text[at:]) - len(text[at:].lstrip(", \n"))
+        try:
+            call, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        calls.append(new_call(call["name"], call["arguments"]))
+    return calls
 
 
 def _partial_prefix(text: str, marker: str) -> int:

@@ -320,12 +320,18 @@ class WorkerPool:
     ) -> worker_pb2.TokenizeResponse:
         return await self._unary("Tokenize", request, model)
 
-    async def detokenize(self, token_ids: list[int], model: str | None = None) -> str:
-        reply = await self._unary("Detokenize", worker_pb2.DetokenizeRequest(token_ids=token_ids), model)
-        return reply.text
+    async def detokenize(self, token_ids: list[int], model: str | None = None, param: str = "prompt") -> str:
+        """`param`: what a refused id is called (an echoed prompt's, or /detokenize's `tokens`)."""
+        request = worker_pb2.DetokenizeRequest(token_ids=token_ids)
+        return (await self._unary("Detokenize", request, model, prompt_param=param)).text
 
     async def _unary(
-        self, method: str, request: object, model: str | None, timeout_s: float = 30.0
+        self,
+        method: str,
+        request: object,
+        model: str | None,
+        timeout_s: float = 30.0,
+        prompt_param: str = "prompt",
     ) -> object:
         """A short call on the least loaded worker of the model that answers; a refused input is a 400."""
         await self.start()
@@ -338,12 +344,12 @@ class WorkerPool:
             except grpc.aio.AioRpcError as exc:
                 observability.WORKER_ERRORS.labels(exc.code().name).inc()
                 if exc.code() not in RETRYABLE:
-                    raise from_grpc(exc, "prompt") from None
+                    raise from_grpc(exc, prompt_param) from None
                 replica.mark_down()
                 last_error = exc
         if last_error is None:
             raise unavailable(f"No worker serves the model {model!r}")
-        raise from_grpc(last_error, "prompt")
+        raise from_grpc(last_error, prompt_param)
 
     async def served_model_name(self) -> str:
         """The first model (the only one of a single-model fleet)."""

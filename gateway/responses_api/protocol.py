@@ -97,6 +97,12 @@ class TextFormat(_Strict):
             raise ValueError("text.format.schema: schema is required when type is 'json_schema'")
         return self
 
+    def echoed(self) -> dict[str, Any]:
+        """As the response repeats it: only json_schema has a name (OpenAI's `{"type": "text"}`)."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return self.model_dump(by_alias=True, exclude_none=True)
+
     def as_json_schema(self) -> JsonSchemaFormat:
         return JsonSchemaFormat(
             name=self.name, schema=self.schema_, strict=self.strict, description=self.description

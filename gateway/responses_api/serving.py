@@ -60,8 +60,8 @@ def echoed_fields(req: ResponsesRequest, stored: bool) -> Json:
         "store": stored,
         "temperature": req.temperature,
         "top_p": req.top_p,
-        "text": {"format": req.text_format.model_dump(by_alias=True, exclude_none=True)},
-        "tool_choice": choice or ("auto" if req.tools else "none"),
+        "text": {"format": req.text_format.echoed()},
+        "tool_choice": choice or "auto",  # OpenAI's default, tools or not
         "tools": [tool.model_dump(exclude_none=True) for tool in req.tools],
         "truncation": "disabled",
         "user": req.user,
@@ -128,7 +128,7 @@ class ResponsesServing:
         """The stored conversation of previous_response_id (its input and output items), then this input."""
         if req.previous_response_id is None:
             return list(req.input)
-        record = await self.store.get(tenant, req.previous_response_id)
+        record = await self.store.get(tenant, req.previous_response_id, "previous_response_id")
         earlier = [
             normalize_item(i, item)
             for i, item in enumerate(record["conversation"] + record["response"]["output"])

@@ -24,13 +24,10 @@ TIMEOUT_S = 2.0
 Json = dict[str, Any]
 
 
-def not_found(response_id: str) -> APIError:
+def not_found(response_id: str, param: str = "response_id") -> APIError:
+    """`param`: the field that named the id (`previous_response_id` when a request continued it)."""
     return APIError(
-        404,
-        f"Response with id '{response_id}' not found.",
-        "invalid_request_error",
-        "response_id",
-        "not_found",
+        404, f"Response with id '{response_id}' not found.", "invalid_request_error", param, "not_found"
     )
 
 
@@ -59,13 +56,14 @@ class ResponseStore:
         record = json.dumps({"response": response, "conversation": conversation}, ensure_ascii=False)
         await self._call(self._redis.set(self._key(tenant, response["id"]), record, ex=self.ttl_s))
 
-    async def get(self, tenant: str, response_id: str) -> Json:
-        """The stored record ({"response", "conversation"}); 404 when absent (or another tenant's)."""
+    async def get(self, tenant: str, response_id: str, param: str = "response_id") -> Json:
+        """The stored record ({"response", "conversation"}); 404 naming `param` when absent (or another
+        tenant's)."""
         raw = (
             None if self._redis is None else await self._call(self._redis.get(self._key(tenant, response_id)))
         )
         if raw is None:
-            raise not_found(response_id)
+            raise not_found(response_id, param)
         return json.loads(raw)
 
     async def delete(self, tenant: str, response_id: str) -> None:

@@ -64,6 +64,10 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         ({"chat_template": "{{ messages }}"}, "chat_template"),
         ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
         ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),  # past the vocabulary: the worker's check
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}},
+            "response_format",
+        ),
         ({"bad_words": [""]}, "bad_words"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
@@ -86,8 +90,17 @@ def test_invalid_completion_params_are_400(http: httpx.Client) -> None:
         ({"best_of": 3}, "best_of"),  # the best of several samples: not ranked here
         ({"best_of": 1, "n": 2}, "best_of"),
         ({"best_of": 0}, "best_of"),
+        # the worker's refusals name the field too
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": [10**6]}, "prompt"),  # past the vocabulary
+        ({"prompt": [[1], [10**6]]}, "prompt"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}},
+            "response_format",
+        ),
     ]:
         assert_openai_error(http.post("/v1/completions", json=base | change), 400, param)
+    assert_openai_error(http.post("/detokenize", json={"tokens": [10**6]}), 400, "tokens")
     equal = http.post("/v1/completions", json=base | {"best_of": 2, "n": 2})  # best_of = n: plain sampling
     assert equal.status_code == 200 and len(equal.json()["choices"]) == 2
 

@@ -42,14 +42,20 @@ def test_a_list_of_prompts_is_bounded_as_a_whole(http: httpx.Client, change: dic
     assert_openai_error(http.post("/v1/completions", json=body), 400, param)
 
 
-def test_an_assistant_message_may_have_no_content(http: httpx.Client) -> None:
+def test_an_assistant_message_may_have_no_content_only_when_it_calls_tools(http: httpx.Client) -> None:
+    """As OpenAI's API: content null needs tool_calls (else 400 naming the messages)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [
         {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": None},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
         {"role": "user", "content": "Again"},
     ]
     response = http.post("/v1/chat/completions", json=CHAT | {"messages": messages})
     assert response.status_code == 200, response.text
+    messages[1] = {"role": "assistant", "content": None}
+    refused = http.post("/v1/chat/completions", json=CHAT | {"messages": messages})
+    assert_openai_error(refused, 400, "messages")
 
 
 def test_four_stop_strings_are_fine(http: httpx.Client) -> None:

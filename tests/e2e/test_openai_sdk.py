@@ -29,6 +29,7 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=12, temperature=0)
     assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-") and reply.created > 0
     assert reply.model == MODEL_NAME
+    assert "system_fingerprint" in reply.model_fields_set and reply.system_fingerprint is None  # as vLLM's
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and "Paris" in choice.message.content
     assert choice.finish_reason in ("stop", "length")

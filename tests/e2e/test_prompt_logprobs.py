@@ -11,7 +11,9 @@ import httpx
 import openai
 import pytest
 
+from common.gen import worker_pb2_grpc
 from scripts.launch import MODEL_NAME, Service
+from tests.e2e.conftest import wait_for_idle
 
 PROMPT = "The capital of France is"
 
@@ -145,3 +147,41 @@ def test_prompt_logprobs_refused_where_not_supported(gateway: Service) -> None:
     too_many = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 21}
     refused = httpx.post(f"{gateway.addr}/v1/completions", json=too_many, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_echo_with_max_tokens_zero_scores_the_prompt(
+    client: openai.OpenAI, gateway: Service, worker_stub: worker_pb2_grpc.WorkerStub
+) -> None:
+    """OpenAI's legacy scoring call: the prompt echoed with its logprobs (the first null), nothing
+    generated, `length`, no completion tokens; for each prompt of a list and each choice, streamed or not;
+    blocks freed."""
+    texts = [PROMPT, "One, two, three"]
+    prompts = [prompt_ids(gateway, text) for text in texts]
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt=prompts, max_tokens=0, echo=True, logprobs=1, n=2
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert reply.usage.completion_tokens == 0
+    assert reply.usage.prompt_tokens == len(prompts[0]) + len(prompts[1])
+    for choice, text in zip(reply.choices, [t for t in texts for _ in range(2)], strict=True):
+        lp = choice.logprobs
+        assert (choice.text, choice.finish_reason, "".join(lp.tokens)) == (text, "length", text)
+        assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=0, echo=True)
+    only = plain.choices[0]
+    assert (only.text, only.logprobs, only.finish_reason, plain.usage.completion_tokens) == (
+        PROMPT,
+        None,
+        "length",
+        0,
+    )
+    streamed = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=0, echo=True, logprobs=0, stream=True
+    )
+    (chunk,) = [c for c in streamed if c.choices]
+    assert (chunk.choices[0].text, chunk.choices[0].finish_reason) == (PROMPT, "length")
+    assert chunk.choices[0].logprobs.token_logprobs[0] is None
+    assert wait_for_idle(worker_stub).num_kv_blocks_used == 0
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 0}  # no echo: nothing to return (as vLLM)
+    refused = httpx.post(f"{gateway.addr}/v1/completions", timeout=60, json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"

@@ -121,3 +121,18 @@ def test_every_choice_and_after_preemption(hf_model) -> None:
         for index in range(2):
             choice = [o for o in outputs[request_id] if o.index == index]
             assert_prompt_logprobs(hf_model, prompt, choice, 2)
+
+
+def test_max_tokens_zero_scores_the_prompt_and_samples_nothing(hf_model) -> None:
+    """OpenAI's echo with max_tokens 0: each choice ends after its (chunked) prefill with its prompt
+    logprobs, no token and `length`; its blocks are freed (run checks)."""
+    engine = make_engine(hf_model, budget=10)
+    prompt = prompt_of(23, salt=5)
+    outputs = run(engine, {"scored": (prompt, params(2, max_tokens=0, n=2)), "one": ([42], params(0, 0))})
+    for index in range(2):
+        (only,) = [o for o in outputs["scored"] if o.index == index]
+        assert (only.token_ids, only.text, only.finish_reason) == ([], "", "length")
+        assert (only.usage.prompt_tokens, only.usage.completion_tokens) == (23, 0)
+        assert_prompt_logprobs(hf_model, prompt, [only], 2)
+    (single,) = outputs["one"]
+    assert single.finish_reason == "length" and len(single.prompt_logprobs) == 1

@@ -200,6 +200,29 @@ def test_streams_are_counted_open_and_a_client_leaving_is_counted(gateway: Gatew
     assert delta(before, after, "llmserve_gateway_semantic_cache_requests_total", result="bypass") == 1
 
 
+def test_a_client_leaving_a_non_streamed_request_is_counted_once(gateway: Gateway) -> None:
+    """Answered 499 inside the gateway (gateway/http_io.py until_disconnect): one disconnect, one 499."""
+    gateway_metrics = f"{gateway.url}/metrics"
+    body = {
+        "model": MODEL,
+        "prompt": f"{uuid.uuid4().hex} Count from one to one thousand:",
+        "max_tokens": 900,  # seconds of decoding here, within the stack's 1024-token context
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    before = scrape(gateway_metrics)
+    headers = {"X-Semantic-Cache": "bypass"}
+    with pytest.raises(httpx.ReadTimeout):
+        url = f"{gateway.url}/v1/completions"
+        httpx.post(url, json=body, headers=headers, timeout=httpx.Timeout(120, read=1.0))
+    labels = {"route": "/v1/completions", "method": "POST", "status": "499"}
+    wait_for(
+        lambda: delta(before, scrape(gateway_metrics), "llmserve_gateway_http_requests_total", **labels) == 1,
+        what="the gateway to answer the request that lost its client",
+    )
+    assert delta(before, scrape(gateway_metrics), "llmserve_gateway_client_disconnects_total") == 1
+
+
 def test_every_dashboard_metric_is_served_by_the_running_stack(
     gateway: Gateway, cache: Cache, priced_worker: Worker
 ) -> None:

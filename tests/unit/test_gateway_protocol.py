@@ -13,6 +13,7 @@ from gateway.semantic import scope_of
 from gateway.worker_request import chat_request, completion_request
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def chat(**fields: object) -> ChatCompletionRequest:
@@ -48,15 +49,28 @@ def test_unknown_fields_are_ignored() -> None:
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"min_p": 1.5}, "min_p"),
         ({"top_k": -2}, "top_k"),
-        ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
+        ({"stream_options": {"include_usage": "yes"}, "stream": True}, "stream_options"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream: true
+        ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
         ({"seed": 2**64}, "seed"),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "messages"),  # no tool_call_id
+        ({"messages": [{"role": "assistant", "content": None}]}, "messages"),  # no content, no tool_calls
+        ({"messages": [{"role": "assistant"}]}, "messages"),
+        ({"tools": []}, "tools"),
     ],
 )
 def test_chat_refusals_name_the_parameter(fields: dict, param: str) -> None:
     error = refused(ChatCompletionRequest, CHAT | fields)
     assert error.param == param
     assert error.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_stream_options_need_stream_on_both_endpoints() -> None:
+    error = refused(CompletionRequest, {"model": "m", "prompt": "hi", "stream_options": {}})
+    assert error.param == "stream_options"
+    assert error.message == "Stream options can only be defined when `stream=True`."
+    assert chat(stream=True, stream_options={"include_usage": True}).include_usage
 
 
 def test_bad_json_and_missing_fields() -> None:
@@ -93,7 +107,8 @@ SMALL = RequestLimits(max_prompts=3, max_prompt_chars=10, max_total_tokens=8)
         ({"prompt": [[1] * 6, [2] * 6], "max_tokens": 1}, "prompt", "got 12"),  # token ids count one each
         ({"prompt": ["a"] * 4, "max_tokens": 1}, "prompt", "at most 3 prompts"),
         ({"prompt": ["a", "b"], "max_tokens": 5}, "max_tokens", "for each of 2 prompts"),
-        ({"prompt": ["a", "b"]}, "max_tokens", "1 x 2048 for each"),  # unset: the whole context per choice
+        ({"prompt": ["a", "b"]}, "max_tokens", "1 x 16 for each"),  # unset: OpenAI's default of 16
+        ({"prompt": ["a", "b"], "max_tokens": None}, "max_tokens", "1 x 2048 for each"),  # null: the context
         ({"prompt": ["a", "b"], "n": 2, "max_tokens": 3}, "max_tokens", "2 x 3 for each of 2 prompts"),
     ],
 )
@@ -107,6 +122,18 @@ def test_a_list_of_prompts_counts_every_prompt(fields: dict, param: str, words: 
 def test_a_list_of_prompts_within_the_limits_is_accepted() -> None:
     body = {"model": "m", "prompt": ["abc", "def", "ghi"], "max_tokens": 2}
     assert len(parse_request(CompletionRequest, json.dumps(body).encode(), SMALL, 2048).prompts()) == 3
+
+
+def test_malformed_messages_say_which_one_and_what_is_missing() -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},  # content may be null with tool_calls
+        {"role": "tool", "content": "42"},
+    ]
+    assert refused(ChatCompletionRequest, CHAT | {"messages": messages}).message == (
+        "messages.2: tool_call_id is required for a 'tool' message"
+    )
+    assert chat(messages=messages[:2] + [messages[2] | {"tool_call_id": "call_1"}]).messages[1].tool_calls
 
 
 def test_text_parts_are_joined() -> None:
@@ -160,6 +187,25 @@ def test_completion_to_worker_request() -> None:
     out = completion_request(req, "rid", "m")
     assert list(out.token_ids.ids) == [1, 2]
     assert out.params.logprobs == 0 and list(out.params.stop) == ["a", "b"]
+
+
+def test_completions_default_to_16_tokens_and_chat_to_the_context() -> None:
+    """OpenAI's and vLLM's defaults: 16 tokens for legacy completions, none (the context) for chat."""
+    completion = parse_request(CompletionRequest, b'{"model": "m", "prompt": "hi there"}')
+    assert completion_request(completion, "rid", "m").params.max_tokens == 16
+    unbounded = parse_request(CompletionRequest, b'{"model": "m", "prompt": "hi", "max_tokens": null}')
+    assert not completion_request(unbounded, "rid", "m").params.HasField("max_tokens")
+    assert not chat_request(chat(), "rid", "m").params.HasField("max_tokens")
+
+
+def test_max_tokens_zero_only_scores_an_echoed_prompt() -> None:
+    """OpenAI's legacy scoring call (echo, max_tokens 0) asks the worker for the prompt only, with prompt
+    logprobs (the contract's condition); without echo, and on chat, 0 is refused as by vLLM."""
+    body = {"model": "m", "prompt": "hi", "max_tokens": 0, "echo": True}
+    params = completion_request(parse_request(CompletionRequest, json.dumps(body).encode()), "r", "m").params
+    assert (params.max_tokens, params.prompt_logprobs) == (0, 0)
+    assert refused(CompletionRequest, body | {"echo": False}).param == "max_tokens"
+    assert refused(ChatCompletionRequest, CHAT | {"max_tokens": 0}).param == "max_tokens"
 
 
 def test_cache_scope() -> None:

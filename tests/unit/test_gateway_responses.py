@@ -54,6 +54,8 @@ def test_chat_shapes() -> None:
     assert final == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
     full = meta.full([ChoiceState(text_parts=["a", "b"], finish_reason="length")], {"x": 1})
     assert full["object"] == "chat.completion"
+    assert "system_fingerprint" in full and full["system_fingerprint"] is None  # OpenAI's key, vLLM's null
+    assert role["system_fingerprint"] is None and meta.usage_chunk({})["system_fingerprint"] is None
     assert full["choices"][0]["message"] == {"role": "assistant", "content": "ab"}
 
 
@@ -63,4 +65,5 @@ def test_completion_chunk_and_sse_framing() -> None:
     assert event.startswith("data: ") and event.endswith("\n\n")
     body = json.loads(event.removeprefix("data: "))
     assert body["object"] == "text_completion" and "usage" not in body
+    assert "system_fingerprint" in body and meta.full([], {})["system_fingerprint"] is None
     assert body["choices"] == [{"index": 0, "text": "é", "logprobs": None, "finish_reason": None}]

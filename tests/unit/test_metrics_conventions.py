@@ -33,6 +33,15 @@ def test_gateway() -> None:
     assert ("llmserve_gateway_shared_generations_total", frozenset()) in got
 
 
+def test_gateway_routes_are_labelled_by_name() -> None:
+    """Each served route has its own label; anything else (scanners) collapses to `other`."""
+    for path in ("/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize", "/v1/completions"):
+        assert observability.route_label(path) == path
+    for stored in ("/v1/responses/resp_1", "/v1/responses/resp_1/input_items"):
+        assert observability.route_label(stored) == "/v1/responses/{response_id}"
+    assert observability.route_label("/wp-login.php") == "other"
+
+
 def test_cache_service() -> None:
     got = samples(CacheMetrics().registry)
     assert got[("llmserve_cache_hits_total", frozenset({("kind", "semantic")}))] == 0

@@ -18,7 +18,10 @@ from gateway.limits import RequestLimits
 from gateway.protocol import validation_error
 from gateway.responses_api.events import ResponseBuilder, usage
 from gateway.responses_api.protocol import ResponsesRequest
+from gateway.responses_api.serving import ResponsesServing, echoed_fields
+from gateway.responses_api.store import ResponseStore
 from gateway.responses_api.translate import chat_messages, to_chat_request
+from gateway.settings import GatewaySettings
 from gateway.tool_calls import plan_tools
 from gateway.worker_request import chat_request
 
@@ -161,6 +164,27 @@ def test_fields_that_change_nothing_are_accepted() -> None:
         text={"format": {"type": "text"}, "verbosity": "low"},
     )
     assert req.store is False and req.metadata == {"k": "v"}
+
+
+def test_echoed_defaults_are_openais() -> None:
+    """tool_choice `auto` with or without tools; a text or json_object format without json_schema's name."""
+    fields = echoed_fields(parse(input="hi"), stored=True)
+    assert (fields["tool_choice"], fields["text"]) == ("auto", {"format": {"type": "text"}})
+    assert echoed_fields(parse(input="hi", tools=[WEATHER]), stored=True)["tool_choice"] == "auto"
+    json_object = parse(input="hi", text={"format": {"type": "json_object"}})
+    assert echoed_fields(json_object, stored=True)["text"] == {"format": {"type": "json_object"}}
+    schema = {"type": "json_schema", "name": "thing", "schema": {"type": "object"}}
+    assert echoed_fields(parse(input="hi", text={"format": schema}), stored=True)["text"]["format"] == schema
+
+
+async def test_a_missing_previous_response_names_previous_response_id() -> None:
+    serving = ResponsesServing(GatewaySettings(), None, ResponseStore("", 60))  # type: ignore[arg-type]
+    with pytest.raises(APIError) as caught:
+        await serving._conversation(parse(input="x", previous_response_id="resp_gone"), "anonymous")
+    assert (caught.value.status, caught.value.param) == (404, "previous_response_id")
+    with pytest.raises(APIError) as caught:
+        await serving.store.get("anonymous", "resp_gone")  # GET /v1/responses/{response_id}
+    assert caught.value.param == "response_id"
 
 
 def test_limits_name_this_routes_parameters() -> None:

@@ -59,7 +59,7 @@ def test_each_number_is_refused_just_outside_its_bounds(name: str) -> None:
     bounds = sampling.bounds(name)
     step = 1 if sampling.BY_NAME[name].type is int else 0.01
     sampling.check({name: bounds.high})
-    sampling.check({name: bounds.low + (step if bounds.low_open else 0)})
+    sampling.check({name: bounds.low + (step if bounds.low_open else 0), "prompt_logprobs": 0})
     for outside in (bounds.high + step, bounds.low if bounds.low_open else bounds.low - step):
         with pytest.raises(sampling.SamplingError) as info:
             sampling.check({name: outside})
@@ -73,6 +73,7 @@ def test_non_finite_numbers_and_cross_field_rules() -> None:
         ({"logit_bias": {3: 100.5}}, "logit_bias"),
         ({"logit_bias": {3: math.nan}}, "logit_bias"),
         ({"max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),  # 0 scores a prompt: only with prompt logprobs
         ({"stop": ["a", ""]}, "stop"),
         ({"stop": ["a"] * (sampling.MAX_STOP_STRINGS + 1)}, "stop"),
         ({"stop_token_ids": [1] * (sampling.MAX_STOP_TOKEN_IDS + 1)}, "stop_token_ids"),
@@ -81,3 +82,4 @@ def test_non_finite_numbers_and_cross_field_rules() -> None:
             sampling.check(values)
         assert info.value.param == param, values
     sampling.check({"max_tokens": 3, "min_tokens": 3, "logit_bias": {3: -100.0}, "stop": ["a"]})
+    sampling.check({"max_tokens": 0, "prompt_logprobs": 0})

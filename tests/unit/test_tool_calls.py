@@ -72,4 +72,10 @@ def test_forced_calls() -> None:
     required = plan_tools(chat(tools=[TOOL], tool_choice="required"))
     content, calls = feed_all(required, ['[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'])
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
-    assert feed_all(required, ['[{"name": "get_we'])[1] == []  # cut off: no call invented
+    assert feed_all(required, ['[{"name": "get_we']) == ("", [])  # cut off: no call invented, no JSON content
+    # cut by max_tokens after the first call: that one is whole and returned, the cut one left out
+    cut = '[{"name":"get_weather","arguments":{"city":"Oslo"}}, {"name":"get_weather","arguments":{"ci'
+    content, calls = feed_all(required, [cut[:30], cut[30:]])
+    assert content == "" and [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Oslo"}]
+    two = '[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_weather","arguments":{}}]'
+    assert len(feed_all(required, [two])[1]) == 2

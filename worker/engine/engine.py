@@ -77,12 +77,11 @@ class LLMEngine:
             ids = list(prompt.token_ids)
             bad = [t for t in ids if not 0 <= t < self.model_info.vocab_size]
             if bad:
-                raise InvalidRequestError(
-                    f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})"
-                )
+                message = f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})"
+                raise InvalidRequestError(message, param="prompt")
         elif prompt.messages is not None:
             if not prompt.messages:
-                raise InvalidRequestError("messages must not be empty")
+                raise InvalidRequestError("messages must not be empty", param="prompt")
             try:
                 text = render_chat(
                     self.tokenizer,
@@ -100,9 +99,9 @@ class LLMEngine:
         elif prompt.text is not None:
             ids = self.tokenizer.encode(prompt.text)
         else:
-            raise InvalidRequestError("a prompt is required")
+            raise InvalidRequestError("a prompt is required", param="prompt")
         if not ids:
-            raise InvalidRequestError("the prompt is empty")
+            raise InvalidRequestError("the prompt is empty", param="prompt")
         keep = prompt.truncate_prompt_tokens
         if keep is not None:  # vLLM's: the last k tokens (-1: as many as the context holds)
             ids = ids[-(self.scheduler.config.max_model_len if keep == -1 else keep) :]
@@ -119,7 +118,8 @@ class LLMEngine:
     def detokenize(self, token_ids: list[int]) -> str:
         bad = [t for t in token_ids if not 0 <= t < self.model_info.vocab_size]
         if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})")
+            message = f"token id {bad[0]} is out of range [0, {self.model_info.vocab_size})"
+            raise InvalidRequestError(message, param="prompt")  # the ids to detokenize: an echoed prompt's
         return self.tokenizer.decode(token_ids)
 
     def make_requests(
@@ -133,9 +133,9 @@ class LLMEngine:
             raise InvalidRequestError(str(exc), param=getattr(exc, "param", None)) from exc
         prompt_ids = self.tokenize(prompt)
         max_model_len = self.scheduler.config.max_model_len
-        max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(prompt_ids)
-        if max_tokens < 1:
-            max_tokens = 1  # let check_fits report the real numbers
+        max_tokens = params.max_tokens  # 0: the prompt is scored (its logprobs), nothing is sampled
+        if max_tokens is None:
+            max_tokens = max(max_model_len - len(prompt_ids), 1)  # at least 1: check_fits reports the numbers
         try:
             self.scheduler.check_fits(len(prompt_ids), max_tokens)
         except ValueError as exc:
@@ -181,7 +181,8 @@ class LLMEngine:
         try:
             return self.grammars.matcher(params.structured_output)
         except GrammarError as exc:
-            raise InvalidRequestError(str(exc)) from exc
+            # OpenAI's word for any output constraint (the gateway's guided_* and forced tool calls too)
+            raise InvalidRequestError(str(exc), param="response_format") from exc
 
     def add(self, requests: list[Request]) -> None:
         group = requests[0].group_id
@@ -269,6 +270,11 @@ class LLMEngine:
             if request.wants_prompt_logprobs:  # the prompt has run whole: they go with the first token
                 output.prompt_logprobs = self._take_prompt_logprobs(request)
             outputs.append(output)
+        for request in finished:
+            if request.request_id not in per_request:  # max_tokens 0: its prompt ran whole, nothing sampled
+                output = self._final_output(request, [])
+                output.prompt_logprobs = self._take_prompt_logprobs(request)
+                outputs.append(output)
         stats = self._step_stats(plan, start, len(new_tokens), ttfts, itls)
         finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
         self._aborted_stats = []

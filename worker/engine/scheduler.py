@@ -36,8 +36,10 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """Whether this step reaches the end of the known tokens, and so produces the next one."""
-        return self.start + self.num_new_tokens - len(self.draft_token_ids) == self.request.num_tokens
+        """Whether this step reaches the end of the known tokens, and so produces the next one (never with
+        max_tokens 0: such a request only scores its prompt)."""
+        reaches_end = self.start + self.num_new_tokens - len(self.draft_token_ids) == self.request.num_tokens
+        return reaches_end and self.request.max_tokens > 0
 
     def token_ids(self) -> list[int]:
         known = self.request.all_token_ids[self.start : self.start + self.num_new_tokens]
@@ -266,6 +268,8 @@ class Scheduler:
                     break
             request.num_computed_tokens = min(computed, request.num_tokens)
             self.block_manager.cache_full_blocks(request)  # finished blocks stay reusable too
+            if request.max_tokens == 0 and request.num_computed_tokens == request.num_tokens:
+                status = RequestStatus.FINISHED_LENGTH  # its prompt ran whole: scored, nothing to sample
             if status is not None:
                 self.finish_request(request.request_id, status)
                 finished.append(request)

@@ -37,7 +37,7 @@ def prompt_from_proto(request: worker_pb2.GenerateRequest) -> PromptInput:
     elif kind == "token_ids":
         prompt = PromptInput(token_ids=list(request.token_ids.ids))
     else:
-        raise InvalidRequestError("a prompt is required: set text, chat or token_ids")
+        raise InvalidRequestError("a prompt is required: set text, chat or token_ids", param="prompt")
     if request.HasField("truncate_prompt_tokens"):
         if request.truncate_prompt_tokens == 0 or request.truncate_prompt_tokens < -1:
             raise InvalidRequestError(
