@@ -48,8 +48,11 @@ SEMANTIC_CACHE_ERRORS = Counter(
     "Semantic cache calls that failed or timed out, by kind (lookup, timeout, store).",
     ["kind"],
 )
+STALLED = "STALLED"  # a stream the gateway ended: no token for GATEWAY_STREAM_STALL_S, its worker quiet
 WORKER_ERRORS = Counter(
-    "llmserve_gateway_worker_errors_total", "Worker calls that failed, by gRPC status code.", ["code"]
+    "llmserve_gateway_worker_errors_total",
+    "Worker calls that failed, by gRPC status code (STALLED: a stream the gateway ended, its worker quiet).",
+    ["code"],
 )
 SHARED_GENERATIONS = Counter(
     "llmserve_gateway_shared_generations_total",
@@ -69,6 +72,7 @@ WORKER_ERROR_CODES = (
     "RESOURCE_EXHAUSTED",
     "INVALID_ARGUMENT",
     "INTERNAL",
+    STALLED,
 )
 init_labels(SEMANTIC_CACHE, CACHE_RESULTS)
 init_labels(SEMANTIC_CACHE_ERRORS, CACHE_ERROR_KINDS)

@@ -24,6 +24,7 @@ from common.gen import worker_pb2
 from gateway import observability
 from gateway.errors import APIError, from_grpc, model_not_found, unavailable
 from gateway.lora import LoraAdapters
+from gateway.observability import STALLED
 from gateway.request_id import grpc_metadata
 from gateway.routing import metrics
 from gateway.routing.addresses import parse_worker_addr
@@ -86,6 +87,7 @@ class WorkerStream:
                     if self.replica.alive:
                         continue
                     log.warning("worker %s: no chunk for %.1f s; ending the stream", self.addr, self.stall_s)
+                    observability.WORKER_ERRORS.labels(STALLED).inc()  # no gRPC status: the gateway ended it
                     self.cancel()
                     raise stream_stalled(self.stall_s or 0.0)
                 chunk, read = read.result(), None

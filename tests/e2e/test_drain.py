@@ -174,6 +174,8 @@ def test_a_stalled_engine_ends_a_response_stream_with_response_failed(
         failed = events[-1]
         assert failed["type"] == "response.failed", failed
         assert "stopped answering" in failed["response"]["error"]["message"]
+        stalled = 'llmserve_gateway_worker_errors_total{code="STALLED"}'
+        assert _gateway_metric(gateway, stalled) == 1  # an error for alerts, though the stream began 200
     finally:
         stall_file.unlink(missing_ok=True)
         gateway.stop()

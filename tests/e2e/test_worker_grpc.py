@@ -10,6 +10,7 @@ from common.gen import worker_pb2 as pb
 from common.gen import worker_pb2_grpc
 from scripts.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
+from tests.e2e.test_deadlines import reason_of
 from tests.support.grpc_checks import serving_with_reflection
 from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.loader import resolve_dtype, resolve_quantization
@@ -179,6 +180,27 @@ def test_invalid_requests_are_invalid_argument(
         list(worker_stub.Generate(pb.GenerateRequest(**fields), timeout=30))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert needle in info.value.details()
+
+
+@pytest.mark.parametrize(
+    ("chat", "param"),
+    [
+        ({"tools_json": "{bad"}, "tools"),
+        ({"template_kwargs_json": "[1]"}, "chat_template_kwargs"),
+    ],
+)
+def test_a_bad_chat_option_to_tokenize_is_invalid_argument_as_in_generate(
+    worker_stub: worker_pb2_grpc.WorkerStub, chat: dict, param: str
+) -> None:
+    prompt = pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="hi")], **chat)
+    for call in (
+        lambda: worker_stub.Tokenize(pb.TokenizeRequest(chat=prompt), timeout=30),
+        lambda: list(worker_stub.Generate(pb.GenerateRequest(chat=prompt, params=GREEDY), timeout=30)),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(info.value) == ("ERROR_REASON_INVALID_PARAMETER", param)
 
 
 def test_unknown_model_is_not_found(worker_stub: worker_pb2_grpc.WorkerStub) -> None:

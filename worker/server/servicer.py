@@ -200,8 +200,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.TokenizeResponse:
         kind = request.WhichOneof("prompt")
-        prompt = chat_prompt(request.chat) if kind == "chat" else PromptInput(text=request.text)
-        try:
+        try:  # the chat's options (tools, template kwargs, documents) are read here: refused like Generate's
+            prompt = chat_prompt(request.chat) if kind == "chat" else PromptInput(text=request.text)
             ids, tokens = await self.engine.tokenize(prompt, request.add_special_tokens)
         except EngineError as exc:  # a bad prompt, or no engine running: with its reason, like Generate
             await abort_for(context, exc)
