@@ -1,7 +1,8 @@
 """The cache's decisions, free of gRPC, in three tiers, each checked only when the ones before it missed:
 
-1. exact: the same partition and the same normalized turns (a Redis key); a completion's prompt, the same
-   text byte for byte, and no other tier (cache_service/keys.py `exact_only`);
+1. exact: the same partition and the same normalized turns (a Redis key; a completion's prompt: the same
+   text byte for byte). An exact-only key (cache_service/keys.py: a completion's prompt, a conversation too
+   long to compare) asks no other tier, and its entry is stored without a vector;
 2. canonical: a stored question with a canonical key in common (cache_service/canonical.py) in the same
    searched partition (for a conversation: canonical-equal earlier turns), no embedding needed;
 3. semantic: the nearest stored questions by cosine in that partition, at or above the threshold that
@@ -26,9 +27,6 @@ from cache_service.store import IndexRecord, RedisStore, StoredAnswer
 from cache_service.vetoes import veto
 
 TOP_K = 4  # candidates checked per lookup: the best one may be vetoed or have expired
-# The model reads ~256 word pieces: a longer question's tail would be invisible to it, so a longer question
-# is reused only when it is the same text (exact tier).
-MAX_COMPARABLE_CHARS = 1000
 LEVELS = ("exact", "canonical", "semantic")  # each allows the tiers up to itself
 # A candidate that differs from the query only by a few mistyped letters (canonical.near_typo) is accepted
 # from this cosine up (a typo moves the vector more than its meaning); calibrated with the rest.
@@ -36,6 +34,9 @@ TYPO_FLOOR = 0.25
 # The one owner of what is worth storing: a complete answer or one cut at max_tokens (which is part of the
 # key). Tool calls, aborts and errors are not; the gateway sends every answer and lets this decide.
 STORABLE_FINISH_REASONS = ("stop", "length")
+# What a Store may report: OpenAI's finish reasons and the worker's "abort". Another (or none) is the
+# client's mistake (INVALID_ARGUMENT), not an answer that is merely not worth keeping (stored=false).
+FINISH_REASONS = (*STORABLE_FINISH_REASONS, "tool_calls", "content_filter", "function_call", "abort")
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,13 @@ class SemanticCache:
         self.counts = Counts()
 
     async def lookup(self, key: ParsedKey, threshold: float | None, level: str = "semantic") -> Hit | None:
-        """`threshold` (a request's) and `level` may only narrow what the operator configured."""
+        """`threshold` (a request's) and `level` may only narrow what the operator configured. A request
+        refused for its level is no lookup: every lookup counted ends as a hit or a miss (or a failure)."""
+        level = level_of(level)
         started = time.perf_counter()
         self.counts.lookups += 1
         self.metrics.lookups.inc()
-        hit = await self._lookup(key, max(self.threshold, threshold or 0.0), level_of(level))
+        hit = await self._lookup(key, max(self.threshold, threshold or 0.0), level)
         if hit is None:
             self.counts.misses += 1
             self.metrics.misses.inc()
@@ -107,14 +110,11 @@ class SemanticCache:
         answer = await self.store.fetch_hit(key.entry_id)
         if answer is not None:
             return Hit(key.entry_id, answer, 1.0, "exact")
+        if level == "exact" or key.exact_only:
+            return None
         partition = key.search_partition
-        if (
-            level == "exact"
-            or key.exact_only
-            or len(key.query) > MAX_COMPARABLE_CHARS
-            or not self.index.has_partition(partition)
-        ):
-            return None  # nothing comparable stored (or too long to compare): no need to embed
+        if not self.index.has_partition(partition):
+            return None  # nothing comparable stored: no need to embed
         question = key.query
         for entry_id, stored in self.index.canonical_matches(partition, canonical_keys(question)):
             if veto(question, stored):
@@ -153,10 +153,14 @@ class SemanticCache:
     async def put(self, key: ParsedKey, answer: StoredAnswer, ttl: int | None) -> str | None:
         if answer.finish_reason not in STORABLE_FINISH_REASONS:
             return None
-        vector = await self.batcher.embed(key.query)
+        # An exact-only entry is never searched: no vector (nor the cost of tokenizing a long text for one).
+        vector = None if key.exact_only else await self.batcher.embed(key.query)
         record = IndexRecord(key.entry_id, key.search_partition, key.scope, key.stored_text, vector)
         await self.store.put(record, key.model, answer, ttl or self.ttl_seconds)
-        self.index.add(record.entry_id, record.partition, record.scope, vector, record.query)
+        if vector is None:
+            self.index.add_exact(record.entry_id, record.scope)
+        else:
+            self.index.add(record.entry_id, record.partition, record.scope, vector, record.query)
         await self.store.publish({"op": "store", "id": record.entry_id, "origin": self.replica_id})
         self.counts.stores += 1
         self.metrics.stores.inc()

@@ -431,16 +431,17 @@ class VectorIndex:
         # The canonical tier: (partition, canonical key) -> entry ids; entry id -> (its keys, its question)
         self._canonical: dict[tuple[str, bytes], set[str]] = {}
         self._canonical_of: dict[str, tuple[frozenset[bytes], str]] = {}
+        self._exact_only: dict[str, str] = {}  # entry id -> scope of the entries without a row (add_exact)
 
     def __len__(self) -> int:
-        return len(self._owner)
+        return len(self._owner) + len(self._exact_only)
 
     @property
     def scan_threads(self) -> int:
         return self._scanner.threads
 
     def __contains__(self, entry_id: str) -> bool:
-        return entry_id in self._owner
+        return entry_id in self._owner or entry_id in self._exact_only
 
     def close(self) -> None:
         if self._builder is not None:
@@ -459,9 +460,10 @@ class VectorIndex:
         return part.sketch if part is not None else None
 
     def entry_ids(self) -> set[str]:
-        return set(self._owner)
+        return set(self._owner) | set(self._exact_only)
 
     def add(self, entry_id: str, partition: str, scope: str, vector: np.ndarray, query: str) -> None:
+        self._exact_only.pop(entry_id, None)
         old = self._owner.get(entry_id)
         if old is not None and old != partition:
             self.remove(entry_id)
@@ -476,7 +478,15 @@ class VectorIndex:
         for key in keys:
             self._canonical.setdefault((partition, key), set()).add(entry_id)
 
+    def add_exact(self, entry_id: str, scope: str) -> None:
+        """An entry only the exact tier answers (cache_service/keys.py `exact_only`): no row, no canonical
+        key, never searched; known by id for the resync, a scope's invalidation and the entry count."""
+        self.remove(entry_id)
+        self._exact_only[entry_id] = scope
+
     def remove(self, entry_id: str) -> bool:
+        if self._exact_only.pop(entry_id, None) is not None:
+            return True
         partition = self._owner.pop(entry_id, None)
         if partition is None:
             return False
@@ -503,7 +513,8 @@ class VectorIndex:
         return partition in self._partitions
 
     def ids_in_scope(self, scope: str) -> list[str]:
-        return [i for p in self._partitions.values() if p.scope == scope for i in p.ids]
+        exact_only = [i for i, s in self._exact_only.items() if s == scope]
+        return [i for p in self._partitions.values() if p.scope == scope for i in p.ids] + exact_only
 
     def search(self, partition: str, vector: np.ndarray, k: int, min_similarity: float) -> list[Candidate]:
         part = self._partitions.get(partition)

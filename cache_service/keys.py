@@ -10,23 +10,32 @@ In a conversation, the earlier turns (user and assistant) must be the same text 
 their canonical text is part of the searched partition (`search_partition`). Only the last question is
 compared by meaning (`query`, what is embedded), by the same tiers as a lone question. So "I use a Mac. ...
 how do I install Python?" answers "i use a mac ... How can I install Python?" but never "I use a PC. ...".
+An earlier turn too long to canonicalize cheaply (most often the model's own long answer, replayed) must be
+the same normalized text; a last question too long to compare is matched by the exact tier only, like a
+completion's prompt (`ParsedKey.exact_only`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import unicodedata
 from dataclasses import dataclass
 
 from cache_service.canonical import canonical_text
 from common.gen import cache_pb2
 
-_SPACES = re.compile(r"\s+")
-_TRAILING_PUNCT = re.compile(r"[\s?.!]+$")
 _CONVERSATION_MARK = "\x1e"  # stored text of a multi-turn entry: this mark, then JSON [[role, text], ...]
 SYSTEM_ROLES = ("system", "developer")  # instructions: matched exactly, never by meaning
+# The model reads ~256 word pieces: a longer question's tail would be invisible to it, so a longer question is
+# reused only when it is the same text. And the canonical passes grow faster than the length of a text (an
+# earlier turn of ~900 KB held the event loop for 3 s): a longer earlier turn, or earlier turns longer than
+# MAX_CANONICAL_CHARS together, are matched by their normalized text (linear) instead.
+MAX_COMPARABLE_CHARS = 1000  # one turn
+MAX_CANONICAL_CHARS = (
+    8000  # the earlier turns canonicalized, together: about the model's context (2048 tokens)
+)
+MAX_MESSAGES = 2048  # per key, as the gateway's GATEWAY_MAX_MESSAGES: more is refused
 
 
 class NotCacheableError(ValueError):
@@ -42,6 +51,24 @@ class Conversation:
     @property
     def question(self) -> str:
         return self.turns[-1][1]
+
+    @property
+    def too_long(self) -> bool:
+        """The last question is too long to compare by meaning (MAX_COMPARABLE_CHARS): exact tier only."""
+        return len(self.question) > MAX_COMPARABLE_CHARS
+
+    def earlier_context(self) -> list[list[str]]:
+        """The earlier turns as the searched partition holds them: their canonical text, so that a retyped
+        turn still matches; a turn longer than MAX_COMPARABLE_CHARS (or every turn, when the short ones are
+        longer than MAX_CANONICAL_CHARS together) by its normalized text, which must then be the same."""
+        earlier = self.turns[:-1]
+        short = sum(len(text) for _, text in earlier if len(text) <= MAX_COMPARABLE_CHARS)
+        return [
+            [role, canonical_text(text)]
+            if len(text) <= MAX_COMPARABLE_CHARS and short <= MAX_CANONICAL_CHARS
+            else [role, "\x00" + normalize_text(text)]  # marked: never equal to a canonical text
+            for role, text in earlier
+        ]
 
     def encode(self) -> str:
         """The text stored with an entry (Redis and the index): a lone question as itself."""
@@ -66,9 +93,10 @@ class ParsedKey:
 
     @property
     def exact_only(self) -> bool:
-        """A completion's prompt is text to continue, not a question: a trailing space, a capital or a sign
-        changes what follows it ("return a" / "return a *"), so only the same prompt may share an answer."""
-        return self.kind == "completion"
+        """Only the exact tier may answer: a completion's prompt is text to continue, not a question (a
+        trailing space, a capital or a sign changes what follows it: "return a" / "return a *"), and a last
+        question too long to compare is compared by no other tier."""
+        return self.kind == "completion" or self.conversation.too_long
 
     @property
     def query(self) -> str:
@@ -78,11 +106,12 @@ class ParsedKey:
 
     @property
     def search_partition(self) -> str:
-        """The partition searched by the canonical and semantic tiers: `partition` and the canonical text of
-        every earlier turn (a lone question: `partition` itself)."""
-        if len(self.conversation.turns) == 1:
+        """The partition searched by the canonical and semantic tiers: `partition` and the earlier turns'
+        canonical text (`Conversation.earlier_context`; a lone question: `partition` itself). An exact-only
+        key canonicalizes nothing: its entry is indexed without a row and its lookup searches nothing."""
+        if len(self.conversation.turns) == 1 or self.exact_only:
             return self.partition
-        context = [[role, canonical_text(text)] for role, text in self.conversation.turns[:-1]]
+        context = self.conversation.earlier_context()
         material = json.dumps([self.partition, context], ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(material.encode()).hexdigest()[:32]
 
@@ -94,17 +123,17 @@ class ParsedKey:
     def entry_id(self) -> str:
         """Same partition + same normalized turns = same entry (a store overwrites, a lookup hits exactly); a
         completion's prompt is not normalized."""
-        same = (lambda text: text) if self.exact_only else normalize_text
+        same = (lambda text: text) if self.kind == "completion" else normalize_text
         turns = "\0".join(same(text) for _, text in self.conversation.turns)
         digest = hashlib.sha256(f"{self.partition}\0{turns}".encode())
         return digest.hexdigest()[:32]
 
 
 def normalize_text(text: str) -> str:
-    """Only changes that cannot change meaning: Unicode form, case, runs of spaces, trailing punctuation."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = _SPACES.sub(" ", text).strip()
-    return _TRAILING_PUNCT.sub("", text)
+    """Only changes that cannot change meaning: Unicode form, case, runs of spaces, trailing punctuation.
+    String methods, linear in the text: a regex anchored at the end backtracked over every run of marks."""
+    text = " ".join(unicodedata.normalize("NFKC", text).lower().split())
+    return text.rstrip(" ?.!")
 
 
 def scope_digest(scope: str) -> str:
@@ -133,6 +162,8 @@ def parse_key(key: cache_pb2.CacheKey) -> ParsedKey:
         raise NotCacheableError("key.model is required")
     if key.messages and key.prompt:
         raise NotCacheableError("key has both messages and prompt")
+    if len(key.messages) > MAX_MESSAGES:
+        raise NotCacheableError(f"key.messages has {len(key.messages)} messages; at most {MAX_MESSAGES}")
     if key.messages:
         conversation, shape = _chat(list(key.messages))
         kind = "chat"

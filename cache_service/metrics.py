@@ -10,6 +10,7 @@ from cache_service.artifacts import Artifact
 from cache_service.batcher import EMBEDDING, KINDS, LOOKUP, BatchStats
 from common.prometheus import init_labels  # also: no _created series
 
+METHODS = ("Lookup", "Store", "Invalidate")  # the SemanticCache RPCs that can fail
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -29,9 +30,21 @@ class CacheMetrics:
             "Candidates whose entry had expired or was removed.",
             registry=r,
         )
-        self.errors = Counter("llmserve_cache_errors", "Requests that failed.", ["method"], registry=r)
+        self.errors = Counter(
+            "llmserve_cache_errors",
+            "Requests that failed in the service (UNAVAILABLE: Redis away; INTERNAL); not malformed ones.",
+            ["method"],
+            registry=r,
+        )
+        self.invalid_requests = Counter(
+            "llmserve_cache_invalid_requests",
+            "Requests refused as malformed (INVALID_ARGUMENT): the client's mistake, not the service's.",
+            ["method"],
+            registry=r,
+        )
         init_labels(self.hits, ("exact", "canonical", "semantic"))  # exported at 0 before the first hit
-        init_labels(self.errors, ("Lookup", "Store", "Invalidate"))
+        init_labels(self.errors, METHODS)
+        init_labels(self.invalid_requests, METHODS)
         self.entries = Gauge("llmserve_cache_entries", "Entries in this replica's vector index.", registry=r)
         self.embedding_seconds = Histogram(
             "llmserve_cache_embedding_seconds",

@@ -27,6 +27,7 @@ from common.grpc_server import GrpcServer, wait_for_stop_signal
 log = logging.getLogger("cache_service")
 HEALTH_PERIOD_S = 1.0
 SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["SemanticCache"].full_name
+EMBEDDINGS_SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["Embeddings"].full_name
 
 
 def _log_redis_health(serving: bool) -> None:
@@ -87,8 +88,10 @@ async def serve(settings: CacheSettings) -> None:
         ttl_seconds=settings.ttl_seconds,
     )
 
-    server = GrpcServer(SERVICE_NAME)
-    cache_pb2_grpc.add_SemanticCacheServicer_to_server(SemanticCacheServicer(cache), server.server)
+    # Embeddings needs no Redis: its health stays SERVING while the cache's follows Redis, until the drain
+    server = GrpcServer(SERVICE_NAME, also_serves=(EMBEDDINGS_SERVICE_NAME,))
+    servicer = SemanticCacheServicer(cache, settings.max_response_bytes)
+    cache_pb2_grpc.add_SemanticCacheServicer_to_server(servicer, server.server)
     cache_pb2_grpc.add_EmbeddingsServicer_to_server(EmbeddingsServicer(embeddings), server.server)
     address = f"{settings.host}:{settings.port}"
     await server.start(address)

@@ -33,6 +33,9 @@ class CacheSettings(BaseSettings):
     # An explicit cosine threshold instead (stricter or looser than the knob; measured nowhere): unset.
     similarity_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     ttl_seconds: int = Field(default=86400, ge=1)
+    # A stored answer's size at most, UTF-8 bytes (a larger Store is INVALID_ARGUMENT): an answer that fills
+    # the model's whole context (2048 tokens) is some 10 KB, so only a client's mistake comes near 1 MiB.
+    max_response_bytes: int = Field(default=1 << 20, ge=1)
     resync_seconds: float = Field(default=30.0, gt=0.0)  # full index resync from Redis, as a safety net
     embed_max_batch: int = Field(default=32, ge=1)
     # auto: the type the thresholds were calibrated on (float32); bfloat16-weights: float32 arithmetic on

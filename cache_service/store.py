@@ -1,8 +1,8 @@
 """Entries in Redis: the source of truth shared by every replica.
 
 Layout (prefix `llmserve:cache:`):
-- `e:<entry id>` hash with the query text, its embedding, the response, model, scope, partition, created
-  time and hit count; expires after the entry's TTL.
+- `e:<entry id>` hash with the query text, its embedding (empty for an entry only the exact tier answers),
+  the response, model, scope, partition, created time and hit count; expires after the entry's TTL.
 - `s:<scope digest>` set of entry ids of one tenant, for invalidating a whole scope (pruned on resync).
 - channel `events`: JSON notices of stores and removals, so other replicas update their index at once.
 """
@@ -56,7 +56,7 @@ class IndexRecord:
     partition: str
     scope: str
     query: str
-    vector: np.ndarray
+    vector: np.ndarray | None  # None: only the exact tier answers it (keys.py `exact_only`), never searched
 
 
 class RedisStore:
@@ -96,7 +96,7 @@ class RedisStore:
         key = entry_key(record.entry_id)
         fields = {
             "q": record.query,
-            "emb": record.vector.astype(np.float32).tobytes(),
+            "emb": b"" if record.vector is None else record.vector.astype(np.float32).tobytes(),
             "resp": answer.response,
             "fr": answer.finish_reason,
             "pt": answer.prompt_tokens,
@@ -126,16 +126,8 @@ class RedisStore:
         await self._redis.delete(scope_key(scope))
 
     async def load(self, entry_id: str) -> IndexRecord | None:
-        part, scope, query, emb = await self._redis.hmget(entry_key(entry_id), "part", "scope", "q", "emb")
-        if part is None or emb is None:
-            return None
-        return IndexRecord(
-            entry_id,
-            part.decode(),
-            (scope or b"").decode(),
-            (query or b"").decode(),
-            np.frombuffer(emb, dtype=np.float32),
-        )
+        row = await self._redis.hmget(entry_key(entry_id), *_RECORD_FIELDS)
+        return _record(entry_id, *row)
 
     async def scan_ids(self, batch: int = 1000) -> AsyncIterator[list[str]]:
         """Ids of every live entry, in batches (SCAN: never blocks Redis, returns every key that exists
@@ -154,19 +146,10 @@ class RedisStore:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:
             for entry_id in ids:
-                pipe.hmget(entry_key(entry_id), "part", "scope", "q", "emb")
+                pipe.hmget(entry_key(entry_id), *_RECORD_FIELDS)
             rows = await pipe.execute()
-        return [
-            IndexRecord(
-                i,
-                part.decode(),
-                (scope or b"").decode(),
-                (query or b"").decode(),
-                np.frombuffer(emb, dtype=np.float32),
-            )
-            for i, (part, scope, query, emb) in zip(ids, rows, strict=True)
-            if part is not None and emb is not None
-        ]
+        records = (_record(i, *row) for i, row in zip(ids, rows, strict=True))
+        return [rec for rec in records if rec is not None]
 
     async def prune_scope_sets(self, batch: int = 1000) -> None:
         """Drop ids of expired entries from the per-scope sets (they would otherwise only grow)."""
@@ -187,3 +170,16 @@ class RedisStore:
 
     async def publish(self, event: dict[str, object]) -> None:
         await self._redis.publish(EVENTS_CHANNEL, json.dumps(event))
+
+
+_RECORD_FIELDS = ("part", "scope", "q", "emb")
+
+
+def _record(
+    entry_id: str, part: bytes | None, scope: bytes | None, query: bytes | None, emb: bytes | None
+) -> IndexRecord | None:
+    """The index record of an entry's fields (_RECORD_FIELDS); None if the entry is gone."""
+    if part is None or emb is None:
+        return None
+    vector = np.frombuffer(emb, dtype=np.float32) if emb else None
+    return IndexRecord(entry_id, part.decode(), (scope or b"").decode(), (query or b"").decode(), vector)

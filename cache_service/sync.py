@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from cache_service.index import VectorIndex
+from cache_service.keys import Conversation
 from cache_service.store import EVENTS_CHANNEL, IndexRecord, RedisStore
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ class IndexSync:
         self._on_change()
 
     def _add(self, rec: IndexRecord) -> None:
+        # An entry only the exact tier answers has no vector; one too long to compare that an older replica
+        # stored with a vector is never searched either (nor canonicalized on the event loop).
+        if rec.vector is None or Conversation.decode(rec.query).too_long:
+            self._index.add_exact(rec.entry_id, rec.scope)
+            return
         if rec.vector.shape != (self._index.dim,):
             log.warning("entry %s has an embedding of shape %s; skipped", rec.entry_id, rec.vector.shape)
             return

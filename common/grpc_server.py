@@ -36,16 +36,20 @@ Check = Callable[[], bool | Awaitable[bool]]
 
 
 class GrpcServer:
-    """One grpc.aio server with health (the server as a whole, "", and `service_name`) and reflection."""
+    """One grpc.aio server with health (the server as a whole, "", and `service_name`) and reflection.
+    `also_serves`: more services on the same port, in reflection and health too; their health is SERVING
+    from the start until the drain, whatever the watcher reads (their readiness is not `service_name`'s)."""
 
-    def __init__(self, service_name: str, options: Sequence[tuple[str, Any]] = ()) -> None:
+    def __init__(
+        self, service_name: str, options: Sequence[tuple[str, Any]] = (), also_serves: Sequence[str] = ()
+    ) -> None:
         self.service_name = service_name
+        self.also_serves = tuple(also_serves)
         self.server = grpc.aio.server(options=list(options))
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (service_name, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        names = (service_name, *self.also_serves, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
         self._watcher: asyncio.Task[None] | None = None
 
     async def start(self, address: str) -> None:
@@ -53,6 +57,8 @@ class GrpcServer:
         if self.server.add_insecure_port(address) == 0:
             raise RuntimeError(f"cannot bind {address}")
         await self.set_serving(True)
+        for name in self.also_serves:
+            await self.health.set(name, SERVING)
         await self.server.start()
 
     async def set_serving(self, serving: bool) -> None:

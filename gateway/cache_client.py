@@ -162,8 +162,9 @@ class SemanticCacheClient:
         completion_tokens: int,
     ) -> None:
         """Store in the background; never raises, never delays the response. Whether the finish reason is
-        worth storing is the cache service's rule (cache_service/core.py)."""
-        if key is None or not text:
+        worth storing is the cache service's rule (cache_service/core.py); an answer without one never
+        finished (the service refuses an empty finish reason as a client's mistake)."""
+        if key is None or not text or not finish_reason:
             return
         try:
             request = cache_pb2.StoreRequest(

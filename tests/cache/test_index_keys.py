@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
+from cache_service import keys
 from cache_service.index import VectorIndex
-from cache_service.keys import NotCacheableError, normalize_text, parse_key
+from cache_service.keys import (
+    MAX_CANONICAL_CHARS,
+    MAX_COMPARABLE_CHARS,
+    MAX_MESSAGES,
+    NotCacheableError,
+    normalize_text,
+    parse_key,
+)
 from common.gen import cache_pb2
 
 
@@ -55,6 +65,18 @@ def test_partition_is_empty_after_last_removal() -> None:
     assert not idx.has_partition("p")
 
 
+def test_an_exact_only_entry_has_no_row_and_is_known_by_id() -> None:
+    idx = VectorIndex(dim=2)
+    idx.add_exact("x", "s")
+    assert "x" in idx and len(idx) == 1 and idx.entry_ids() == {"x"} and idx.ids_in_scope("s") == ["x"]
+    assert not idx.has_partition("p") and idx.search("p", unit([1, 0]), k=4, min_similarity=-1.0) == []
+    idx.add("x", "p", "s", unit([1, 0]), "q")  # stored again with a vector: one entry, searched
+    assert len(idx) == 1 and idx.search("p", unit([1, 0]), k=4, min_similarity=0.0)[0].entry_id == "x"
+    idx.add_exact("x", "s")
+    assert len(idx) == 1 and not idx.has_partition("p")
+    assert idx.remove("x") and "x" not in idx and len(idx) == 0 and not idx.remove("x")
+
+
 def key(messages: list[tuple[str, str]], **kw: str) -> cache_pb2.CacheKey:
     base = {"model": "m", "scope": "s", "params_fingerprint": "f"} | kw
     return cache_pb2.CacheKey(messages=[cache_pb2.Message(role=r, content=c) for r, c in messages], **base)
@@ -91,6 +113,73 @@ def test_query_is_the_last_question_and_entry_id_normalizes() -> None:
         == parse_key(key([("user", "first"), ("assistant", "ok"), ("user", "what is 2fa")])).entry_id
     )
     assert normalize_text("Ｈello   World?!") == "hello world"
+
+
+HUGE = "tell me about cats " * 50000  # ~950 KB: canonicalizing it held the event loop for ~3 s
+
+
+def _never(text: str) -> str:
+    raise AssertionError(f"canonicalized a text of {len(text)} characters")
+
+
+def test_an_over_long_earlier_turn_is_matched_by_its_normalized_text_never_canonicalized(monkeypatch) -> None:
+    """Canonical text grows faster than the text: a long earlier turn (most often the model's own answer,
+    replayed) must be the same normalized text, while the short question keeps every tier."""
+    parsed = parse_key(
+        key([("user", HUGE), ("assistant", "Cats are small carnivores."), ("user", "And dogs?")])
+    )
+    short_turn = keys.canonical_text
+    calls: list[int] = []
+    monkeypatch.setattr(keys, "canonical_text", lambda text: calls.append(len(text)) or short_turn(text))
+    assert not parsed.exact_only and parsed.search_partition != parsed.partition
+    assert max(calls) == len("Cats are small carnivores.")  # the long turn was not canonicalized
+    retyped = key(
+        [("user", HUGE.upper() + "?"), ("assistant", "cats are small carnivores"), ("user", "And dogs?")]
+    )
+    assert parse_key(retyped).search_partition == parsed.search_partition
+    other = key(
+        [("user", HUGE + " and dogs"), ("assistant", "Cats are small carnivores."), ("user", "And dogs?")]
+    )
+    assert parse_key(other).search_partition != parsed.search_partition
+
+
+def test_an_over_long_question_is_exact_only_and_never_canonicalized(monkeypatch) -> None:
+    monkeypatch.setattr(keys, "canonical_text", _never)
+    parsed = parse_key(key([("user", "hi"), ("assistant", "Hello!"), ("user", HUGE)]))
+    assert parsed.exact_only and parsed.search_partition == parsed.partition
+    assert (
+        parse_key(key([("user", "HI"), ("assistant", "hello"), ("user", HUGE.upper())])).entry_id
+        == parsed.entry_id
+    )
+
+
+def test_the_comparable_limits(monkeypatch) -> None:
+    """A question of MAX_COMPARABLE_CHARS is still compared, one more character is not; earlier turns are
+    canonicalized while they are short and MAX_CANONICAL_CHARS together."""
+    longest = "a" * MAX_COMPARABLE_CHARS
+    assert not parse_key(key([("user", "hi"), ("assistant", "ok"), ("user", longest)])).exact_only
+    assert parse_key(key([("user", "hi"), ("assistant", "ok"), ("user", longest + "a")])).exact_only
+    assert parse_key(key([("user", longest + "a")])).exact_only
+    monkeypatch.setattr(keys, "canonical_text", _never)
+    history = [("user", longest), ("assistant", longest)] * (MAX_CANONICAL_CHARS // MAX_COMPARABLE_CHARS)
+    many = parse_key(key(history + [("user", "and then?")]))  # one turn past the limit: none canonicalized
+    assert not many.exact_only and many.search_partition
+
+
+def test_a_key_has_at_most_max_messages() -> None:
+    turns = [("user", "hi"), ("assistant", "hello")] * (MAX_MESSAGES // 2)
+    assert parse_key(key(turns[:-1] + [("user", "why?")])).query == "why?"  # MAX_MESSAGES of them
+    with pytest.raises(NotCacheableError, match="messages"):
+        parse_key(key(turns + [("user", "why?")]))
+
+
+def test_normalize_text_is_linear_in_a_run_of_marks() -> None:
+    """A trailing-punctuation regex backtracked quadratically: 50,000 marks took seconds."""
+    started = time.perf_counter()
+    assert normalize_text("?" * 50_000 + "a") == "?" * 50_000 + "a"
+    assert normalize_text("a" + " ?." * 20_000) == "a"
+    assert time.perf_counter() - started < 1.0
+    assert normalize_text(" Is\u00a0it   OK ?!. \n") == "is it ok"
 
 
 @pytest.mark.parametrize(

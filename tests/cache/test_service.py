@@ -8,6 +8,7 @@ import urllib.request
 import grpc
 import pytest
 
+from cache_service.keys import MAX_MESSAGES
 from common.gen import cache_pb2
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService
@@ -121,11 +122,45 @@ def test_parameters_are_part_of_the_key(stub) -> None:
     assert not lookup(stub, chat_key("Name a prime number.", "t-params", params="max_tokens=50")).hit
 
 
-def test_only_complete_answers_are_stored(stub) -> None:
+@pytest.mark.parametrize("finish_reason", ["abort", "tool_calls"])
+def test_only_complete_answers_are_stored(stub, finish_reason: str) -> None:
     key = chat_key("Tell me a story.", "t-finish")
-    req = cache_pb2.StoreRequest(key=key, response="Once upon", finish_reason="abort")
+    req = cache_pb2.StoreRequest(key=key, response="Once upon", finish_reason=finish_reason)
     assert not stub.Store(req, timeout=30).stored
     assert not lookup(stub, key).hit
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("prompt_tokens", -1), ("completion_tokens", -7), ("finish_reason", ""), ("finish_reason", "bogus")],
+)
+def test_a_store_of_invalid_data_is_refused_naming_the_field(stub, field: str, value: object) -> None:
+    key = chat_key("Name a primary color.", f"t-invalid-{field}-{value}")
+    req = cache_pb2.StoreRequest(
+        key=key, response="Blue.", finish_reason="stop", prompt_tokens=5, completion_tokens=2
+    )
+    setattr(req, field, value)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Store(req, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+    assert not lookup(stub, key).hit
+
+
+def test_a_store_over_the_size_caps_is_refused(stub) -> None:
+    """At most 1 MiB of response (CACHE_MAX_RESPONSE_BYTES) and MAX_MESSAGES messages: far above any
+    answer or conversation the model's context holds."""
+    key = chat_key("Write me a long story.", "t-caps")
+    at_cap = cache_pb2.StoreRequest(key=key, response="x" * (1 << 20), finish_reason="length")
+    assert stub.Store(at_cap, timeout=30).stored
+    over = cache_pb2.StoreRequest(key=key, response="x" * ((1 << 20) + 1), finish_reason="length")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Store(over, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "response" in err.value.details()
+    history = [("user", "Go on."), ("assistant", "And then?")] * (MAX_MESSAGES // 2)
+    assert store(stub, chat_key("The end?", "t-caps", history[:-1]), "Yes.").stored
+    with pytest.raises(grpc.RpcError) as err:
+        store(stub, chat_key("The end?", "t-caps", history), "Yes.")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "messages" in err.value.details()
 
 
 def test_expired_entries_are_not_served(stub) -> None:
@@ -201,6 +236,8 @@ def test_a_completion_prompt_hits_only_byte_for_byte(stub, asked: str) -> None:
 def test_health_and_reflection(cache_service: CacheService) -> None:
     methods = serving_with_reflection(cache_service.addr, "llmserve.cache.v1.SemanticCache")
     assert methods == {"Lookup", "Store", "Invalidate", "GetStats"}
+    methods = serving_with_reflection(cache_service.addr, "llmserve.cache.v1.Embeddings")
+    assert methods == {"Embed", "GetEmbeddingModel"}
 
 
 def test_stats_and_metrics(stub, cache_service: CacheService) -> None:
@@ -242,6 +279,47 @@ def _metric(url: str, name: str) -> float:
 
 LOOKUP_INPUTS = 'llmserve_cache_embedding_inputs_total{kind="lookup"}'
 MEMO_HITS = "llmserve_cache_embedding_memo_hits_total"
+
+
+ERRORS = 'llmserve_cache_errors_total{method="Lookup"}'
+INVALID = 'llmserve_cache_invalid_requests_total{method="Lookup"}'
+LOOKUPS = "llmserve_cache_lookups_total"
+
+
+def test_a_malformed_lookup_is_no_service_error_and_no_lookup(stub, cache_service: CacheService) -> None:
+    """A client's mistake is counted apart from the service's failures, and a lookup refused for its level
+    is no lookup: lookups stay hits + misses."""
+    url = cache_service.metrics_url
+    before = {name: _metric(url, name) for name in (ERRORS, INVALID, LOOKUPS)}
+    stats = stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5)
+    for request in (
+        cache_pb2.LookupRequest(key=cache_pb2.CacheKey(model="m", scope="t-malformed")),
+        cache_pb2.LookupRequest(key=chat_key("Is it raining?", "t-malformed"), level="anything"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Lookup(request, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    after = {name: _metric(url, name) - before[name] for name in before}
+    assert after == {ERRORS: 0, INVALID: 2, LOOKUPS: 0}
+    assert stub.GetStats(cache_pb2.CacheStatsRequest(), timeout=5).lookups == stats.lookups
+
+
+def test_a_huge_earlier_turn_is_matched_by_its_text_and_quickly(stub, cache_service: CacheService) -> None:
+    """An earlier turn of ~950 KB held the event loop for ~3 s per call while it was canonicalized: a long
+    earlier turn is now matched by its normalized text, and the short question is embedded alone."""
+    huge = "tell me about cats " * 50000
+    history = [("user", huge), ("assistant", "Cats are small carnivores.")]
+    url = cache_service.metrics_url
+    encoded = _metric(url, LOOKUP_INPUTS)
+    started = time.perf_counter()
+    assert not lookup(stub, chat_key("What do they eat?", "t-huge", history)).hit
+    assert store(stub, chat_key("What do they eat?", "t-huge", history), "Mostly meat.").stored
+    retyped = [("user", huge.upper()), ("assistant", "cats are small carnivores")]
+    assert lookup(stub, chat_key("what do they eat", "t-huge", retyped)).exact
+    changed = [("user", huge + "and dogs"), ("assistant", "Cats are small carnivores.")]
+    assert not lookup(stub, chat_key("What do they eat?", "t-huge", changed)).hit
+    assert time.perf_counter() - started < 2.0
+    assert _metric(url, LOOKUP_INPUTS) - encoded <= 2  # the questions, never the long turn
 
 
 def test_a_semantic_hit_runs_the_model_once(stub, cache_service: CacheService) -> None:
