@@ -1,7 +1,7 @@
 """The cache's decisions, free of gRPC, in three tiers, each checked only when the ones before it missed:
 
 1. exact: the same partition and the same normalized turns (a Redis key; a completion's prompt: the same
-   text byte for byte). An exact-only key (cache_service/keys.py: a completion's prompt, a conversation too
+   text byte for byte). An exact-only key (cache_service/keys.py: a completion's prompt, a last question too
    long to compare) asks no other tier, and its entry is stored without a vector;
 2. canonical: a stored question with a canonical key in common (cache_service/canonical.py) in the same
    searched partition (for a conversation: canonical-equal earlier turns), no embedding needed;

@@ -182,10 +182,7 @@ class ResponsesServing:
             lost = lost_worker_error(exc)
             if lost is not None and raise_lost:
                 raise WorkerLost(lost) from None
-            if isinstance(exc, grpc.aio.AioRpcError):
-                error = lost or from_grpc(exc, PROMPT_PARAM)
-            else:
-                error = exc
+            error = lost or (exc if isinstance(exc, APIError) else from_grpc(exc, PROMPT_PARAM))
             events = builder.fail(error.message)
             builder.failure = error
             await self._save(builder, tenant, conversation)
