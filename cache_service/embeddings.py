@@ -48,11 +48,21 @@ class InputReader:
     def num_special(self) -> int:
         return len(self.prefix) + len(self.suffix)
 
+    def without_special(self, ids: list[int]) -> list[int]:
+        """Token ids as a client sent them, less the model's own special tokens at either end: ids from the
+        tokenizer's default call (`tokenizer(text)["input_ids"]`, [CLS] ... [SEP] included) and ids without
+        them read alike, and the model gets each exactly once."""
+        if self.prefix and ids[: len(self.prefix)] == self.prefix:
+            ids = ids[len(self.prefix) :]
+        if self.suffix and ids[len(ids) - len(self.suffix) :] == self.suffix:
+            ids = ids[: len(ids) - len(self.suffix)]
+        return ids
+
     def token_ids(self, item: cache_pb2.EmbedInput, truncate: int | None) -> list[int]:
         """The ids the model reads for one input, special tokens included; cut to the last `truncate` tokens
         when asked, else refused when longer than the model reads."""
         if item.WhichOneof("input") == "token_ids":
-            content = list(item.token_ids.ids)
+            content = self.without_special(list(item.token_ids.ids))
             vocab = len(self.tokenizer)
             bad = next((t for t in content if not 0 <= t < vocab), None)
             if bad is not None:

@@ -101,6 +101,18 @@ def test_inputs_get_the_special_tokens_and_are_cut_or_refused_at_the_length(embe
         reader.token_ids(cache_pb2.EmbedInput(token_ids=cache_pb2.TokenIds(ids=[10**6])), None)
 
 
+def test_token_ids_read_alike_with_or_without_the_special_tokens(embedder: Embedder) -> None:
+    """`tokenizer(text)["input_ids"]`, the usual way to tokenize, includes [CLS] ... [SEP]: the model must not
+    read them twice (a vector 0.84 in cosine from the text's)."""
+    reader = InputReader.of(embedder)
+    text = "a question"
+    expected = reader.token_ids(cache_pb2.EmbedInput(text=text), None)
+    with_special = embedder.tokenizer(text)["input_ids"]
+    without = embedder.tokenizer(text, add_special_tokens=False)["input_ids"]
+    for ids in (with_special, without):
+        assert reader.token_ids(cache_pb2.EmbedInput(token_ids=cache_pb2.TokenIds(ids=ids)), None) == expected
+
+
 def test_model_names() -> None:
     assert same_model("sentence-transformers/all-MiniLM-L6-v2", "all-minilm-l6-v2")
     assert same_model("all-minilm-l6-v2", "all-minilm-l6-v2")
