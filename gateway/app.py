@@ -20,7 +20,7 @@ from gateway.drain import DrainGate, DrainMiddleware
 from gateway.embeddings import EmbeddingsClient, disabled, parse_embedding_request
 from gateway.errors import APIError, invalid_request, model_not_found, unavailable
 from gateway.http_io import ClientDisconnected, check_api_key, read_body
-from gateway.lora import check_admin, lora_field, read_json_object
+from gateway.lora import check_admin, lora_field, read_json_object, refuse_served_name
 from gateway.observability import MetricsMiddleware
 from gateway.openapi import build_openapi
 from gateway.request_id import RequestIdMiddleware
@@ -151,6 +151,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         check_admin(request, settings)
         body = await read_json_object(request, settings.gateway_max_body_bytes)
         name, path = lora_field(body, "lora_name"), lora_field(body, "lora_path")
+        refuse_served_name(name, await _served_model_names(request, started))
         await request.app.state.pool.lora.load(name, path)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -202,6 +203,12 @@ async def _model_cards(request: Request, created: int) -> list[dict]:
     if embeddings is not None and (card := await embeddings.model_card(created)) is not None:
         cards.append(card)
     return cards
+
+
+async def _served_model_names(request: Request, created: int) -> set[str]:
+    """The names /v1/models lists that are not adapters: the base models and the embedding model (while the
+    cache service answers; else it cannot be told)."""
+    return {card["id"] for card in await _model_cards(request, created) if card.get("parent") is None}
 
 
 def _model_card(info: worker_pb2.ModelInfo, created: int) -> dict:

@@ -1,7 +1,8 @@
 """LoRA adapters behind the gateway: which names are adapters (a request's `model`), /v1/models' cards,
 and vLLM's run-time routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter), forwarded to every
 worker replica. Adapters loaded here are remembered and loaded again on a replica that answers a request
-for one with "not found" (a worker that joined or restarted since)."""
+for one with "not found" (a worker that joined or restarted since). Each adapter's content digest (the
+worker's hash of its files) is its identity in the semantic cache's key."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ KNOWN_TTL_S = 5.0  # adapter names are asked of a worker again after this long (
 class AdapterCard:
     path: str  # the PEFT directory on the workers' disk
     parent: str  # the base model it runs on
+    digest: str = ""  # the workers' hash of its files ("": unknown, or the workers disagree)
 
 
 class LoraAdapters:
@@ -59,7 +61,7 @@ class LoraAdapters:
                     last_error = exc
                     continue
                 answered = True
-                found.update({a.name: AdapterCard(a.path, parent) for a in reply.adapters})
+                found.update({a.name: AdapterCard(a.path, parent, a.digest) for a in reply.adapters})
                 break
         if not answered:
             detail = last_error.details() if last_error else "no replica"
@@ -80,16 +82,34 @@ class LoraAdapters:
             return None
         return card.parent if card else None
 
+    async def cache_identity(self, name: str) -> str | None:
+        """The semantic cache's model for `name` (a model check_model accepted): the name of a base model,
+        `name@digest` for an adapter, so a name loaded again from other files never meets the old answers.
+        None (bypass the cache) when the adapter's digest is not known. Loads and unloads through this
+        gateway count at once; one through another gateway once the listing is older than KNOWN_TTL_S."""
+        if name in self.pool.served_models():
+            return name
+        card: AdapterCard | None = None
+        if time.monotonic() - self._known_at < KNOWN_TTL_S:
+            card = self._known.get(name)
+        else:
+            try:
+                card = (await self.listing()).get(name)
+            except APIError:
+                card = self.loaded_here.get(name)  # as this gateway's load reply said
+        return f"{name}@{card.digest}" if card is not None and card.digest else None
+
     async def load(self, name: str, path: str) -> None:
         """Load on every worker whose base model takes it. A worker of another base model refuses it;
         the load fails only when no worker took it (the first refusal is then the answer)."""
         await self.pool.start()
         request = worker_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
         parents: set[str] = set()
+        digests: set[str] = set()
         refusal: grpc.aio.AioRpcError | None = None
         for replica in self.pool.replicas:
             try:
-                await replica.stub.LoadLoraAdapter(request, timeout=120.0)
+                reply = await replica.stub.LoadLoraAdapter(request, timeout=120.0)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:  # gets it when it answers "not found" later
                     log.warning("worker %s unreachable for LoRA load of %s", replica.addr, name)
@@ -97,17 +117,21 @@ class LoraAdapters:
                 refusal = refusal or exc
                 continue
             parents.add(replica.model or (await self.pool.model_info()).model_name)
+            digests.update(a.digest for a in reply.adapters if a.name == name)
         if not parents:
             if refusal is not None:
                 raise from_grpc(refusal, "lora_path")
             raise unavailable("No worker is available to load the adapter")
-        self.loaded_here[name] = AdapterCard(path, sorted(parents)[0])
+        digest = digests.pop() if len(digests) == 1 else ""  # workers that read other files: no identity
+        self.loaded_here[name] = AdapterCard(path, sorted(parents)[0], digest)
+        self._known[name] = self.loaded_here[name]
         self._known_at = float("-inf")
 
     async def unload(self, name: str) -> None:
         await self.pool.start()
         request = worker_pb2.UnloadLoraAdapterRequest(lora_name=name)
         self.loaded_here.pop(name, None)
+        self._known.pop(name, None)  # its digest is forgotten now, not when the listing expires
         found = 0
         errors: list[grpc.aio.AioRpcError] = []
         for replica in self.pool.replicas:
@@ -152,6 +176,17 @@ def check_admin(request, settings) -> None:
             "not_found",
         )
     check_api_key(request, settings.gateway_admin_key or settings.api_key)
+
+
+def refuse_served_name(name: str, served: set[str]) -> None:
+    """An adapter may not take the name of a model the fleet serves (a base model or the embedding model):
+    /v1/models would list it twice and routes would disagree about what it is."""
+    from gateway.errors import invalid_request
+
+    if name in served:
+        raise invalid_request(
+            f"{name!r} is the name of a served model; choose another adapter name", param="lora_name"
+        )
 
 
 def lora_field(body: dict, name: str) -> str:

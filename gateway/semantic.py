@@ -96,13 +96,14 @@ class SemanticCacheGate:
         self,
         headers: Any,
         req: ChatCompletionRequest | CompletionRequest,
-        model: str,
+        model: str | None,
         messages: list[dict[str, str]] | None = None,
         prompt: str | None = None,
     ) -> CacheDecision:
-        """Ask the cache unless the client opted out or the answer can't be reused."""
+        """Ask the cache unless the client opted out or the answer can't be reused. `model` is the model's
+        cache identity (gateway/lora.py: an adapter's name with its digest); None: unknown, so bypass."""
         level = requested_level(headers)
-        if self.client is None or level is None:
+        if self.client is None or level is None or model is None:
             return self._bypass()
         if not self.may_reuse(req):
             return self._bypass()

@@ -99,7 +99,8 @@ class Serving:
         meta = self._meta("chatcmpl", req, chat=True)
         tools = plan_tools(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        decision = await self.cache.decide(raw.headers, req, req.model, messages=messages)
+        identity = await self.pool.lora.cache_identity(req.model)
+        decision = await self.cache.decide(raw.headers, req, identity, messages=messages)
         try:
             generate = chat_request(req, meta.id, req.model, tools)
             return await self._respond(raw, req, meta, decision, [generate], "messages", tools)
@@ -114,7 +115,8 @@ class Serving:
         # Prompt logprobs are computed by the worker, never cached: such a request does not ask the cache.
         single = prompts[0] if len(prompts) == 1 and not req.echo and req.prompt_logprobs is None else None
         text_prompt = single if isinstance(single, str) else None
-        decision = await self.cache.decide(raw.headers, req, req.model, prompt=text_prompt)
+        identity = await self.pool.lora.cache_identity(req.model)
+        decision = await self.cache.decide(raw.headers, req, identity, prompt=text_prompt)
         try:
             if req.echo:
                 detokenize = self.pool.detokenize

@@ -1,6 +1,7 @@
 """LoRA over real processes: a worker started with WORKER_LORA_MODULES, a gateway with run-time loading on
 (and an admin key); adapters named as `model` through the OpenAI SDK, /v1/models' cards, load and unload
-over HTTP, a worker restart that loses a run-time adapter, and the refusals."""
+over HTTP, a worker restart that loses a run-time adapter, the refusals, and the semantic cache keeping a name
+loaded again from other weights apart from its old answers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import openai
 import pytest
 
 from common.gen import worker_pb2, worker_pb2_grpc
-from scripts.launch import Service, start_gateway, start_worker, worker_service
+from scripts.launch import (
+    Service,
+    start_cache_service,
+    start_gateway,
+    start_redis,
+    start_worker,
+    worker_service,
+)
 from tests.support.lora_adapters import load_base, make_adapter
 
 ADMIN_KEY = "lora-admin-key"
@@ -62,6 +70,28 @@ def lora_gateway(lora_worker: Service, log_dir: Path) -> Iterator[Service]:
     )
     yield service
     service.stop()
+
+
+@pytest.fixture(scope="module")
+def cached_lora_gateway(lora_worker: Service, log_dir: Path) -> Iterator[Service]:
+    """The LoRA worker behind a gateway with the semantic cache (and so Redis and the cache service) on."""
+    redis, redis_url = start_redis(log_dir, "lora-redis")
+    cache = start_cache_service("lora-cache", log_dir, redis_url)
+    service = start_gateway(
+        "lora-gateway-cached",
+        log_dir,
+        lora_worker.addr,
+        ready=True,
+        GATEWAY_ALLOW_RUNTIME_LORA_UPDATING="true",
+        GATEWAY_ADMIN_KEY=ADMIN_KEY,
+        CACHE_ENABLED="true",
+        CACHE_ADDR=cache.addr,
+        CACHE_TIMEOUT_MS="2000",
+    )
+    yield service
+    service.stop()
+    cache.stop()
+    redis.stop()
 
 
 def _chat(client: openai.OpenAI, model: str) -> str:
@@ -162,3 +192,47 @@ def test_lora_worker_lists_its_adapters_over_grpc(lora_worker, adapters):
         listing = stub.ListLoraAdapters(worker_pb2.ListLoraAdaptersRequest())
     assert listing.enabled and listing.max_loras == 2 and listing.max_lora_rank == 16
     assert [(a.name, a.path) for a in listing.adapters if a.name == "sql"] == [("sql", adapters["sql"])]
+
+
+def _cached_chat(gateway: Service, model: str, cache: str | None = None) -> tuple[str, str]:
+    """(answer, X-Semantic-Cache) of the module's question; `cache`: the request's X-Semantic-Cache."""
+    body = {"model": model, "messages": QUESTION, "max_tokens": 10, "temperature": 0}
+    headers = {"X-Semantic-Cache": cache} if cache else {}
+    reply = httpx.post(f"{gateway.addr}/v1/chat/completions", json=body, headers=headers, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["message"]["content"], reply.headers["x-semantic-cache"]
+
+
+def test_a_name_loaded_again_from_other_weights_never_gets_the_old_answers(cached_lora_gateway, adapters):
+    gateway = cached_lora_gateway
+    load_a = {"lora_name": "ad-c", "lora_path": adapters["sql"]}
+    assert _admin(gateway, "load_lora_adapter", load_a).status_code == 200
+    try:
+        answer_a, status = _cached_chat(gateway, "ad-c")
+        assert status == "miss"
+        assert _cached_chat(gateway, "ad-c") == (answer_a, "hit")
+        assert _admin(gateway, "unload_lora_adapter", {"lora_name": "ad-c"}).status_code == 200
+        load_b = {"lora_name": "ad-c", "lora_path": adapters["poet"]}
+        assert _admin(gateway, "load_lora_adapter", load_b).status_code == 200
+        answer_b, status = _cached_chat(gateway, "ad-c")
+        assert status == "miss"
+        assert (answer_b, "bypass") == _cached_chat(gateway, "ad-c", cache="bypass")
+        assert answer_b != answer_a
+        assert _cached_chat(gateway, "ad-c") == (answer_b, "hit")  # B's answers are cached in turn
+    finally:
+        _admin(gateway, "unload_lora_adapter", {"lora_name": "ad-c"})
+
+
+def test_an_adapter_may_not_take_a_served_models_name(cached_lora_gateway, adapters):
+    client = openai.OpenAI(base_url=f"{cached_lora_gateway.addr}/v1", api_key="none")
+    not_adapters = [m.id for m in client.models.list().data if getattr(m, "parent", None) is None]
+    assert BASE in not_adapters and len(not_adapters) == 2  # the base model and the embedding model
+    embedding_model = next(name for name in not_adapters if name != BASE)  # only the gateway knows it
+    for name in (embedding_model, BASE):
+        reply = _admin(
+            cached_lora_gateway, "load_lora_adapter", {"lora_name": name, "lora_path": adapters["sql"]}
+        )
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "lora_name" and "served model" in error["message"]
+    assert sorted(m.id for m in client.models.list().data) == sorted([*not_adapters, "sql"])

@@ -50,6 +50,18 @@ def test_registry_refuses_a_taken_name_and_a_bad_adapter_and_ids_are_never_reuse
     assert [r.name for r in registry.refs()] == ["x"]
 
 
+def test_a_ref_carries_the_digest_of_its_files_the_same_for_a_copy_and_another_for_other_weights(tmp_path):
+    from worker.model.lora.adapter import adapter_digest
+
+    for name, weights in (("a", b"weights-a"), ("copy", b"weights-a"), ("b", b"weights-b")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text('{"r": 8}')
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(weights)
+    registry = LoraRegistry(2, CountingLoader(), adapter_digest)
+    digests = [registry.add(name, str(tmp_path / name)).digest for name in ("a", "copy", "b")]
+    assert len(digests[0]) == 16 and digests[0] == digests[1] != digests[2]
+
+
 def _lora_request(lora_id: int, **kwargs):
     request = make_request(**kwargs)
     if lora_id:

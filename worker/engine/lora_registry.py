@@ -22,6 +22,7 @@ class LoraRef:
     lora_id: int  # >= 1; 0 is the base model
     name: str
     path: str
+    digest: str = ""  # the files' content hash as loaded: the same on every worker ("": not computed)
 
 
 class LoraNotFoundError(KeyError):
@@ -37,12 +38,19 @@ class LoraUnavailableError(RuntimeError):
         self.ref = ref
 
 
+def _no_digest(path: str) -> str:
+    return ""
+
+
 class LoraRegistry(Generic[T]):
-    def __init__(self, max_cpu_loras: int, load: Callable[[str, str], T]) -> None:
+    def __init__(
+        self, max_cpu_loras: int, load: Callable[[str, str], T], digest: Callable[[str], str] = _no_digest
+    ) -> None:
         if max_cpu_loras < 1:
             raise ValueError("max_cpu_loras must be positive")
         self.max_cpu_loras = max_cpu_loras
         self._load = load  # (name, path) -> weights; raises on an adapter that cannot be served
+        self._digest = digest  # path -> the content identity of the adapter's files
         self._refs: dict[str, LoraRef] = {}
         self._resident: OrderedDict[int, T] = OrderedDict()  # lora id -> weights, least recent first
         self._ids = itertools.count(1)
@@ -55,10 +63,11 @@ class LoraRegistry(Generic[T]):
             if name in self._refs:
                 raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
         weights = self._load(name, path)  # outside the lock: reading a file must not stall the engine
+        digest = self._digest(path)
         with self._lock:
             if name in self._refs:
                 raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
-            ref = LoraRef(next(self._ids), name, path)
+            ref = LoraRef(next(self._ids), name, path, digest)
             self._refs[name] = ref
             self.num_loads += 1
             self._keep(ref.lora_id, weights)

@@ -36,7 +36,7 @@ def adapter_list(manager) -> worker_pb2.LoraAdapterList:
     return worker_pb2.LoraAdapterList(
         enabled=True,
         adapters=[
-            worker_pb2.LoraAdapter(name=r.name, path=r.path, lora_id=r.lora_id)
+            worker_pb2.LoraAdapter(name=r.name, path=r.path, lora_id=r.lora_id, digest=r.digest)
             for r in manager.registry.refs()
         ],
         max_loras=manager.config.max_loras,

@@ -9,6 +9,7 @@ product pair per fused projection then gives exactly the sum of the per-module L
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -107,6 +108,23 @@ def check_adapter_config(config: dict, base: BaseModelSpec, max_rank: int, path:
         raise LoraAdapterError(
             f"{path}: the adapter was trained on {adapter_base!r}, but this worker serves {base.name!r}"
         )
+
+
+def adapter_digest(path: str) -> str:
+    """The adapter's content identity: sha256 over its config and weights files (what decides its output),
+    first 16 hex chars. The same files give the same digest on any worker; retrained weights another."""
+    digest = hashlib.sha256()
+    for file_name in ("adapter_config.json", "adapter_model.safetensors"):
+        file_path = os.path.join(path, file_name)
+        try:
+            size = os.path.getsize(file_path)
+            digest.update(f"{file_name}:{size}:".encode())  # each file framed: no two layouts hash alike
+            with open(file_path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise LoraAdapterError(f"{path}: {file_name} is not readable: {exc}") from None
+    return digest.hexdigest()[:16]
 
 
 def _model_id(name: str) -> str:

@@ -10,7 +10,7 @@ import torch
 
 from worker.engine.lora_config import LoraConfig
 from worker.engine.lora_registry import LoraRef, LoraRegistry, LoraUnavailableError
-from worker.model.lora.adapter import BaseModelSpec, LoraAdapter, load_adapter
+from worker.model.lora.adapter import BaseModelSpec, LoraAdapter, adapter_digest, load_adapter
 from worker.model.lora.layers import LoraStepContext, wrap_model_layers
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ class LoraManager:
         self.dtype = dtype
         self.device = device
         self.context = LoraStepContext()
-        self.registry: LoraRegistry[LoraAdapter] = LoraRegistry(config.max_cpu_loras, self._load)
+        self.registry: LoraRegistry[LoraAdapter] = LoraRegistry(
+            config.max_cpu_loras, self._load, adapter_digest
+        )
 
     def _load(self, name: str, path: str) -> LoraAdapter:
         return load_adapter(name, path, self.base, self.config.max_lora_rank, self.dtype, self.device)
@@ -52,7 +54,7 @@ class LoraManager:
     def load_startup_modules(self) -> None:
         for name, path in self.config.modules().items():
             ref = self.registry.add(name, path)
-            log.info("LoRA adapter %s loaded from %s (id %d)", name, path, ref.lora_id)
+            log.info("LoRA adapter %s loaded from %s (id %d, digest %s)", name, path, ref.lora_id, ref.digest)
 
     def prepare_step(self, num_new_tokens: Sequence[int], refs: Sequence[LoraRef | None]) -> list[int]:
         """Per token of the step (items in batch order), the index of its adapter among this step's
