@@ -16,6 +16,7 @@ import pytest
 from common.gen import worker_pb2, worker_pb2_grpc
 from scripts.launch import (
     Service,
+    metrics_url,
     start_cache_service,
     start_gateway,
     start_redis,
@@ -115,6 +116,17 @@ def test_adapters_are_models_listed_with_their_parent_and_answer_differently(lor
     assert _chat(client, "sql") == sql_text  # greedy: the same again (and from the prefix cache)
     with pytest.raises(openai.NotFoundError):
         _chat(client, "poet")
+
+
+def test_the_worker_exports_its_lora_state(lora_gateway, lora_worker):
+    """vLLM's lora_requests_info (max_lora as WORKER_MAX_LORAS) and the loads from disk: the adapter of
+    WORKER_LORA_MODULES at least."""
+    _chat(openai.OpenAI(base_url=f"{lora_gateway.addr}/v1", api_key="none"), "sql")
+    text = httpx.get(metrics_url(lora_worker, "WORKER_METRICS_PORT"), timeout=10).text
+    info = [line for line in text.splitlines() if line.startswith("llmserve:lora_requests_info{")]
+    assert len(info) == 1 and 'max_lora="2"' in info[0], info
+    loads = [line for line in text.splitlines() if line.startswith("llmserve:lora_loads_total{")]
+    assert len(loads) == 1 and float(loads[0].rsplit(" ", 1)[1]) >= 1, loads
 
 
 def test_runtime_load_and_unload_over_http(lora_gateway, adapters):

@@ -284,3 +284,30 @@ def test_served_names_keep_their_colons_whatever_the_scraper_asks_for() -> None:
         assert err.value.code == 404
     finally:
         metrics.close()
+
+
+def lora_series(metrics: WorkerMetrics) -> list[dict[str, str]]:
+    return [
+        dict(s.labels)
+        for fam in metrics.registry.collect()
+        if fam.name == "llmserve:lora_requests_info"
+        for s in fam.samples
+    ]
+
+
+def test_lora_metrics_name_the_adapters_in_use_one_series_at_a_time() -> None:
+    """vLLM's lora_requests_info: which adapters run and wait now (old label sets are dropped, so the series
+    do not pile up with every combination); loads from disk count eviction reloads too."""
+    metrics = WorkerMetrics(MODEL, max_loras=2)
+    assert lora_series(metrics) == [
+        {"max_lora": "2", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    ]
+    metrics.on_step(step(running_lora_adapters=("a", "b"), waiting_lora_adapters=("c",), num_lora_loads=3))
+    metrics.on_step(step(running_lora_adapters=("a",), waiting_lora_adapters=(), num_lora_loads=1))
+    assert lora_series(metrics) == [
+        {"max_lora": "2", "running_lora_adapters": "a", "waiting_lora_adapters": ""}
+    ]
+    assert value(metrics, "llmserve:lora_loads_total") == 4
+    off = WorkerMetrics(MODEL)  # no adapters served: no LoRA series at all
+    off.on_step(step(running_lora_adapters=("a",)))
+    assert lora_series(off) == [] and value(off, "llmserve:lora_loads_total") is None

@@ -70,6 +70,7 @@ class LLMEngine:
         eos_ids = [eos_token_id, *extra_stop_token_ids] if eos_token_id is not None else []
         self.grammars = GrammarCache(tokenizer, eos_ids, model_info.vocab_size)
         self.lora = getattr(runner, "lora", None)  # the LoraManager when adapters are served (thread-safe)
+        self._lora_loads_seen = 0
 
     # ---- admission -----------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> list[int]:
@@ -386,7 +387,18 @@ class LLMEngine:
             num_kv_block_copies=len(plan.block_copies),
             time_to_first_tokens_s=ttfts,
             inter_token_latencies_s=itls,
+            running_lora_adapters=_adapters(self.scheduler.running),
+            waiting_lora_adapters=_adapters(self.scheduler.waiting),
+            num_lora_loads=self._new_lora_loads(),
         )
+
+    def _new_lora_loads(self) -> int:
+        """Adapters read from disk since the last call (the registry counts them on its own threads too)."""
+        if self.lora is None:
+            return 0
+        loads = self.lora.registry.num_loads
+        new, self._lora_loads_seen = loads - self._lora_loads_seen, loads
+        return new
 
     @staticmethod
     def _finished_stats(request: Request, now: float) -> FinishedRequestStats:
@@ -412,3 +424,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_finished=self.num_finished,
         )
+
+
+def _adapters(requests) -> tuple[str, ...]:
+    """The distinct adapter names of `requests`, sorted (the base model is none)."""
+    return tuple(sorted({r.lora.name for r in requests if r.lora is not None}))

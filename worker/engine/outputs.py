@@ -116,6 +116,9 @@ class StepStats:
     num_kv_block_copies: int = 0  # cached blocks moved so that a sequence's blocks lie side by side
     time_to_first_tokens_s: list[float] = field(default_factory=list)
     inter_token_latencies_s: list[float] = field(default_factory=list)
+    running_lora_adapters: tuple[str, ...] = ()  # the adapters of the running requests, sorted
+    waiting_lora_adapters: tuple[str, ...] = ()  # and of the waiting ones
+    num_lora_loads: int = 0  # adapters read from disk since the last step (reloads after eviction too)
 
 
 @dataclass

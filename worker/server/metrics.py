@@ -57,6 +57,9 @@ class _Settings(Protocol):
     metrics_port: int
     served_model_name: str
     price_per_hour_usd: float
+    enable_lora: bool
+    lora_modules: str
+    max_loras: int
 
 
 class WorkerMetrics:
@@ -70,6 +73,7 @@ class WorkerMetrics:
         clock: Callable[[], float] = time.monotonic,
         quantization: str = "none",
         cpu: CpuInfo | None = None,
+        max_loras: int = 0,
     ) -> None:
         if price_per_hour_usd < 0:
             raise ValueError("price_per_hour_usd must be non-negative")
@@ -172,6 +176,24 @@ class WorkerMetrics:
             "step_time_seconds", "Wall time of one engine step.", STEP_TIME_BUCKETS
         ).labels(model_name)
 
+        # LoRA (only where adapters are served): vLLM's info gauge, one series at a time whose labels name the
+        # adapters of the running and the waiting requests (its value: when they last changed, as vLLM's),
+        # and the loads from disk, which climb with eviction reloads when WORKER_MAX_CPU_LORAS is too small.
+        self._max_loras = max_loras
+        self._lora_adapters: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        if max_loras:
+            self.lora_requests_info = Gauge(
+                PREFIX + "lora_requests_info",
+                "Adapters of the running and the waiting requests (comma-separated names; value: when they "
+                "last changed, Unix seconds), and WORKER_MAX_LORAS.",
+                ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+                registry=reg,
+            )
+            self.lora_loads = counter(
+                "lora_loads", "LoRA adapters read from disk, reloads after eviction included."
+            ).labels(model_name)
+            self._set_lora_adapters((), ())
+
         gauge("price_per_hour_usd", "Configured machine price (WORKER_PRICE_PER_HOUR_USD).").labels(
             model_name
         ).set(price_per_hour_usd)
@@ -209,10 +231,21 @@ class WorkerMetrics:
             self.step_batch_size.observe(stats.batch_size)
             self.step_batched_tokens.observe(stats.num_batched_tokens)
             self.step_time.observe(stats.step_time_s)
+        if self._max_loras:
+            self._set_lora_adapters(stats.running_lora_adapters, stats.waiting_lora_adapters)
+            self.lora_loads.inc(stats.num_lora_loads)
         if stats.num_generation_tokens > 0:
             with self._lock:
                 self._recent.append((self._clock(), stats.num_generation_tokens))
                 self._prune(self._clock())
+
+    def _set_lora_adapters(self, running: tuple[str, ...], waiting: tuple[str, ...]) -> None:
+        if (running, waiting) == self._lora_adapters:
+            return
+        self._lora_adapters = (running, waiting)
+        self.lora_requests_info.clear()  # one series: the adapters in use now
+        labels = (str(self._max_loras), ",".join(running), ",".join(waiting))
+        self.lora_requests_info.labels(*labels).set(time.time())
 
     def on_request_finished(self, stats: FinishedRequestStats) -> None:
         """Engine finished-request listener."""
@@ -288,8 +321,12 @@ class _QuietHandler(WSGIRequestHandler):
 
 def start_metrics_server(engine: _Engine, settings: _Settings) -> WorkerMetrics:
     """Attach the metrics to the engine's listeners and serve them on settings.metrics_port."""
+    max_loras = settings.max_loras if settings.enable_lora or settings.lora_modules.strip() else 0
     metrics = WorkerMetrics(
-        settings.served_model_name, settings.price_per_hour_usd, quantization=engine.model_info.quantization
+        settings.served_model_name,
+        settings.price_per_hour_usd,
+        quantization=engine.model_info.quantization,
+        max_loras=max_loras,
     )
     engine.add_step_listener(metrics.on_step)
     engine.add_finished_listener(metrics.on_request_finished)
