@@ -73,3 +73,46 @@ def test_a_prompts_last_token_alone_is_a_prefill_chunk_and_a_generated_one_a_dec
     scheduler.update_from_output(plan, {plan.scheduled[0].request.request_id: 5})
     decode = runner.prepare(scheduler.schedule())
     assert decode.meta.num_decodes == 1 and decode.meta.prefills == []
+
+
+def sampled_logits(runner: ModelRunner, scheduler, prompt: list[int], preempt_after: int | None) -> list:
+    """Greedy to the end, the logits of every step that samples; preempted once after `preempt_after`
+    generated tokens (freed and queued again, as the scheduler does when blocks run out)."""
+    request = make_request(prompt=prompt, max_tokens=12)
+    scheduler.add_request(request)
+    logits: list[torch.Tensor] = []
+    while scheduler.num_unfinished:
+        if (
+            preempt_after is not None
+            and request.num_output_tokens == preempt_after
+            and request in scheduler.running
+        ):
+            scheduler.running.remove(request)
+            scheduler._preempt(request)
+            preempt_after = None
+        plan = scheduler.schedule()
+        inputs = runner.prepare(plan)
+        step = runner.model.forward(
+            inputs.input_ids, inputs.positions, inputs.meta, runner.kv_caches, inputs.logits_indices
+        )
+        sampled = {}
+        if len(inputs.logits_indices):
+            logits.append(step.float())
+            sampled = {request.request_id: int(step.argmax(dim=-1)[0])}
+        scheduler.update_from_output(plan, sampled)
+    return logits
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_a_preempted_request_resumes_with_the_logits_it_had(runner, prefix_caching):
+    """Its generated tokens are computed again one per step, as decodes, as they were first: recomputed in
+    one prefill chunk they came out a bfloat16 rounding away, and every later step's logits with them."""
+    prompt = [(3 * i + 2) % 250 + 1 for i in range(2 * BLOCK + 2)]
+    alone = sampled_logits(runner, make_scheduler(128, BLOCK, 64, prefix_caching=False), prompt, None)
+    scheduler = make_scheduler(128, BLOCK, 64, prefix_caching=prefix_caching)
+    # 6 generated (5 of them fed back): the cache keeps 3 full blocks (12 tokens), so 4 generated tokens run
+    # again; without the cache the 10 prompt tokens and the 6 generated ones
+    resumed = sampled_logits(runner, scheduler, prompt, 6)
+    assert scheduler.num_preemptions == 1 and len(resumed) == len(alone) == 12
+    for step_alone, step_resumed in zip(alone, resumed, strict=True):
+        assert torch.equal(step_alone, step_resumed)

@@ -64,6 +64,18 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+def tokens_to_run(request: Request, start: int, budget: int) -> int:
+    """How many known tokens a request computes from `start` this step. A prompt runs in chunks of the
+    budget; generated tokens (a preempted request's, resuming) one per step, as their decode steps first
+    computed them: the decode kernels round a bfloat16 row otherwise than a prefill chunk does, so a
+    recomputed chunk would change the logits that follow (and a greedy token or a seeded sample with
+    them). With the prefix cache on, only the tokens past its full blocks run so (the last, partial block,
+    unless blocks were evicted meanwhile)."""
+    if start < request.num_prompt_tokens:
+        return min(request.num_prompt_tokens - start, budget)
+    return min(request.num_tokens - start, 1)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
@@ -125,8 +137,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            drafts = self._drafts(request, budget) if num_new == 1 else []
+            num_new = tokens_to_run(request, request.num_computed_tokens, budget)
+            at_end = request.num_computed_tokens + num_new == request.num_tokens
+            drafts = self._drafts(request, budget) if num_new == 1 and at_end else []
             while not self.block_manager.allocate(request, num_new + len(drafts)):
                 if drafts:
                     drafts = []  # speculation is optional: never preempt anyone for it
@@ -161,7 +174,7 @@ class Scheduler:
                 held_back.append(self.waiting.popleft())
                 continue  # the blocks it would recompute are cached after this step: then it hits them
             num_cached = len(cached) * self.block_manager.block_size
-            num_new = min(request.num_tokens - num_cached, budget)
+            num_new = tokens_to_run(request, num_cached, budget)
             if not self.block_manager.allocate(request, num_new, cached):
                 break
             self.waiting.popleft()
@@ -232,6 +245,7 @@ class Scheduler:
         )
 
     def _preempt(self, request: Request) -> None:
+        """Free its blocks and queue it first; it resumes by computing its tokens again (tokens_to_run)."""
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
