@@ -92,6 +92,10 @@ class SemanticCacheGate:
             timeout_s = settings.cache_timeout_ms / 1000.0
             self.client = SemanticCacheClient(settings.cache_addr, timeout_s, on_error=_count_error)
 
+    @property
+    def enabled(self) -> bool:
+        return self.client is not None
+
     async def decide(
         self,
         headers: Any,

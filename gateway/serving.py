@@ -99,8 +99,9 @@ class Serving:
         meta = self._meta("chatcmpl", req, chat=True)
         tools = plan_tools(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        identity = await self.pool.lora.cache_identity(req.model)
-        decision = await self.cache.decide(raw.headers, req, identity, messages=messages)
+        decision = await self.cache.decide(
+            raw.headers, req, await self._cache_model(req.model), messages=messages
+        )
         try:
             generate = chat_request(req, meta.id, req.model, tools)
             return await self._respond(raw, req, meta, decision, [generate], "messages", tools)
@@ -115,8 +116,9 @@ class Serving:
         # Prompt logprobs are computed by the worker, never cached: such a request does not ask the cache.
         single = prompts[0] if len(prompts) == 1 and not req.echo and req.prompt_logprobs is None else None
         text_prompt = single if isinstance(single, str) else None
-        identity = await self.pool.lora.cache_identity(req.model)
-        decision = await self.cache.decide(raw.headers, req, identity, prompt=text_prompt)
+        decision = await self.cache.decide(
+            raw.headers, req, await self._cache_model(req.model), prompt=text_prompt
+        )
         try:
             if req.echo:
                 detokenize = self.pool.detokenize
@@ -130,6 +132,11 @@ class Serving:
         except BaseException:
             self.cache.release(decision)
             raise
+
+    async def _cache_model(self, model: str) -> str | None:
+        """The model as the semantic cache keys it (an adapter with its digest: gateway/lora.py); not asked
+        of the workers while the cache is off."""
+        return await self.pool.lora.cache_identity(model) if self.cache.enabled else model
 
     @staticmethod
     def _meta(prefix: str, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> ResponseMeta:
