@@ -106,8 +106,9 @@ def embeddings_body(reply: cache_pb2.EmbedResponse, encoding_format: str) -> dic
 
 def _from_grpc(error: grpc.aio.AioRpcError) -> APIError:
     code, message = error.code(), error.details() or error.code().name
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return invalid_request(message, "input")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:  # the input, or a truncation the model cannot read
+        param = "truncate_prompt_tokens" if message.startswith("truncate_prompt_tokens") else "input"
+        return invalid_request(message, param)
     if code == grpc.StatusCode.NOT_FOUND:
         return APIError(
             404, f"The model does not exist: {message}", "invalid_request_error", "model", "model_not_found"

@@ -124,6 +124,12 @@ def test_long_input_is_refused_unless_truncated(client: openai.OpenAI, reference
         model=EMBEDDING_MODEL, input=text, encoding_format="float", extra_body={"truncate_prompt_tokens": -1}
     )
     assert whole.usage.prompt_tokens == reference.get_max_seq_length()
+    for beyond in (2, reference.get_max_seq_length() + 1):  # no room past [CLS] [SEP], or more than it reads
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.embeddings.create(
+                model=EMBEDDING_MODEL, input="hi", extra_body={"truncate_prompt_tokens": beyond}
+            )
+        assert caught.value.body["param"] == "truncate_prompt_tokens"
 
 
 def test_bad_inputs(client: openai.OpenAI, gateway: Service) -> None:
