@@ -69,15 +69,20 @@ class LoraAdapters:
         self._known, self._known_at = found, time.monotonic()
         return dict(found)
 
+    async def _listed(self, name: str) -> AdapterCard | None:
+        """`name`'s card as the workers list it: the last listing while it is fresh and has it, else a new one
+        (raises APIError when no worker answers)."""
+        if name in self._known and time.monotonic() - self._known_at < KNOWN_TTL_S:
+            return self._known[name]
+        return (await self.listing()).get(name)
+
     async def base_of(self, name: str) -> str | None:
         """The base model of adapter `name`, asking the workers when the answer is not fresh; None if no
         worker serves such an adapter."""
         if name in self.loaded_here:  # a worker that lost it gets it again (`reload_on`)
             return self.loaded_here[name].parent
-        if name in self._known and time.monotonic() - self._known_at < KNOWN_TTL_S:
-            return self._known[name].parent
         try:
-            card = (await self.listing()).get(name)
+            card = await self._listed(name)
         except APIError:
             return None
         return card.parent if card else None
@@ -89,14 +94,10 @@ class LoraAdapters:
         gateway count at once; one through another gateway once the listing is older than KNOWN_TTL_S."""
         if name in self.pool.served_models():
             return name
-        card: AdapterCard | None = None
-        if time.monotonic() - self._known_at < KNOWN_TTL_S:
-            card = self._known.get(name)
-        else:
-            try:
-                card = (await self.listing()).get(name)
-            except APIError:
-                card = self.loaded_here.get(name)  # as this gateway's load reply said
+        try:
+            card = await self._listed(name)
+        except APIError:
+            card = self.loaded_here.get(name)  # as this gateway's load reply said
         return f"{name}@{card.digest}" if card is not None and card.digest else None
 
     async def load(self, name: str, path: str) -> None:

@@ -387,8 +387,8 @@ class LLMEngine:
             num_kv_block_copies=len(plan.block_copies),
             time_to_first_tokens_s=ttfts,
             inter_token_latencies_s=itls,
-            running_lora_adapters=_adapters(self.scheduler.running),
-            waiting_lora_adapters=_adapters(self.scheduler.waiting),
+            running_lora_adapters=_adapters(self.scheduler.running) if self.lora is not None else (),
+            waiting_lora_adapters=_adapters(self.scheduler.waiting) if self.lora is not None else (),
             num_lora_loads=self._new_lora_loads(),
         )
 
