@@ -62,6 +62,25 @@ def test_a_ref_carries_the_digest_of_its_files_the_same_for_a_copy_and_another_f
     assert len(digests[0]) == 16 and digests[0] == digests[1] != digests[2]
 
 
+def test_an_evicted_adapter_whose_files_changed_is_not_reloaded_under_its_old_digest(tmp_path):
+    from worker.model.lora.adapter import adapter_digest
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text('{"r": 8}')
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(f"weights-{name}".encode())
+    loader = CountingLoader()
+    registry = LoraRegistry(1, loader, adapter_digest)
+    a = registry.add("a", str(tmp_path / "a"))
+    registry.add("b", str(tmp_path / "b"))  # evicts a
+    (tmp_path / "a" / "adapter_model.safetensors").write_bytes(b"retrained")
+    with pytest.raises(ValueError, match=f"changed since it was loaded \\(digest {a.digest}, now "):
+        registry.get(a)
+    assert len(loader.loads) == 2  # the new weights were never read as a's
+    (tmp_path / "a" / "adapter_model.safetensors").write_bytes(b"weights-a")  # the same files again
+    assert registry.get(a)["name"] == "a"
+
+
 def _lora_request(lora_id: int, **kwargs):
     request = make_request(**kwargs)
     if lora_id:

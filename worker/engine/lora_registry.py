@@ -96,12 +96,19 @@ class LoraRegistry(Generic[T]):
             return list(self._resident)
 
     def get(self, ref: LoraRef) -> T:
-        """The adapter's weights, reloaded from its path when they were evicted; marks it recently used."""
+        """The adapter's weights, reloaded from its path when they were evicted; marks it recently used.
+        ValueError if the files there are no longer the ones loaded: their digest names the adapter's
+        output (the semantic cache keys answers by it), so other weights must not run under it."""
         with self._lock:
             weights = self._resident.get(ref.lora_id)
             if weights is not None:
                 self._resident.move_to_end(ref.lora_id)
                 return weights
+        if ref.digest and (now := self._digest(ref.path)) != ref.digest:
+            raise ValueError(
+                f"its files changed since it was loaded (digest {ref.digest}, now {now}): "
+                "unload it and load it again to serve the new weights"
+            )
         weights = self._load(ref.name, ref.path)
         with self._lock:
             self.num_loads += 1
