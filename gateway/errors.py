@@ -78,6 +78,13 @@ def error_detail(error: grpc.aio.AioRpcError) -> worker_pb2.ErrorDetail | None:
     return None
 
 
+# The request as given cannot succeed here: a bad parameter, a request id or adapter name in use, a feature
+# the worker was not started with (LoRA). OpenAI and vLLM answer each with 400.
+_INVALID_REQUEST_CODES = frozenset(
+    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION}
+)
+
+
 def from_grpc(error: grpc.aio.AioRpcError, prompt_param: str) -> APIError:
     """Map a worker status to an HTTP error by its reason (the code alone when there is none, as when
     the worker could not be reached); the worker's message is already written for users."""
@@ -88,7 +95,7 @@ def from_grpc(error: grpc.aio.AioRpcError, prompt_param: str) -> APIError:
     param = (prompt_param if detail.param == "prompt" else detail.param or None) if detail else None
     if reason == "CONTEXT_LENGTH_EXCEEDED":
         return invalid_request(message, prompt_param, "context_length_exceeded")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
+    if code in _INVALID_REQUEST_CODES:
         return invalid_request(message, param)
     if code == grpc.StatusCode.NOT_FOUND:
         return APIError(404, message, "invalid_request_error", "model", "model_not_found")

@@ -187,7 +187,7 @@ def test_runtime_routes_are_off_by_default(gateway):
 def test_worker_without_lora_refuses_loads_and_unknown_models(worker_stub):
     with pytest.raises(grpc.RpcError) as refused:
         worker_stub.LoadLoraAdapter(worker_pb2.LoadLoraAdapterRequest(lora_name="a", lora_path="/x"))
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # fine request, wrong worker
     assert "WORKER_ENABLE_LORA" in refused.value.details()
     assert not worker_stub.ListLoraAdapters(worker_pb2.ListLoraAdaptersRequest()).enabled
     request = worker_pb2.GenerateRequest(

@@ -222,12 +222,16 @@ def test_cancelled_stream_frees_its_blocks(worker_stub: worker_pb2_grpc.WorkerSt
     assert (stats.num_running, stats.num_kv_blocks_used) == (0, 0)
 
 
-def test_abort_by_id(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
+def test_abort_by_id_and_an_id_in_use_is_already_exists(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     params = pb.SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
     stream = iter(
         worker_stub.Generate(pb.GenerateRequest(request_id="abort-me", text="Tell me", params=params))
     )
     next(stream)
+    with pytest.raises(grpc.RpcError) as taken:
+        generate(worker_stub, request_id="abort-me", text="hi")
+    assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert reason_of(taken.value) == ("ERROR_REASON_ALREADY_EXISTS", "request_id")
     assert worker_stub.Abort(pb.AbortRequest(request_id="abort-me")).found
     rest = list(stream)
     assert rest and rest[-1].finish_reason == "abort"

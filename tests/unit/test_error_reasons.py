@@ -10,12 +10,14 @@ from grpc.aio import Metadata
 from common.gen import worker_pb2 as pb
 from gateway.errors import ERROR_TRAILER, from_grpc
 from worker.engine.errors import (
+    AlreadyExistsError,
     ContextLengthError,
     EngineDeadError,
     EngineDrainingError,
     EngineOverloadedError,
     EngineStalledError,
     InvalidRequestError,
+    NotEnabledError,
 )
 from worker.server.grpc_errors import ERROR_TRAILER as WORKER_TRAILER
 from worker.server.grpc_errors import error_detail, reason_of, status_of
@@ -39,6 +41,8 @@ def test_both_ends_name_the_same_trailer() -> None:
     [
         (InvalidRequestError("x", param="n"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER"),
         (ContextLengthError("x"), grpc.StatusCode.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED"),
+        (AlreadyExistsError("x", "request_id"), grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"),
+        (NotEnabledError("x"), grpc.StatusCode.FAILED_PRECONDITION, "NOT_ENABLED"),
         (EngineOverloadedError("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"),
         (EngineDeadError("x"), grpc.StatusCode.UNAVAILABLE, "ENGINE_DEAD"),
         (EngineStalledError("x"), grpc.StatusCode.UNAVAILABLE, "ENGINE_STALLED"),
@@ -70,6 +74,8 @@ def test_context_length_is_named_by_reason_not_by_text() -> None:
         (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", "stop_token_ids", 400, "stop_token_ids"),
         (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARAMETER", "prompt", 400, "messages"),
         (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND", "model", 404, "model"),
+        (grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS", "lora_name", 400, "lora_name"),
+        (grpc.StatusCode.FAILED_PRECONDITION, "NOT_ENABLED", "", 400, None),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL", "", 503, None),
         (grpc.StatusCode.UNAVAILABLE, "DRAINING", "", 503, None),
         (grpc.StatusCode.UNAVAILABLE, None, "", 503, None),  # unreachable: no trailer

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 from worker.engine.engine import LLMEngine, StepResult
 from worker.engine.errors import (
+    AlreadyExistsError,
     EngineDeadError,
     EngineDrainingError,
     EngineOverloadedError,
     EngineStalledError,
-    InvalidRequestError,
 )
 from worker.engine.heap import HeapTrimmer
 from worker.engine.lora_registry import LoraRef
@@ -162,7 +162,7 @@ class AsyncEngine:
         self._check_admitting()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+            raise AlreadyExistsError(f"request id {request_id!r} is already in use", "request_id")
         params = dataclasses.replace(
             params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids)
         )
@@ -170,7 +170,7 @@ class AsyncEngine:
         requests = await asyncio.to_thread(self.engine.make_requests, request_id, prompt, params, lora)
         self._check_admitting()
         if request_id in self._streams:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+            raise AlreadyExistsError(f"request id {request_id!r} is already in use", "request_id")
         stream = OutputStream()
         self._streams[request_id] = stream
         self._submit("add", requests)

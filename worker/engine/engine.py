@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from worker.engine.chat_template import render_chat
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer, TokenTexts
-from worker.engine.errors import ContextLengthError, InvalidRequestError
+from worker.engine.errors import AlreadyExistsError, ContextLengthError, InvalidRequestError
 from worker.engine.lora_registry import LoraRef, LoraUnavailableError
 from worker.engine.outputs import (
     EngineStats,
@@ -188,7 +188,7 @@ class LLMEngine:
     def add(self, requests: list[Request]) -> None:
         group = requests[0].group_id
         if group in self.groups:
-            raise InvalidRequestError(f"request id {group!r} is already in use")
+            raise AlreadyExistsError(f"request id {group!r} is already in use", "request_id")
         for request in requests:
             self.scheduler.add_request(request)
             self.detokenizers[request.request_id] = IncrementalDetokenizer(

@@ -25,6 +25,18 @@ class InvalidRequestError(EngineError, ValueError):
     reason = "INVALID_PARAMETER"
 
 
+class AlreadyExistsError(InvalidRequestError):
+    """A request id or adapter name that is in use already: the request is fine, its name is not."""
+
+    reason = "ALREADY_EXISTS"
+
+
+class NotEnabledError(InvalidRequestError):
+    """A feature this worker was not started with: the same request succeeds on a worker that has it."""
+
+    reason = "NOT_ENABLED"
+
+
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max_tokens exceed the model's context (or the whole KV cache)."""
 

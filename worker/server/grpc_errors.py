@@ -26,6 +26,8 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     "DRAINING": grpc.StatusCode.UNAVAILABLE,
     "DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,
     "INTERNAL": grpc.StatusCode.INTERNAL,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "NOT_ENABLED": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from common.gen import worker_pb2
-from worker.engine.errors import EngineError, InvalidRequestError
+from worker.engine.errors import AlreadyExistsError, EngineError, InvalidRequestError, NotEnabledError
 from worker.engine.lora_registry import LoraNotFoundError, LoraRef
 from worker.model.lora.adapter import LoraAdapterError
 
@@ -46,7 +46,7 @@ def adapter_list(manager) -> worker_pb2.LoraAdapterList:
 
 def _require(manager) -> None:
     if manager is None:
-        raise InvalidRequestError("LoRA adapters are not enabled on this worker (WORKER_ENABLE_LORA)")
+        raise NotEnabledError("LoRA adapters are not enabled on this worker (WORKER_ENABLE_LORA)")
 
 
 async def load(
@@ -67,7 +67,7 @@ async def load(
     except LoraAdapterError as exc:
         raise InvalidRequestError(str(exc), "lora_path") from None
     except ValueError as exc:  # the name is taken
-        raise InvalidRequestError(str(exc), "lora_name") from None
+        raise AlreadyExistsError(str(exc), "lora_name") from None
     return adapter_list(manager)
 
 
