@@ -152,7 +152,8 @@ class EmbeddingsServicer(cache_pb2_grpc.EmbeddingsServicer):
                 )
             if not request.inputs:
                 raise EmbeddingInputError("no input")
-            ids = [reader.token_ids(item, truncate) for item in request.inputs]
+            # On a thread: a long text takes ~1 s per MB to tokenize, and the lookups share this loop.
+            ids = await asyncio.to_thread(lambda: [reader.token_ids(i, truncate) for i in request.inputs])
         except EmbeddingInputError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise

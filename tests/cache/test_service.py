@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from cache_service.keys import MAX_MESSAGES
-from common.gen import cache_pb2
+from common.gen import cache_pb2, cache_pb2_grpc
 from tests.cache.keyutil import chat_key, lookup, store
 from tests.cache.procs import CacheService
 from tests.support.grpc_checks import serving_with_reflection
@@ -320,6 +320,23 @@ def test_a_huge_earlier_turn_is_matched_by_its_text_and_quickly(stub, cache_serv
     assert not lookup(stub, chat_key("What do they eat?", "t-huge", changed)).hit
     assert time.perf_counter() - started < 2.0
     assert _metric(url, LOOKUP_INPUTS) - encoded <= 2  # the questions, never the long turn
+
+
+def test_lookups_are_served_while_a_long_embeddings_input_is_tokenized(stub, cache_service) -> None:
+    """/v1/embeddings inputs were tokenized on the service's event loop: ~1 MB of text held every
+    tenant's lookups for as long (~0.8 s). The lookup sent after it now comes back first."""
+    with grpc.insecure_channel(cache_service.addr) as channel:
+        embeddings = cache_pb2_grpc.EmbeddingsStub(channel)
+        model = embeddings.GetEmbeddingModel(cache_pb2.EmbeddingModelRequest(), timeout=120).model
+        text = "The quick brown fox jumps over the lazy dog. " * 21000  # ~210,000 tokens: refused as too long
+        request = cache_pb2.EmbedRequest(model=model, inputs=[cache_pb2.EmbedInput(text=text)])
+        pending = embeddings.Embed.future(request, timeout=60)
+        time.sleep(0.1)  # the Embed is being tokenized
+        assert not lookup(stub, chat_key("Is the embeddings call still running?", "t-loop")).hit
+        assert not pending.done()
+        with pytest.raises(grpc.RpcError) as refused:
+            pending.result()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in refused.value.details()
 
 
 def test_a_semantic_hit_runs_the_model_once(stub, cache_service: CacheService) -> None:
