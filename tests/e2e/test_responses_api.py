@@ -307,7 +307,8 @@ def test_stream_disconnect_aborts_the_request(
                 break
         # Still generating when we leave: the worker's stats are its engine loop's last round, so poll.
         deadline = time.monotonic() + 10
-        while (running := worker_stub.GetStats(worker_pb2.StatsRequest())).num_running != 1:
+        # At least ours: a request another test left to the gateway (a retry) may start beside it.
+        while (running := worker_stub.GetStats(worker_pb2.StatsRequest())).num_running < 1:
             if time.monotonic() > deadline:  # say what ended it (this failed once under a full suite's load)
                 rest = [line for line in response.iter_lines() if line.startswith("event: ")]
                 raise AssertionError(f"the request is not running when we leave: {running}; then {rest[-3:]}")
