@@ -65,11 +65,17 @@ class EmbeddingRequest(_Strict):
         return list(value)  # type: ignore[arg-type]
 
 
+INPUT_EXPECTED = {
+    "input": "a string, a list of strings, a list of token ids (integers from 0 to 2**31 - 1), or a list "
+    "of such lists"
+}
+
+
 def parse_embedding_request(body: bytes) -> EmbeddingRequest:
     try:
         return EmbeddingRequest.model_validate_json(body, strict=True)
     except ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, INPUT_EXPECTED) from None
 
 
 def embed_request(req: EmbeddingRequest) -> cache_pb2.EmbedRequest:

@@ -409,8 +409,9 @@ UNION_EXPECTED = {
 }
 
 
-def validation_error(exc: ValidationError) -> APIError:
-    """The first problem, as `param: message`; union members' noise is replaced by what was expected."""
+def validation_error(exc: ValidationError, unions: dict[str, str] = UNION_EXPECTED) -> APIError:
+    """The first problem, as `param: message`; union members' noise is replaced by what was expected
+    (`unions`: field -> the shapes it takes, in words)."""
     errors = exc.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
@@ -421,8 +422,8 @@ def validation_error(exc: ValidationError) -> APIError:
         param, sep, text = message.partition(": ")
         return invalid_request(text, param=param) if sep and " " not in param else invalid_request(message)
     fields = [part for part in loc if part.isidentifier() and "[" not in part or part.isdigit()]
-    union_field = next((part for part in fields if part in UNION_EXPECTED), None)
+    union_field = next((part for part in fields if part in unions), None)
     if union_field and len(errors) > 1:
         where = ".".join(fields[: fields.index(union_field) + 1])
-        return invalid_request(f"{where}: Input should be {UNION_EXPECTED[union_field]}", param=loc[0])
+        return invalid_request(f"{where}: Input should be {unions[union_field]}", param=loc[0])
     return invalid_request(f"{'.'.join(fields)}: {message}", param=loc[0])
