@@ -175,3 +175,16 @@ def test_logprobs_cover_the_text_not_the_final_eos(loop, engine):
     assert final.logprobs == []
     assert all(len(o.logprobs) == len(o.token_ids) for o in outputs[:-1])
     assert "".join(p.chosen.token for o in outputs for p in o.logprobs) == "".join(o.text for o in outputs)
+
+
+def test_a_stop_string_before_min_tokens_stays_in_the_text(loop, engine):
+    """As vLLM: stop strings count only from min_tokens on; one met earlier is ordinary text, kept whole."""
+    prompt = PromptInput(text="Count: 1, 2, 3, 4, 5, 6, 7, 8,")
+    plain = SamplingParams(temperature=0.0, max_tokens=8)
+    free = loop.run_until_complete(_collect(engine, "count-free", prompt, plain))
+    free_text = "".join(o.text for o in free)  # " 9, 10, ": its first comma is its third token
+    second_comma = free_text.index(",", free_text.index(",") + 1)
+    params = SamplingParams(temperature=0.0, max_tokens=8, stop=[","], min_tokens=5)
+    outputs = loop.run_until_complete(_collect(engine, "count-stop", prompt, params))
+    assert outputs[-1].finish_reason == "stop"
+    assert "".join(o.text for o in outputs) == free_text[:second_comma]

@@ -29,8 +29,9 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self._decode_ids(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def add_token(self, token_id: int) -> bool:
-        """Append one token; return True if a stop string matched (the text is then truncated)."""
+    def add_token(self, token_id: int, check_stop: bool = True) -> bool:
+        """Append one token; return True if a stop string matched (the text is then truncated). With
+        `check_stop` false (the output is still short of min_tokens) stop strings are plain text."""
         self.token_ids.append(token_id)
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset :])
@@ -41,7 +42,7 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
         self.text += delta
-        return self._truncate_at_stop(search_from)
+        return check_stop and self._truncate_at_stop(search_from)
 
     def _truncate_at_stop(self, search_from: int) -> bool:
         """Cut the text at the first stop string to start (the longest starting there), or after it."""

@@ -292,8 +292,9 @@ class LLMEngine:
         self, request: Request, tokens: list[int], finished: list[Request], finished_ids: set[str]
     ) -> list[int]:
         """Feed this step's tokens to the detokenizer; on a stop string, finish the request there
-        and drop any later tokens of the step. A stop token that ended the request (EOS, stop_token_ids) is
-        not fed, as in vLLM, unless the request asked for it (include_stop_str_in_output)."""
+        and drop any later tokens of the step. Stop strings count from min_tokens on, as in vLLM: one met
+        earlier stays in the text. A stop token that ended the request (EOS, stop_token_ids) is not fed,
+        as in vLLM, unless the request asked for it (include_stop_str_in_output)."""
         detokenizer = self.detokenizers[request.request_id]
         before = request.num_output_tokens - len(tokens)
         text_tokens = tokens
@@ -301,7 +302,7 @@ class LLMEngine:
             if self._ended_on_stop_token(request, tokens[-1]):
                 text_tokens = tokens[:-1]
         for j, token in enumerate(text_tokens):
-            if detokenizer.add_token(token) and before + j + 1 >= request.params.min_tokens:
+            if detokenizer.add_token(token, check_stop=before + j + 1 >= request.params.min_tokens):
                 extra = len(tokens) - j - 1
                 if extra:
                     del request.output_token_ids[-extra:]
