@@ -57,6 +57,15 @@ def chat_logprobs(positions: list[worker_pb2.PositionLogprobs]) -> dict[str, Any
     }
 
 
+def _legacy_top(p: worker_pb2.PositionLogprobs, num_top: int | None = None) -> dict[str, float]:
+    """The chosen token and the top ones, as OpenAI's legacy `logprobs: k` ("up to k + 1 elements") and
+    vLLM's: with k = 0 the chosen token alone."""
+    top = {p.chosen.token: _logprob(p.chosen.logprob)}
+    for t in p.top[:num_top]:
+        top.setdefault(t.token, _logprob(t.logprob))
+    return top
+
+
 def completion_logprobs(positions: list[worker_pb2.PositionLogprobs], text_offset: int) -> dict[str, Any]:
     """Legacy completions shape; `text_offset` is where the first token starts in the completion text."""
     offsets = []
@@ -66,7 +75,7 @@ def completion_logprobs(positions: list[worker_pb2.PositionLogprobs], text_offse
     return {
         "tokens": [p.chosen.token for p in positions],
         "token_logprobs": [_logprob(p.chosen.logprob) for p in positions],
-        "top_logprobs": [{t.token: _logprob(t.logprob) for t in p.top} for p in positions],
+        "top_logprobs": [_legacy_top(p) for p in positions],
         "text_offset": offsets,
     }
 
@@ -75,9 +84,7 @@ def echo_logprobs(prompt: Positions, num_top: int) -> dict[str, Any]:
     """The prompt's part of legacy logprobs with `echo` (as OpenAI's): the first token has no logprob."""
     out = completion_logprobs(prompt, 0)
     out["token_logprobs"][:1] = [None]
-    out["top_logprobs"] = [None] + [
-        {t.token: _logprob(t.logprob) for t in p.top[:num_top]} for p in prompt[1:]
-    ]
+    out["top_logprobs"] = [None] + [_legacy_top(p, num_top) for p in prompt[1:]]
     return out
 
 

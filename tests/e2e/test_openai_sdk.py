@@ -152,6 +152,17 @@ def test_completion_logprobs_legacy_shape(client: openai.OpenAI) -> None:
     assert "".join(logprobs.tokens) == choice.text
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(5)]
     assert all(len(top) <= 2 and logprobs.tokens[i] in top for i, top in enumerate(logprobs.top_logprobs))
+    sampled = (
+        client.completions.create(
+            model=MODEL_NAME, prompt="My favourite word is", max_tokens=8, temperature=2.0, seed=3, logprobs=0
+        )
+        .choices[0]
+        .logprobs
+    )
+    assert [list(top) for top in sampled.top_logprobs] == [[token] for token in sampled.tokens]
+    assert [top[token] for token, top in zip(sampled.tokens, sampled.top_logprobs, strict=True)] == (
+        sampled.token_logprobs
+    ), "logprobs=0: the sampled token's own entry, as OpenAI's and vLLM's"
 
 
 def test_sdk_raises_typed_errors(client: openai.OpenAI) -> None:

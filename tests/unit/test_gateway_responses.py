@@ -20,7 +20,16 @@ def test_legacy_logprobs_offsets_continue_from_the_given_offset() -> None:
     assert shaped["tokens"] == [" Pa", "ris"]
     assert shaped["text_offset"] == [4, 7]
     assert shaped["token_logprobs"] == [-0.5, -9999.0], "-inf is not JSON"
-    assert shaped["top_logprobs"] == [{" Pa": -0.5}, {}]
+    assert shaped["top_logprobs"] == [{" Pa": -0.5}, {"ris": -9999.0}]
+
+
+def test_legacy_top_logprobs_hold_the_sampled_token_too() -> None:
+    """OpenAI's legacy `logprobs: k` gives up to k + 1 entries: the sampled token always among them, as in
+    vLLM; a researcher reading top_logprobs[i][tokens[i]] must find it whatever was sampled."""
+    shaped = completion_logprobs([position(" Lyon", -3.0, (" Paris", -0.25), (" the", -1.5))], 0)
+    assert shaped["top_logprobs"] == [{" Lyon": -3.0, " Paris": -0.25, " the": -1.5}]
+    shaped = completion_logprobs([position(" Paris", -0.25, (" Paris", -0.25), (" the", -1.5))], 0)
+    assert shaped["top_logprobs"] == [{" Paris": -0.25, " the": -1.5}], "k entries when it is among the top"
 
 
 def test_usage_counts_the_prompt_once() -> None:
