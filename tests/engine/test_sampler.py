@@ -129,16 +129,30 @@ def test_penalties_change_exactly_the_tokens_that_occurred():
     changed = logits.clone()
     sampler._apply_penalties(changed, batch)
     expected = logits.clone()
-    for row, request in enumerate(requests):
+    for row, request in enumerate(requests):  # vLLM's order: repetition first, then frequency and presence
         p = request.params
-        counts = torch.bincount(torch.tensor(request.output_token_ids), minlength=VOCAB).float()
-        expected[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
         seen = torch.zeros(VOCAB, dtype=torch.bool)
         seen[torch.tensor(request.all_token_ids)] = True
         values = expected[row]
         penalized = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
         expected[row] = torch.where(seen, penalized, values)
+        counts = torch.bincount(torch.tensor(request.output_token_ids), minlength=VOCAB).float()
+        expected[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
     torch.testing.assert_close(changed, expected)
+
+
+def test_bias_and_penalties_combine_in_vllms_order():
+    """vLLM's sampler: logit_bias, then the repetition penalty, then frequency and presence. The order shows
+    when they meet on one token, as a greedy pick between token 3 (penalized) and token 4 (untouched)."""
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3] = 1.0
+    logits[0, 4] = 0.05
+    both = make_request(prompt=[3], temperature=0.0, repetition_penalty=2.0, presence_penalty=0.8)
+    both.append_output_token(3)
+    assert _sample(logits, [both]).token_ids == [4]  # 1 / 2 - 0.8 < 0.05 (the other way: (1 - 0.8) / 2)
+    logits[0, 4] = 0.9
+    biased = make_request(prompt=[3], temperature=0.0, repetition_penalty=4.0, logit_bias={3: 1.0})
+    assert _sample(logits, [biased]).token_ids == [4]  # (1 + 1) / 4 < 0.9
 
 
 def test_min_tokens_bans_eos_and_stop_ids_until_reached():

@@ -177,18 +177,18 @@ def _token_pairs(tokens: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.
 
 
 def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
-    """OpenAI's frequency and presence penalties (per occurrence in the output, and once per token that
-    occurred) and the repetition penalty (HF's: divide positive logits, multiply negative ones, for tokens of
-    the prompt or the output). Each touches only the tokens that occurred, not the whole vocabulary."""
+    """In vLLM's order: the repetition penalty (HF's: divide positive logits, multiply negative ones, for
+    tokens of the prompt or the output), then OpenAI's frequency and presence penalties (per occurrence in
+    the output, and once per token that occurred). Each touches only the tokens that occurred."""
     vocab = logits.shape[1]
-    if batch.output_tokens is not None:
-        rows, ids, counts = _token_pairs(batch.output_tokens, vocab)
-        penalty = batch.frequency[rows] * counts.to(logits.dtype) + batch.presence[rows]
-        logits.index_put_((rows, ids), -penalty.to(logits.dtype), accumulate=True)
     if batch.repetition is not None:
         rows, ids, _ = _token_pairs(batch.seen_tokens, vocab)
         values, penalty = logits[rows, ids], batch.repetition[rows].to(logits.dtype)
         logits[rows, ids] = torch.where(values > 0, values / penalty, values * penalty)
+    if batch.output_tokens is not None:
+        rows, ids, counts = _token_pairs(batch.output_tokens, vocab)
+        penalty = batch.frequency[rows] * counts.to(logits.dtype) + batch.presence[rows]
+        logits.index_put_((rows, ids), -penalty.to(logits.dtype), accumulate=True)
 
 
 def _truncating_rows(batch: SamplingBatch) -> torch.Tensor:
@@ -333,12 +333,13 @@ def _native_draw(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Ten
 
 
 def _changed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Float32 copies of the rows with penalties, bias, bans, allowed tokens and grammars applied: what both
-    draws start from for rows that are not drawn from their logits as they are."""
+    """Float32 copies of the rows with bias, penalties, bans, allowed tokens and grammars applied: what both
+    draws start from for rows that are not drawn from their logits as they are. The bias goes before the
+    penalties, as in vLLM's sampler (the repetition penalty scales a biased logit)."""
     logits = logits.float().clone()
-    _apply_penalties(logits, batch)
     for row, ids, biases in batch.logit_bias:
         logits[row, ids] += torch.tensor(biases, device=logits.device)
+    _apply_penalties(logits, batch)
     for row, ids in batch.banned:
         logits[row, ids] = float("-inf")
     for row, ids in batch.allowed:  # every other token masked (vLLM's allowed_token_ids)
