@@ -1,6 +1,7 @@
 """The bundled SmolLM2-135M-Instruct through the async engine against transformers' generate."""
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from worker.engine.config import EngineConfig, KVCacheConfig, SchedulerConfig
 from worker.engine.errors import InvalidRequestError
 from worker.engine.outputs import PromptInput
-from worker.engine.sampling_params import SamplingParams
+from worker.engine.sampling_params import GrammarSpec, SamplingParams
 from worker.model.build import build_async_engine
 
 MODEL_DIR = "models/SmolLM2-135M-Instruct"
@@ -175,6 +176,18 @@ def test_logprobs_cover_the_text_not_the_final_eos(loop, engine):
     assert final.logprobs == []
     assert all(len(o.logprobs) == len(o.token_ids) for o in outputs[:-1])
     assert "".join(p.chosen.token for o in outputs for p in o.logprobs) == "".join(o.text for o in outputs)
+
+
+def test_a_completed_grammar_ends_the_output_before_min_tokens(loop, engine):
+    """A grammar that has nothing left to allow but its end wins over min_tokens: the row had every token
+    masked, drew token 0 (refused by the grammar) until min_tokens, and counted those tokens."""
+    choice = GrammarSpec("choice", json.dumps(["yes", "no"]))
+    params = SamplingParams(temperature=0.0, max_tokens=16, min_tokens=10, structured_output=choice)
+    prompt = PromptInput(text="Is the sky blue? Answer yes or no:")
+    outputs = loop.run_until_complete(_collect(engine, "grammar-min-tokens", prompt, params))
+    assert "".join(o.text for o in outputs) in ("yes", "no")
+    assert outputs[-1].finish_reason == "stop"
+    assert outputs[-1].usage.completion_tokens <= 3  # the answer's tokens and its end
 
 
 def test_a_stop_string_before_min_tokens_stays_in_the_text(loop, engine):

@@ -291,7 +291,8 @@ class Scheduler:
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
-        if request.num_output_tokens >= params.min_tokens:
+        # Below min_tokens the sampler masks stop tokens, unless a completed grammar allows nothing else.
+        if request.num_output_tokens >= params.min_tokens or request.grammar is not None:
             if not params.ignore_eos and token == request.eos_token_id:
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:

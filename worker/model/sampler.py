@@ -340,8 +340,6 @@ def _changed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     for row, ids, biases in batch.logit_bias:
         logits[row, ids] += torch.tensor(biases, device=logits.device)
     _apply_penalties(logits, batch)
-    for row, ids in batch.banned:
-        logits[row, ids] = float("-inf")
     for row, ids in batch.allowed:  # every other token masked (vLLM's allowed_token_ids)
         keep = torch.full_like(logits[row], float("-inf"))
         index = torch.tensor(ids, dtype=torch.long, device=logits.device)
@@ -349,6 +347,15 @@ def _changed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         logits[row] = keep
     if batch.grammars:
         _apply_grammars(logits, batch.grammars)
+    constrained = {row for row, _ in batch.grammars}
+    for row, ids in batch.banned:
+        index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        kept = logits[row, index].clone()
+        logits[row, index] = float("-inf")
+        if row in constrained and not torch.isfinite(logits[row]).any():
+            # The grammar is complete and allows only its end: that ends the output before min_tokens
+            # (the scheduler stops on it), rather than a draw from nothing.
+            logits[row, index] = kept
     return logits
 
 
