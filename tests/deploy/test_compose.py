@@ -38,6 +38,8 @@ APP_SETTINGS: dict[str, type[BaseSettings]] = {
     "cache_service": CacheSettings,
     "gateway": GatewaySettings,
 }
+# Read by the process, not its settings class: common/logs.py, which the worker and the gateway configure.
+PROCESS_VARIABLES: dict[str, set[str]] = {"worker": {"LOG_FORMAT"}, "gateway": {"LOG_FORMAT"}}
 EXPECTED_SERVICES = {"redis", "model-init", "worker", "cache_service", "gateway", "prometheus", "grafana"}
 
 
@@ -83,12 +85,28 @@ def test_every_environment_variable_is_read_by_the_service(
     cls = APP_SETTINGS[service]
     fields = settings_env_fields(cls)
     env = service_env(services[service])
-    unknown = sorted(set(service_env_names(services[service])) - set(fields))
+    unknown = sorted(
+        set(service_env_names(services[service])) - set(fields) - PROCESS_VARIABLES.get(service, set())
+    )
     assert not unknown, f"{service} sets variables its settings never read: {unknown}"
     settings = settings_for(service, services)
     for name, raw in env.items():
         field = fields[name]
         assert getattr(settings, field) == parse_as_field(cls, field, raw), name
+
+
+@pytest.mark.parametrize("service", sorted(PROCESS_VARIABLES))
+def test_process_variables_pass_through_to_the_services_that_read_them(
+    service: str, services: dict[str, dict[str, Any]]
+) -> None:
+    """LOG_FORMAT=json in the shell or .env reaches the worker and the gateway, as under `make run`."""
+    listed = set(service_env_names(services[service]))
+    assert PROCESS_VARIABLES[service] <= listed, (
+        f"{service}: list {PROCESS_VARIABLES[service] - listed} in compose"
+    )
+    assert not PROCESS_VARIABLES[service] & set(service_env(services[service])), (
+        "pass through, without a value"
+    )
 
 
 @pytest.mark.parametrize("service", sorted(APP_SETTINGS))
