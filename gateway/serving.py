@@ -95,6 +95,7 @@ class Serving:
         return req
 
     async def chat(self, raw: Request) -> Response:
+        deadline = self.pool.deadline()
         req: ChatCompletionRequest = await self._parse(raw, ChatCompletionRequest)
         meta = self._meta("chatcmpl", req, chat=True)
         tools = plan_tools(req)
@@ -104,12 +105,13 @@ class Serving:
         )
         try:
             generate = chat_request(req, meta.id, req.model, tools)
-            return await self._respond(raw, req, meta, decision, [generate], "messages", tools)
+            return await self._respond(raw, req, meta, decision, [generate], "messages", deadline, tools)
         except BaseException:
             self.cache.release(decision)
             raise
 
     async def completions(self, raw: Request) -> Response:
+        deadline = self.pool.deadline()
         req: CompletionRequest = await self._parse(raw, CompletionRequest)
         meta = self._meta("cmpl", req, chat=False)
         prompts = req.prompts()
@@ -128,7 +130,7 @@ class Serving:
                 completion_request(req, meta.id if len(prompts) == 1 else f"{meta.id}-{i}", req.model, prompt)
                 for i, prompt in enumerate(prompts)
             ]
-            return await self._respond(raw, req, meta, decision, generates, "prompt")
+            return await self._respond(raw, req, meta, decision, generates, "prompt", deadline)
         except BaseException:
             self.cache.release(decision)
             raise
@@ -159,12 +161,13 @@ class Serving:
         decision: CacheDecision,
         generates: list[worker_pb2.GenerateRequest],
         prompt_param: str,
+        deadline: float | None,
         tools: ToolPlan | None = None,
     ) -> Response:
         headers = decision.headers()
         if decision.hit is not None:
             return self._cached(meta, decision, bool(req.stream), headers)
-        stream = await self._start(raw, req, generates, prompt_param)
+        stream = await self._start(raw, req, generates, prompt_param, deadline)
         n = req.num_choices * len(generates)
         generation = Generation(meta, stream, decision, n, prompt_param, tools)
         if req.stream:
@@ -182,12 +185,13 @@ class Serving:
                 result = await until_disconnect(raw, self._collect(generation))
             except WorkerLost as lost:
                 # Nothing was sent yet: run it again where routing sends it now (the lost worker's calls fail
-                # at once, so it is skipped). Once only: a request that itself crashed its worker takes one
-                # more down at most. A stream can't be taken back: it ends in an error.
+                # at once, so it is skipped), within what is left of its deadline. Once only: a request that
+                # itself crashed its worker takes one more down at most. A stream can't be taken back: it ends
+                # in an error.
                 log.warning("a worker went away mid-generation (%s); running the request again", lost.error)
                 metrics.RETRIES.labels(req.model).inc()
                 generation.stream.cancel()
-                generation.stream = await self._start(raw, req, generates, prompt_param)
+                generation.stream = await self._start(raw, req, generates, prompt_param, deadline)
                 try:
                     result = await until_disconnect(raw, self._collect(generation))
                 except WorkerLost as again:
@@ -203,12 +207,14 @@ class Serving:
         req: ChatCompletionRequest | CompletionRequest,
         generates: list[worker_pb2.GenerateRequest],
         prompt_param: str,
+        deadline: float | None,
     ) -> MergedStream:
-        """One worker call per prompt, merged; calls already started are cancelled if a later one fails."""
+        """One worker call per prompt, merged, all within the request's deadline; calls already started are
+        cancelled if a later one fails."""
         streams: list[WorkerStream] = []
         try:
             for generate in generates:
-                started = self.pool.generate(generate, prompt_param, req.user)
+                started = self.pool.generate(generate, prompt_param, req.user, deadline)
                 streams.append(await until_disconnect(raw, started, WorkerStream.cancel))
         except BaseException:
             for started_stream in streams:

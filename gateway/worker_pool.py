@@ -166,10 +166,20 @@ class WorkerPool:
         return list(dict.fromkeys(found))
 
     # ---- generation ---------------------------------------------------------------------------------
+    def deadline(self) -> float | None:
+        """A request's deadline on time.monotonic(), GATEWAY_REQUEST_TIMEOUT_S from now; None: no timeout."""
+        return None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
+
     async def generate(
-        self, request: worker_pb2.GenerateRequest, prompt_param: str, user: str | None = None
+        self,
+        request: worker_pb2.GenerateRequest,
+        prompt_param: str,
+        user: str | None = None,
+        deadline: float | None = None,
     ) -> WorkerStream:
-        """Start a call on the first worker in routing order that takes it; raise APIError when none can."""
+        """Start a call on the first worker in routing order that takes it; raise APIError when none can.
+        `deadline`: the request's, taken at its arrival, so its every call (each prompt of a list, a run
+        again after its worker went away) shares it; unset: from now."""
         await self.start()
         replicas = {r.addr: r for r in self.replicas_for(request.model)}
         if not replicas:
@@ -182,7 +192,7 @@ class WorkerPool:
         share = self.key_shares.share(key, at_least=HOT_SHARE_MIN_REQUESTS)
         states = [r.state() for r in replicas.values()]
         order = self.router.order(key, states, self.key_calls[key], share, self._recent)
-        deadline = None if self.request_timeout_s is None else time.monotonic() + self.request_timeout_s
+        deadline = self.deadline() if deadline is None else deadline
         last_error: APIError | None = None
         self.key_calls[key] += 1  # counted from now, so that requests of a key arriving together see it
         try:

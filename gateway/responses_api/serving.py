@@ -81,6 +81,7 @@ class ResponsesServing:
         self.store = store
 
     async def create(self, raw: Request) -> Response:
+        deadline = self.pool.deadline()
         check_api_key(raw, self.settings.api_key)
         body = await read_body(raw, self.settings.gateway_max_body_bytes)
         try:
@@ -97,7 +98,7 @@ class ResponsesServing:
         builder = ResponseBuilder(new_id("resp"), fields)
         generate = chat_request(chat, builder.id, chat.model, tools)
         stream = await until_disconnect(
-            raw, self.pool.generate(generate, PROMPT_PARAM, req.user), WorkerStream.cancel
+            raw, self.pool.generate(generate, PROMPT_PARAM, req.user, deadline), WorkerStream.cancel
         )
         conversation = [item.model_dump(by_alias=True, exclude_none=True) for item in items]
         if req.stream:
@@ -115,7 +116,7 @@ class ResponsesServing:
                 metrics.RETRIES.labels(req.model).inc()
                 stream.cancel()
                 builder = ResponseBuilder(builder.id, fields, created_at=builder.created_at)
-                started = self.pool.generate(generate, PROMPT_PARAM, req.user)
+                started = self.pool.generate(generate, PROMPT_PARAM, req.user, deadline)
                 stream = await until_disconnect(raw, started, WorkerStream.cancel)
                 await until_disconnect(raw, _drain(self._steps(builder, stream, tools, tenant, conversation)))
         finally:

@@ -1,6 +1,7 @@
 """Time and shutdown on real processes: a hung engine turns readiness off and back on, SIGTERM drains
 each service with streams in flight and exits 0, and a worker killed mid-stream ends every stream
-with an OpenAI error event and [DONE] (a non-streaming request gets a 503).
+with an OpenAI error event and [DONE] (a non-streaming request runs again on another worker, within its
+deadline, or gets a 503 when there is none).
 
 Streams are held in flight on purpose with the worker's test hook WORKER_DEBUG_STALL_FILE: while that
 file exists the engine loop does not step.
@@ -376,6 +377,64 @@ def test_a_plain_request_whose_worker_dies_runs_again_on_another(
             tokens = _output_tokens(route, response.json())
             assert tokens == 150 if route == "chat" else 0 < tokens <= 150
         assert _gateway_metric(gateway, "llmserve_gateway_routing_retries_total") >= retries + 1
+    finally:
+        gateway.stop()
+        victim.stop()
+
+
+# A story no shorter than 10,000 characters: the grammar keeps a response going up to max_output_tokens.
+LONG_STORY = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 10000}},
+    "required": ["story"],
+}
+LONG_ROUTES = {  # a route and a request far longer than the gateway's deadline below
+    "chat": ("/v1/chat/completions", CHAT | {"max_tokens": 1500, "ignore_eos": True}),
+    "responses": (
+        "/v1/responses",
+        {
+            "model": MODEL_NAME,
+            "input": "Tell me a long story.",
+            "max_output_tokens": 1500,
+            "text": {"format": {"type": "json_schema", "name": "story", "schema": LONG_STORY}},
+        },
+    ),
+}
+REQUEST_TIMEOUT_S = 8.0
+
+
+@pytest.mark.parametrize("route", LONG_ROUTES)
+def test_a_request_run_again_keeps_its_deadline(worker: Service, log_dir: Path, route: str) -> None:
+    """GATEWAY_REQUEST_TIMEOUT_S bounds the whole request, over every try: a non-streamed request whose
+    worker dies halfway through its deadline runs again with what is left of it, not with a new one."""
+    victim = start_worker(f"worker-victim-deadline-{route}", log_dir)
+    gateway = start_gateway(
+        f"gateway-deadline-{route}",
+        log_dir,
+        f"{victim.addr},{worker.addr}",
+        ready=True,
+        GATEWAY_ROUTING="round_robin",
+        GATEWAY_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S),
+    )
+    try:
+        reported = f'llmserve_gateway_worker_running{{model="{MODEL_NAME}",worker="{victim.addr}"}}'
+        wait_for(
+            lambda: reported in httpx.get(f"{gateway.addr}/metrics").text, 30, "the victim's load reports"
+        )
+        path, body = LONG_ROUTES[route]
+        with ThreadPoolExecutor(2) as pool, grpc.insecure_channel(victim.addr) as channel:
+            sent_at = time.monotonic()
+            calls = [pool.submit(httpx.post, gateway.addr + path, json=body, timeout=60) for _ in range(2)]
+            stub = worker_pb2_grpc.WorkerStub(channel)  # round-robin: one request on each worker
+            wait_for(lambda: stub.GetStats(pb.StatsRequest()).num_running == 1, 30, "a request on the victim")
+            time.sleep(max(0.0, sent_at + REQUEST_TIMEOUT_S / 2 - time.monotonic()))
+            victim.proc.kill()
+            responses = [call.result(timeout=60) for call in calls]
+            elapsed = time.monotonic() - sent_at
+        for response in responses:
+            assert response.status_code == 504, response.text
+            assert response.json()["error"]["code"] == "request_timeout"
+        assert elapsed < REQUEST_TIMEOUT_S + 2.5, f"the rerun took a deadline of its own: {elapsed:.1f} s"
     finally:
         gateway.stop()
         victim.stop()
