@@ -37,3 +37,16 @@ def test_unknown_names_are_refused_by_both() -> None:
     assert set(LINEAR_BACKENDS) == {"auto", "amx", "onednn", "torch"}
     with pytest.raises(ValidationError, match="dtype"):
         WorkerSettings(dtype="float8")
+
+
+def test_the_served_name_follows_the_model_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As vLLM's --served-model-name follows --model: WORKER_MODEL alone names the model clients send, so
+    another model is never served (nor cached) under the default model's name."""
+    monkeypatch.setenv("WORKER_MODEL", "models/gemma-3-270m")
+    assert WorkerSettings().served_model_name == "gemma-3-270m"
+    assert WorkerSettings().engine_config().served_model_name == "gemma-3-270m"
+    monkeypatch.setenv("WORKER_SERVED_MODEL_NAME", "gemma")
+    assert WorkerSettings().served_model_name == "gemma"
+    monkeypatch.delenv("WORKER_MODEL")
+    monkeypatch.delenv("WORKER_SERVED_MODEL_NAME")
+    assert WorkerSettings().served_model_name == "SmolLM2-135M-Instruct"

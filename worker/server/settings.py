@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.cpus import cgroup_cpu_limit, default_threads, parse_cpu_list, usable_cpus
@@ -29,7 +29,7 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WORKER_", cli_parse_args=False, extra="ignore")
 
     model: str = EngineConfig.model
-    served_model_name: str = PurePath(EngineConfig.model).name  # the name clients send as `model`
+    served_model_name: str = ""  # the name clients send as `model`; "": the model directory's name, as vLLM's
     dtype: Literal[DTYPES] = EngineConfig.dtype  # type: ignore[valid-type]
     device: str = EngineConfig.device
     # unset: one per physical core of `cpus` (or of the CPUs it may use), within a container's CPU limit
@@ -68,6 +68,12 @@ class WorkerSettings(BaseSettings):
     def from_cli(cls, argv: list[str]) -> WorkerSettings:
         """Flags (`--model PATH --dtype bfloat16 ...`) override the WORKER_* environment."""
         return cls(_cli_parse_args=argv, _cli_prog_name="python -m worker")
+
+    @model_validator(mode="after")
+    def _served_name_of_the_model(self) -> WorkerSettings:
+        """Another WORKER_MODEL is served under its own name, never the default model's."""
+        self.served_model_name = self.served_model_name or PurePath(self.model).name
+        return self
 
     @field_validator("cpus")
     @classmethod
