@@ -11,10 +11,11 @@ from redis.exceptions import RedisError
 from cache_service.artifacts import ArtifactError
 from cache_service.artifacts import verify as verify_artifacts
 from common.grpc_server import skip_final_collection
+from common.logs import configure_logging
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()  # LOG_FORMAT=json: JSON lines, as the gateway and the worker
     try:
         verify_artifacts()  # the settings read the calibration: check it before they do
     except ArtifactError as exc:

@@ -1,4 +1,4 @@
-"""Logging set-up shared by the gateway and the worker: plain text, or JSON lines with LOG_FORMAT=json.
+"""Logging set-up shared by the services: plain text, or JSON lines with LOG_FORMAT=json.
 
 Each record carries the request id of the HTTP request (gateway) or gRPC call (worker) it was logged in,
 so one request can be followed across both processes.

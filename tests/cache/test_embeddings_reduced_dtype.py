@@ -3,6 +3,7 @@ float32 copy of the model, so its vectors are still sentence-transformers' own."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +20,18 @@ TEXTS = ["What is the capital of France?", "Paris is the capital of France.", "A
 
 @pytest.fixture(scope="module")
 def bf16_service(log_dir: Path, redis_url: str) -> Iterator[CacheService]:
-    service = start_cache_service(log_dir, redis_url, name="cache-bf16", CACHE_EMBEDDING_DTYPE="bfloat16")
+    service = start_cache_service(
+        log_dir, redis_url, name="cache-bf16", CACHE_EMBEDDING_DTYPE="bfloat16", LOG_FORMAT="json"
+    )
     yield service
     service.proc.stop()
+
+
+def test_log_format_json_gives_json_lines(bf16_service: CacheService) -> None:
+    lines = [line for line in bf16_service.proc.log_path.read_text().splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in lines]
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    assert any(r["logger"].startswith("cache_service") for r in records)
 
 
 def test_the_route_returns_float32_vectors_when_lookups_run_bfloat16(bf16_service: CacheService) -> None:

@@ -39,7 +39,11 @@ APP_SETTINGS: dict[str, type[BaseSettings]] = {
     "gateway": GatewaySettings,
 }
 # Read by the process, not its settings class: common/logs.py, which the worker and the gateway configure.
-PROCESS_VARIABLES: dict[str, set[str]] = {"worker": {"LOG_FORMAT"}, "gateway": {"LOG_FORMAT"}}
+PROCESS_VARIABLES: dict[str, set[str]] = {
+    "worker": {"LOG_FORMAT"},
+    "gateway": {"LOG_FORMAT"},
+    "cache_service": {"LOG_FORMAT"},
+}
 EXPECTED_SERVICES = {"redis", "model-init", "worker", "cache_service", "gateway", "prometheus", "grafana"}
 
 
@@ -99,7 +103,7 @@ def test_every_environment_variable_is_read_by_the_service(
 def test_process_variables_pass_through_to_the_services_that_read_them(
     service: str, services: dict[str, dict[str, Any]]
 ) -> None:
-    """LOG_FORMAT=json in the shell or .env reaches the worker and the gateway, as under `make run`."""
+    """LOG_FORMAT=json in the shell or .env reaches every service, as under `make run`."""
     listed = set(service_env_names(services[service]))
     assert PROCESS_VARIABLES[service] <= listed, (
         f"{service}: list {PROCESS_VARIABLES[service] - listed} in compose"
