@@ -52,7 +52,11 @@ class GatedRunner(ScriptedRunner):
 
 
 def build(
-    runner: ScriptedRunner, max_waiting: int = 1024, num_blocks: int = 512, **options: object
+    runner: ScriptedRunner,
+    max_waiting: int = 1024,
+    num_blocks: int = 512,
+    tokenizer: CharTokenizer | None = None,
+    **options: object,
 ) -> AsyncEngine:
     sched = SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, max_waiting=max_waiting
@@ -60,7 +64,8 @@ def build(
     config = EngineConfig(scheduler=sched, kv_cache=KVCacheConfig(block_size=4, num_blocks=num_blocks))
     info = ModelInfo("char", 256, 4, num_blocks, "float32", "cpu", 8, 128)
     scheduler = Scheduler(sched, BlockManager(num_blocks, 4, True))
-    return AsyncEngine(lambda: LLMEngine(config, scheduler, runner, CharTokenizer(), info, None), **options)
+    tokenizer = tokenizer or CharTokenizer()
+    return AsyncEngine(lambda: LLMEngine(config, scheduler, runner, tokenizer, info, None), **options)
 
 
 async def run_one(engine: AsyncEngine, request_id: str, max_tokens: int, n: int = 1) -> str:

@@ -48,13 +48,31 @@ def error_detail(reason: str, param: str | None = None) -> worker_pb2.ErrorDetai
     return worker_pb2.ErrorDetail(reason=value, param=param or "")
 
 
+def _trailer(reason: str, param: str | None) -> tuple[tuple[str, bytes], ...]:
+    return ((ERROR_TRAILER, error_detail(reason, param).SerializeToString()),)
+
+
 async def abort_with(
     context: grpc.aio.ServicerContext, reason: str, message: str, param: str | None = None
 ) -> NoReturn:
     """End the call with the reason's status code, the message and the ErrorDetail trailer."""
-    trailer = ((ERROR_TRAILER, error_detail(reason, param).SerializeToString()),)
-    await context.abort(STATUS_BY_REASON[reason], message, trailing_metadata=trailer)
+    await context.abort(STATUS_BY_REASON[reason], message, trailing_metadata=_trailer(reason, param))
     raise AssertionError("context.abort returned")  # it always raises
+
+
+def end_with(context: grpc.aio.ServicerContext, reason: str, message: str, param: str | None = None) -> None:
+    """Set what abort_with sends; the handler then returns. For Generate, which refuses prompts of up to
+    megabytes: gRPC keeps an abort's exception in the call's state, and the frames of its traceback (the
+    request, the context, the engine error it chained to) make a cycle with that state, so each refused
+    prompt stayed in memory until a full garbage collection, rare in a process holding a model."""
+    context.set_code(STATUS_BY_REASON[reason])
+    context.set_details(message)
+    context.set_trailing_metadata(_trailer(reason, param))
+
+
+def end_for(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """end_with for an engine error."""
+    end_with(context, reason_of(exc), str(exc) or type(exc).__name__, getattr(exc, "param", None))
 
 
 async def abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:

@@ -22,7 +22,7 @@ from worker.engine.output_stream import TokenBatcher
 from worker.engine.outputs import PromptInput, RequestOutput, TokenLogprob
 from worker.engine.sampling_params import SamplingParams
 from worker.server import lora_rpc
-from worker.server.grpc_errors import abort_for, abort_with, status_of
+from worker.server.grpc_errors import abort_for, end_for, end_with, status_of
 from worker.server.proto_inputs import chat_prompt, grammar_spec
 
 log = logging.getLogger(__name__)
@@ -138,20 +138,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """Errors end the call with a status set, never a raised abort (grpc_errors.end_with says why)."""
         try:
-            lora = lora_rpc.resolve_model(self.engine.lora, self.engine.model_info.model_name, request.model)
-        except EngineError as exc:
-            await abort_for(context, exc)
-        request_id = request.request_id or uuid.uuid4().hex
-        REQUEST_ID.set(dict(context.invocation_metadata() or ()).get("x-request-id", request_id))
-        log.info("request %s received", request_id)
-        try:
-            prompt = prompt_from_proto(request)
-            params = params_from_proto(request.params)
-            check_params_for_model(params, self.engine.model_info.vocab_size)
-        except (InvalidRequestError, ValueError) as exc:
-            await abort_for(context, exc)
-        stream = self.engine.generate(request_id, prompt, params, lora)
+            stream = self._start(request, context)
+        except (EngineError, ValueError) as exc:
+            end_for(context, exc)
+            return
         batcher = TokenBatcher(self.stream_interval)
         deadline = _deadline(context)
         try:
@@ -165,15 +157,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if ready is not None:
                     yield output_to_proto(ready)
         except TimeoutError:  # the stream was closed by the timeout, which aborted the request
-            await abort_with(context, "DEADLINE_EXCEEDED", "the request's deadline passed; it was aborted")
+            end_with(context, "DEADLINE_EXCEEDED", "the request's deadline passed; it was aborted")
         except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
             if status_of(exc) == grpc.StatusCode.INTERNAL:
-                log.exception("request %s failed", request_id)
-            await abort_for(context, exc)
+                log.exception("request %s failed", REQUEST_ID.get())
+            end_for(context, exc)
         finally:
             await stream.aclose()  # a no-op when finished; otherwise aborts the request in the engine
+
+    def _start(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's engine stream, not started yet; EngineError or ValueError for a bad request."""
+        lora = lora_rpc.resolve_model(self.engine.lora, self.engine.model_info.model_name, request.model)
+        request_id = request.request_id or uuid.uuid4().hex
+        REQUEST_ID.set(dict(context.invocation_metadata() or ()).get("x-request-id", request_id))
+        log.info("request %s received", request_id)
+        prompt = prompt_from_proto(request)
+        params = params_from_proto(request.params)
+        check_params_for_model(params, self.engine.model_info.vocab_size)
+        return self.engine.generate(request_id, prompt, params, lora)
 
     async def Abort(
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
