@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -12,7 +13,7 @@ from typing import Any
 import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from common.gen import worker_pb2
 from gateway import observability
@@ -32,21 +33,53 @@ from gateway.worker_request import chat_request, completion_request
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+WRITE_GRACE_S = 5.0  # past the request's deadline, for a stream's last event to reach a client that reads
 
 
 class ClosingStreamingResponse(StreamingResponse):
     """Runs `on_close` however the response ends (done, error, or client gone), so the worker call
-    is cancelled at once instead of whenever the body generator is garbage collected."""
+    is cancelled at once instead of whenever the body generator is garbage collected.
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs: Any) -> None:
+    Its writes end `timeout_s` (GATEWAY_REQUEST_TIMEOUT_S) plus a grace after it starts, as its worker call
+    does: a client that stops reading but keeps its connection open would otherwise hold the stream, what is
+    buffered for it and its worker's in-flight count for as long as it likes. The grace lets a client that
+    reads get the deadline's error event."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        on_close: Callable[[], None],
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(content, **kwargs)
         self.on_close = on_close
+        loop = asyncio.get_running_loop()
+        self.write_deadline = None if timeout_s is None else loop.time() + timeout_s + WRITE_GRACE_S
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, self._bounded(send))
+        except WriteDeadlinePassed:
+            log.warning("a client read nothing until its request's deadline passed; its stream is ended")
         finally:
             self.on_close()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]  # its `finally` runs now
+
+    def _bounded(self, send: Send) -> Send:
+        async def send_by_the_deadline(message: Message) -> None:
+            try:
+                async with asyncio.timeout_at(self.write_deadline):
+                    await send(message)
+            except TimeoutError:
+                raise WriteDeadlinePassed from None
+
+        return send_by_the_deadline
+
+
+class WriteDeadlinePassed(Exception):
+    """A write to the client waited past the request's deadline (not an OSError: Starlette would take that
+    for a client that left)."""
 
 
 class WorkerLost(Exception):
@@ -178,7 +211,11 @@ class Serving:
                 self.cache.release(decision)
 
             return ClosingStreamingResponse(
-                body, close, media_type="text/event-stream", headers=headers | SSE_HEADERS
+                body,
+                close,
+                self.settings.gateway_request_timeout_s,
+                media_type="text/event-stream",
+                headers=headers | SSE_HEADERS,
             )
         try:
             try:
