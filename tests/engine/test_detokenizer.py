@@ -1,5 +1,7 @@
 """Incremental detokenization with the real tokenizer: multi-byte characters and stop strings."""
 
+from pathlib import Path
+
 import pytest
 
 from worker.engine.detokenizer import IncrementalDetokenizer, TokenTexts
@@ -82,3 +84,42 @@ def test_the_rust_decode_gives_the_text_transformers_decode_gives(tokenizer, ski
         streamed.append(detok.take_delta(final=False))
     streamed.append(detok.take_delta(final=True))
     assert "".join(streamed) == tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+GEMMA_DIR = Path("models/gemma-3-270m")
+needs_gemma = pytest.mark.skipif(
+    not (GEMMA_DIR / "config.json").exists(), reason="python -m tools.fetch_model --model gemma-3-270m"
+)
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer():
+    return load_tokenizer(str(GEMMA_DIR))
+
+
+@needs_gemma
+def test_sentencepiece_token_texts_are_their_characters_and_bytes(gemma_tokenizer):
+    """Gemma's pieces are text (`▁` for a space) with byte-fallback pieces `<0xF0>`, not byte-level BPE's
+    alphabet: `über` is one token whose text is `über`, not a byte 0xFC; `Ā` is not a NUL byte."""
+    texts = TokenTexts(gemma_tokenizer)
+    text = "über Straße café naïve Ā 日本語 𝔘"
+    ids = gemma_tokenizer.encode(text, add_special_tokens=False)
+    assert "<0xF0>" in gemma_tokenizer.convert_ids_to_tokens(ids), "the sample must use byte fallback"
+    assert b"".join(texts.lookup(t)[1] for t in ids) == text.encode()
+    uber = gemma_tokenizer.encode("über", add_special_tokens=False)
+    assert [texts.lookup(t) for t in uber] == [("über", "über".encode())]
+    assert texts.lookup(gemma_tokenizer.convert_tokens_to_ids("Ā")) == ("Ā", "Ā".encode())
+
+
+@needs_gemma
+def test_sentencepiece_multibyte_characters_stream_whole(gemma_tokenizer):
+    text = "über Straße café naïve Ā 日本語 𝔘 🎉"
+    ids = gemma_tokenizer.encode(text)
+    detok = IncrementalDetokenizer(gemma_tokenizer, [])
+    deltas = []
+    for token in ids:
+        detok.add_token(token)
+        deltas.append(detok.take_delta(final=False))
+    deltas.append(detok.take_delta(final=True))
+    assert "".join(deltas) == gemma_tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert not any("\ufffd" in d for d in deltas)

@@ -8,6 +8,7 @@ asked for it (vLLM's include_stop_str_in_output).
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 
@@ -104,18 +105,36 @@ def _byte_level_map() -> dict[str, int]:
     return _BYTE_LEVEL_CHARS
 
 
+_BYTE_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _pieces_are_byte_level(tokenizer) -> bool:
+    """Whether the vocabulary is written in byte-level BPE's alphabet (GPT-2's, SmolLM2's, Llama 3's: each
+    character one byte), not as text pieces (SentencePiece's: `▁` a space, `<0xF0>` a byte; Gemma's)."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
+
+
 class TokenTexts:
     """Text and raw bytes of single tokens, for logprobs."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.byte_level = _pieces_are_byte_level(tokenizer)
         self.lookup = lru_cache(maxsize=65536)(self._lookup)
 
     def _lookup(self, token_id: int) -> tuple[str, bytes]:
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        table = _byte_level_map()
-        if isinstance(piece, str) and piece and all(ch in table for ch in piece):
-            raw = bytes(table[ch] for ch in piece)
-        else:
+        raw = self._piece_bytes(piece) if isinstance(piece, str) and piece else None
+        if raw is None:
             raw = self.tokenizer.decode([token_id]).encode("utf-8")
         return raw.decode("utf-8", errors="replace"), raw
+
+    def _piece_bytes(self, piece: str) -> bytes | None:
+        """The bytes a piece stands for where the decoded text cannot say (part of a character); None: the
+        piece is whole text."""
+        if not self.byte_level:
+            fallback = _BYTE_FALLBACK_PIECE.fullmatch(piece)
+            return bytes([int(fallback.group(1), 16)]) if fallback else None
+        table = _byte_level_map()
+        return bytes(table[ch] for ch in piece) if all(ch in table for ch in piece) else None
