@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from common.gen import worker_pb2
+from gateway.errors import invalid_request
 from gateway.protocol import (
     INT32_MAX,
     ChatMessage,
@@ -69,9 +70,7 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
         call = worker_pb2.TokenizeRequest(chat=chat_prompt(req, tools_json if req.tools else ""))
     else:
         call = worker_pb2.TokenizeRequest(text=req.prompt, add_special_tokens=req.add_special_tokens)
-    if req.model is not None:
-        await pool.check_model(req.model)
-    reply = await pool.tokenize(call, req.model)
+    reply = await pool.tokenize(call, await _named_model(pool, req.model))
     return {
         "count": len(reply.token_ids),
         "max_model_len": reply.max_model_len,
@@ -83,6 +82,20 @@ async def tokenize(pool: WorkerPool, body: bytes) -> dict:
 async def detokenize(pool: WorkerPool, body: bytes) -> dict:
     req = parse(DetokenizeRequest, body)
     assert isinstance(req, DetokenizeRequest)
-    if req.model is not None:
-        await pool.check_model(req.model)
-    return {"prompt": await pool.detokenize(req.tokens, req.model, param="tokens")}
+    model = await _named_model(pool, req.model)
+    return {"prompt": await pool.detokenize(req.tokens, model, param="tokens")}
+
+
+async def _named_model(pool: WorkerPool, model: str | None) -> str | None:
+    """The model whose tokenizer answers: the one named, else the only one served. With several models an
+    unnamed request is refused (as vLLM's, `model` is optional): any worker's answer would be some model's
+    count or text, whichever answered."""
+    if model is not None:
+        await pool.check_model(model)
+        return model
+    await pool.start()
+    served = pool.served_models()
+    if len(served) > 1:
+        message = f"model: this gateway serves several models ({', '.join(served)}); name the one to use"
+        raise invalid_request(message, param="model")
+    return None

@@ -95,6 +95,11 @@ def test_two_models_behind_one_gateway(log_dir: Path, workers: tuple[Worker, Wor
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         tokenized = httpx.post(f"{gateway.url}/tokenize", json={"model": OTHER, "prompt": "Hi"}, timeout=30)
         assert tokenized.json()["max_model_len"] == 512
+        for route, body in (("tokenize", {"prompt": "Hi"}), ("detokenize", {"tokens": [1, 2]})):
+            # Whose tokenizer? Any worker's answer would be a count or text of some model, silently.
+            unnamed = httpx.post(f"{gateway.url}/{route}", json=body, timeout=30)
+            assert unnamed.status_code == 400 and unnamed.json()["error"]["param"] == "model"
+            assert MODEL in unnamed.json()["error"]["message"] and OTHER in unnamed.json()["error"]["message"]
         assert httpx.get(f"{gateway.url}/ready", timeout=30).json()["models"] == [MODEL, OTHER]
     finally:
         gateway.service.stop()
