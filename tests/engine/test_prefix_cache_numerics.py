@@ -75,12 +75,16 @@ def test_a_prompts_last_token_alone_is_a_prefill_chunk_and_a_generated_one_a_dec
     assert decode.meta.num_decodes == 1 and decode.meta.prefills == []
 
 
-def sampled_logits(runner: ModelRunner, scheduler, prompt: list[int], preempt_after: int | None) -> list:
+def sampled_logits(
+    runner: ModelRunner, scheduler, prompt: list[int], preempt_after: int | None, steps: list | None = None
+) -> list:
     """Greedy to the end, the logits of every step that samples; preempted once after `preempt_after`
-    generated tokens (freed and queued again, as the scheduler does when blocks run out)."""
+    generated tokens (freed and queued again, as the scheduler does when blocks run out). `steps` gets
+    each step's (first position, tokens run)."""
     request = make_request(prompt=prompt, max_tokens=12)
     scheduler.add_request(request)
     logits: list[torch.Tensor] = []
+    steps = [] if steps is None else steps
     while scheduler.num_unfinished:
         if (
             preempt_after is not None
@@ -91,6 +95,7 @@ def sampled_logits(runner: ModelRunner, scheduler, prompt: list[int], preempt_af
             scheduler._preempt(request)
             preempt_after = None
         plan = scheduler.schedule()
+        steps.append((plan.scheduled[0].start, plan.scheduled[0].num_new_tokens))
         inputs = runner.prepare(plan)
         step = runner.model.forward(
             inputs.input_ids, inputs.positions, inputs.meta, runner.kv_caches, inputs.logits_indices
@@ -105,14 +110,18 @@ def sampled_logits(runner: ModelRunner, scheduler, prompt: list[int], preempt_af
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_a_preempted_request_resumes_with_the_logits_it_had(runner, prefix_caching):
-    """Its generated tokens are computed again one per step, as decodes, as they were first: recomputed in
-    one prefill chunk they came out a bfloat16 rounding away, and every later step's logits with them."""
+    """Its generated tokens are computed again in one step, each as a decode row, as they were first
+    computed: recomputed as a prefill chunk they came out a bfloat16 rounding away, and every later step's
+    logits with them (and one decode step per token took a preempted request's whole output as long again)."""
     prompt = [(3 * i + 2) % 250 + 1 for i in range(2 * BLOCK + 2)]
     alone = sampled_logits(runner, make_scheduler(128, BLOCK, 64, prefix_caching=False), prompt, None)
     scheduler = make_scheduler(128, BLOCK, 64, prefix_caching=prefix_caching)
     # 6 generated (5 of them fed back): the cache keeps 3 full blocks (12 tokens), so 4 generated tokens run
     # again; without the cache the 10 prompt tokens and the 6 generated ones
-    resumed = sampled_logits(runner, scheduler, prompt, 6)
+    steps: list[tuple[int, int]] = []
+    resumed = sampled_logits(runner, scheduler, prompt, 6, steps)
     assert scheduler.num_preemptions == 1 and len(resumed) == len(alone) == 12
+    replay = [(12, 4)] if prefix_caching else [(0, 10), (10, 6)]  # (first position, tokens) after preemption
+    assert steps[6 : 6 + len(replay)] == replay  # the prompt, 5 decodes, then the replay
     for step_alone, step_resumed in zip(alone, resumed, strict=True):
         assert torch.equal(step_alone, step_resumed)

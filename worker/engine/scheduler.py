@@ -65,15 +65,12 @@ class SchedulerOutput:
 
 
 def tokens_to_run(request: Request, start: int, budget: int) -> int:
-    """How many known tokens a request computes from `start` this step. A prompt runs in chunks of the
-    budget; generated tokens (a preempted request's, resuming) one per step, as their decode steps first
-    computed them: the decode kernels round a bfloat16 row otherwise than a prefill chunk does, so a
-    recomputed chunk would change the logits that follow (and a greedy token or a seeded sample with
-    them). With the prefix cache on, only the tokens past its full blocks run so (the last, partial block,
-    unless blocks were evicted meanwhile)."""
-    if start < request.num_prompt_tokens:
-        return min(request.num_prompt_tokens - start, budget)
-    return min(request.num_tokens - start, 1)
+    """How many known tokens a request computes from `start` this step, in chunks of the budget: the prompt
+    first, then the generated tokens of a preempted request resuming, never both in one step. The runner
+    computes each generated token as a decode row, as its decode step first computed it (a prefill chunk
+    rounds a bfloat16 row otherwise, and would change the logits that follow)."""
+    end = request.num_prompt_tokens if start < request.num_prompt_tokens else request.num_tokens
+    return min(end - start, budget)
 
 
 class Scheduler:

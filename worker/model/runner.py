@@ -149,7 +149,8 @@ class ModelRunner:
 
     def _prepare_batch(self, items: list[ScheduledRequest]) -> StepInputs:
         """Any step: decodes, prefill chunks, draft tokens, prompt logprobs."""
-        num_decodes = sum(1 for s in items if _is_decode(s))
+        num_decode_items = sum(1 for s in items if _is_decode(s))
+        num_decodes = sum(s.num_new_tokens for s in items[:num_decode_items])  # decode rows
         dev = self.device
         bs = self.block_size
         input_ids: list[int] = []
@@ -176,9 +177,12 @@ class ModelRunner:
             native_prefill=self.attention_backend == "native",
         )
         if num_decodes:
-            dec_ctx = context_lens[:num_decodes]
+            # One row per token: each sees its sequence's cache up to itself (all of the step's K/V is
+            # written before attention reads it), as if its own decode step computed it.
+            dec_ctx = positions[:num_decodes] + 1
             dec_blocks = int((dec_ctx.max() + bs - 1) // bs)
-            meta.decode_block_tables = block_tables[:num_decodes, :dec_blocks].contiguous().to(dev)
+            dec_tables = block_tables[seq_of_token[:num_decodes], :dec_blocks]
+            meta.decode_block_tables = dec_tables.contiguous().to(dev)
             meta.decode_context_lens = dec_ctx.contiguous().to(dev)
             if self.attention_backend == "native":
                 meta.native_decode = True
@@ -186,7 +190,7 @@ class ModelRunner:
                 span = torch.arange(dec_blocks * bs)
                 mask = span.unsqueeze(0) >= dec_ctx.unsqueeze(1)
                 meta.decode_mask = mask.view(1, num_decodes, 1, -1).to(dev)
-        for i in range(num_decodes, len(items)):
+        for i in range(num_decode_items, len(items)):
             ctx = int(context_lens[i])
             meta.prefills.append(
                 PrefillChunk(
@@ -327,12 +331,14 @@ class ModelRunner:
 
 
 def _is_decode(item: ScheduledRequest) -> bool:
-    """One token past the prompt. A prompt's last token alone (the rest of it from the prefix cache) is a
-    prefill chunk of one: run by the decode kernels, its logits and K/V differed from the same prompt's
-    prefilled whole by a bfloat16 rounding, enough to change a seeded sample with the cache's state."""
-    return item.num_new_tokens == 1 and item.start >= item.request.num_prompt_tokens
+    """Tokens past the prompt, each run as a decode row: the next token, draft tokens after it, or the
+    generated tokens of a preempted request computed again (each row rounds as its own decode step did, so
+    a resumed request and a speculative one compute the logits plain decoding does). A prompt's last token
+    alone (the rest of it from the prefix cache) is a prefill chunk of one: run by the decode kernels, its
+    logits and K/V differed from the same prompt's prefilled whole by a bfloat16 rounding."""
+    return item.start >= item.request.num_prompt_tokens
 
 
 def _plain_decode(item: ScheduledRequest) -> bool:
-    """A decode and nothing else to compute: no draft tokens, no prompt logprobs."""
-    return _is_decode(item) and not item.request.wants_prompt_logprobs
+    """One decode row and nothing else to compute: no draft tokens, no prompt logprobs."""
+    return item.num_new_tokens == 1 and _is_decode(item) and not item.request.wants_prompt_logprobs
