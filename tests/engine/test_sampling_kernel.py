@@ -167,7 +167,7 @@ def _kept_by_torch_path(logits: torch.Tensor, top_k: int, top_p: float, min_p: f
 )
 @pytest.mark.parametrize("scale", [0.5, 4.0])  # a flat row and a peaked one
 def test_top_k_and_min_p_rows_draw_from_what_the_torch_path_keeps(ops, top_k, top_p, min_p, scale):
-    """top-k, then top-p over what it keeps, then min-p, in the torch path's order: every draw of 300
+    """min-p, then top-k, then top-p over what they keep, in the torch path's order: every draw of 300
     uniforms is a token the torch path keeps (top-p's edge within float32 rounding of the running mass, as
     above), and top-k's k-th token, the row's largest and nothing past k are drawn as they should be."""
     gen = torch.Generator().manual_seed(int(scale * 10) + top_k + int(top_p * 100) + int(min_p * 1000))
@@ -218,6 +218,22 @@ def test_min_p_and_top_k_follow_the_distribution_they_leave(ops):
         counts["min_p"][:4] / 3000, torch.tensor([4 / 9, 3 / 9, 2 / 9, 0]), atol=0.03, rtol=0
     )
     assert counts["top_k"][4:].sum() == 0 and counts["min_p"][4:].sum() == 0
+
+
+def test_min_p_goes_before_top_p_as_in_vllm(ops):
+    """min-p first, then top-p over the mass it kept (vLLM's sampler order). Over [0.35, 0.25, 0.2, 0.2],
+    min-p 0.6 keeps the first two ([0.58, 0.42] of what is left) and top-p 0.5 then keeps only the first;
+    top-p first (over the whole row) kept two, and both were drawn."""
+    probs = torch.tensor([0.35, 0.25, 0.2, 0.2] + [1e-9] * 60)
+    logits = probs.log().unsqueeze(0)
+    assert _kept_by_torch_path(logits[0], 0, 0.5, 0.6) == {0}
+    out = torch.empty(1, dtype=torch.long)
+    drawn = set()
+    for u in torch.rand(300, generator=torch.Generator().manual_seed(7)).clamp_(min=2.0**-30).tolist():
+        args = (logits, torch.tensor([1.0]), torch.tensor([u]), out)
+        ops.sample_rows(*args, torch.tensor([0.5]), None, torch.tensor([0.6]))
+        drawn.add(int(out[0]))
+    assert drawn == {0}
 
 
 def test_the_kernel_refuses_a_negative_top_k(ops):

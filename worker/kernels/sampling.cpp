@@ -9,10 +9,10 @@
 // same distribution (float32 sums in another order). A row whose inverse temperature is 0 gets the argmax
 // (the first largest entry; a NaN counts as largest, as torch's argmax).
 //
-// Truncation, each optional and per row, in the torch path's order (worker/model/sampler.py): top_k (0: off)
-// keeps the k most likely entries; top_p (1: off) then keeps the nucleus of what is left (the most likely
-// entries, each kept while the mass before it is at most p of the kept mass); min_p (0: off) then drops the
-// entries less likely than min_p times the most likely one. None sorts the row: the entries are bucketed by
+// Truncation, each optional and per row, in vLLM's order, as the torch path (worker/model/sampler.py): min_p
+// (0: off) drops the entries less likely than min_p times the most likely one; top_k (0: off) keeps the k
+// most likely of the rest; top_p (1: off) then keeps the nucleus of what is left (the most likely entries,
+// each kept while the mass before it is at most p of the kept mass). None sorts the row: the entries are bucketed by
 // float exponent (256 buckets, in order, as positive floats order by their bits), counted (top-k) or their
 // mass summed (top-p), and only the bucket where the count or the running mass from the top passes its
 // bound is sorted; min-p is a plain threshold. The entries below the last kept value are zeroed before the
@@ -176,11 +176,12 @@ struct Truncation {
   bool any() const { return top_k > 0 || top_p < 1.f || min_p > 0.f; }
 };
 
-// The smallest value a row keeps after top-k, top-p and min-p, in that order (0: all kept). e's largest
-// entry is exactly 1 (exp of 0), so min-p's bound is min_p itself.
+// The smallest value a row keeps after min-p, top-k and top-p, in that order (0: all kept). e's largest
+// entry is exactly 1 (exp of 0), so min-p's bound is min_p itself; the k-th largest entry overall is the k-th
+// of what min-p kept, or below min_p when it kept fewer (then all of those are kept).
 float kept_floor(const float* e, int64_t n, float total, const Truncation& t, std::vector<float>& bucket) {
-  float floor = 0.f;
-  if (t.top_k > 0 && t.top_k < n) floor = kth_largest(e, n, t.top_k, bucket);
+  float floor = t.min_p;
+  if (t.top_k > 0 && t.top_k < n) floor = std::max(floor, kth_largest(e, n, t.top_k, bucket));
   if (t.top_p < 1.f) {
     float kept = total;
     if (floor > 0.f) {
@@ -189,7 +190,7 @@ float kept_floor(const float* e, int64_t n, float total, const Truncation& t, st
     }
     floor = std::max(floor, nucleus_floor(e, n, floor, t.top_p * kept, bucket));
   }
-  return std::max(floor, t.min_p);
+  return floor;
 }
 
 // Inverse CDF over one row: the total is the sum of the runs' sums in order, and the walk adds the same

@@ -203,7 +203,12 @@ def _truncating_rows(batch: SamplingBatch) -> torch.Tensor:
 
 
 def _apply_truncation(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """top-k, then top-p over what is left, then min-p; masked entries become -inf."""
+    """min-p, then top-k, then top-p over what is left (vLLM's order: top-p's mass is what min-p and
+    top-k kept); masked entries become -inf."""
+    if batch.min_p is not None:
+        probs = logits.softmax(dim=-1)
+        floor = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     rows = _truncating_rows(batch)
     if rows.numel():
         sorted_logits, order = logits.index_select(0, rows).sort(dim=-1, descending=True)
@@ -219,10 +224,6 @@ def _apply_truncation(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
         remove[:, 0] = False
         logits = logits.clone()
         logits[rows] = logits[rows].scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
-    if batch.min_p is not None:
-        probs = logits.softmax(dim=-1)
-        floor = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-        logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
 
 
