@@ -67,7 +67,7 @@ def assert_prompt_logprobs(hf_model, prompt: list[int], choice_outputs: list[Req
         token = prompt[position]
         assert entry.chosen.token_id == token and entry.chosen.token == f"<{token}>"
         torch.testing.assert_close(entry.chosen.logprob, float(row[token]), rtol=1e-4, atol=1e-4)
-        assert entry.chosen.rank == int((row > row[token]).sum()) + 1
+        assert entry.chosen.rank == int((row >= row[token]).sum())  # vLLM's: the last of its ties
         top_values, top_ids = row.topk(k)
         assert [t.token_id for t in entry.top] == top_ids.tolist()
         assert [t.rank for t in entry.top] == list(range(1, k + 1))
@@ -136,3 +136,13 @@ def test_max_tokens_zero_scores_the_prompt_and_samples_nothing(hf_model) -> None
         assert_prompt_logprobs(hf_model, prompt, [only], 2)
     (single,) = outputs["one"]
     assert single.finish_reason == "length" and len(single.prompt_logprobs) == 1
+
+
+def test_a_tied_prompt_token_ranks_last_among_its_equals_as_in_vllm() -> None:
+    """vLLM's rank counts the tokens at least as likely, itself included: tied with the top token, a prompt
+    token ranks 2, not 1 (bfloat16 logits tie often: 11 of 53 prompt positions of a probe)."""
+    from worker.model.sampler import gather_prompt_logprobs
+
+    logits = torch.tensor([[2.0, 2.0, 1.0, 0.0], [2.0, 2.0, 1.0, 0.0], [3.0, 2.0, 2.0, 0.0]])
+    entries = gather_prompt_logprobs(logits, torch.tensor([1, 2, 0]), 1)
+    assert [rank for _, rank, _, _ in entries] == [2, 3, 1]

@@ -252,11 +252,12 @@ def _gather_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, batch: Samp
 def gather_prompt_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, num_top: int
 ) -> list[tuple[float, int, list[int], list[float]]]:
-    """Per row: the target token's logprob under the raw logits, its rank (1 + how many tokens are
-    more likely) and the top `num_top` (ids, logprobs), best first."""
+    """Per row: the target token's logprob under the raw logits, its rank (vLLM's: how many tokens are at
+    least as likely, itself included, so a tie ranks it last among its equals and a rank of at most k means
+    it is among the top k) and the top `num_top` (ids, logprobs), best first."""
     logprobs = logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, targets.unsqueeze(1))
-    ranks = (logprobs > chosen).sum(dim=-1).add_(1).tolist()
+    ranks = (logprobs >= chosen).sum(dim=-1).tolist()
     if num_top:
         top_values, top_ids = logprobs.topk(num_top, dim=-1)
         top_values, top_ids = top_values.tolist(), top_ids.tolist()
