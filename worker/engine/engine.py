@@ -246,19 +246,22 @@ class LLMEngine:
                 request.grammar.accept(token)
         now = time.monotonic()
         ttfts, itls = [], []
+        num_generated = 0
         outputs: list[RequestOutput] = []
         finished_ids = {r.request_id for r in finished}
         per_request: dict[str, tuple[Request, list[int]]] = {}
         for request, token in new_tokens:  # several tokens per request when drafts were accepted
             per_request.setdefault(request.request_id, (request, []))[1].append(token)
         for request_id, (request, tokens) in per_request.items():
+            # Timed and counted once a stop string has cut the step's tokens: those after it are never sent.
+            tokens = self._apply_stop_strings(request, tokens, finished, finished_ids)
+            num_generated += len(tokens)
             if request.first_token_time is None:
                 request.first_token_time = now
                 ttfts.append(now - request.arrival_time)
             else:
                 itls.extend([(now - request.last_token_time) / len(tokens)] * len(tokens))
             request.last_token_time = now
-            tokens = self._apply_stop_strings(request, tokens, finished, finished_ids)
             logprobs = self._logprobs(tokens[0], by_request[request_id][1])
             ended_on_stop = request_id in finished_ids and self._ended_on_stop_token(request, tokens[-1])
             if logprobs and ended_on_stop and not request.params.include_stop_str_in_output:
@@ -276,7 +279,7 @@ class LLMEngine:
                 output = self._final_output(request, [])
                 output.prompt_logprobs = self._take_prompt_logprobs(request)
                 outputs.append(output)
-        stats = self._step_stats(plan, start, len(new_tokens), ttfts, itls)
+        stats = self._step_stats(plan, start, num_generated, ttfts, itls)
         finished_stats = self._aborted_stats + [self._finished_stats(r, now) for r in finished]
         self._aborted_stats = []
         return StepResult(outputs, stats, finished_stats)
