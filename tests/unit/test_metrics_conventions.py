@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cache_service.metrics import CacheMetrics
 from gateway import observability
+from gateway.settings import GatewaySettings
 from worker.server.metrics import FINISH_REASONS, WorkerMetrics
 
 
@@ -56,3 +57,30 @@ def test_worker() -> None:
     for reason in FINISH_REASONS:
         labels = frozenset({("model_name", "m"), ("finished_reason", reason)})
         assert got[("llmserve:request_success_total", labels)] == 0
+
+
+def highest_finite_bucket(registry: CollectorRegistry, name: str) -> float:
+    bounds = [
+        float(le)
+        for (n, labels), _ in samples(registry).items()
+        if n == name
+        for k, le in labels
+        if k == "le"
+    ]
+    return max(b for b in bounds if b != float("inf"))
+
+
+def test_request_durations_are_bucketed_up_to_the_request_deadline() -> None:
+    """A request may wait, and last, until GATEWAY_REQUEST_TIMEOUT_S (600 s by default): past the highest
+    finite bucket, histogram_quantile answers that bucket's bound, so a p99 would stop there unseen."""
+    deadline = GatewaySettings.model_fields["gateway_request_timeout_s"].default
+    worker = WorkerMetrics("m").registry
+    for name in (
+        "llmserve:time_to_first_token_seconds_bucket",
+        "llmserve:request_queue_time_seconds_bucket",
+        "llmserve:e2e_request_latency_seconds_bucket",
+    ):
+        assert highest_finite_bucket(worker, name) >= deadline, name
+    observability.REQUEST_LATENCY.labels("/v1/chat/completions")
+    gateway_bucket = highest_finite_bucket(REGISTRY, "llmserve_gateway_request_duration_seconds_bucket")
+    assert gateway_bucket >= deadline
