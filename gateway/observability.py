@@ -17,11 +17,14 @@ ROUTES = frozenset(
         "/v1/responses",
         "/v1/embeddings",
         "/v1/models",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
         "/tokenize",
         "/detokenize",
         "/health",
         "/ready",
         "/metrics",
+        "/openapi.json",
     }
 )
 # Up to GATEWAY_REQUEST_TIMEOUT_S's default (600 s): a longer request's duration past the last finite bound

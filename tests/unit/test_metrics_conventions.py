@@ -3,12 +3,16 @@ read present at 0 before the first event (common/prometheus.py)."""
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cache_service.metrics import CacheMetrics
 from gateway import observability
+from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from scripts.launch import free_port
 from worker.server.metrics import FINISH_REASONS, WorkerMetrics
 
 
@@ -41,6 +45,14 @@ def test_gateway_routes_are_labelled_by_name() -> None:
     for stored in ("/v1/responses/resp_1", "/v1/responses/resp_1/input_items"):
         assert observability.route_label(stored) == "/v1/responses/{response_id}"
     assert observability.route_label("/wp-login.php") == "other"
+
+
+def test_every_route_the_gateway_serves_has_a_label_of_its_own() -> None:
+    """Only paths the gateway does not serve (scanners) may fall into `other`."""
+    app = create_app(GatewaySettings(worker_addr=f"127.0.0.1:{free_port()}", cache_enabled=False))
+    paths = {re.sub(r"\{[^}]*\}", "x", route.path) for route in app.routes if hasattr(route, "path")}
+    assert "/v1/load_lora_adapter" in paths
+    assert {path for path in paths if observability.route_label(path) == "other"} == set()
 
 
 def test_cache_service() -> None:
