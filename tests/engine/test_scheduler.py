@@ -165,6 +165,20 @@ def test_prefix_cache_hits_are_counted_in_tokens():
     assert (bm.prefix_queries, bm.prefix_hits) == (38, 16)
 
 
+def test_a_preempted_request_resuming_is_no_prefix_cache_query():
+    """As vLLM's prefix_cache_queries/hits: only a request's first lookup counts. A victim resuming finds its
+    own blocks again; counted, it made the hit rate of prompts that share nothing climb with preemptions."""
+    scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    requests = [make_request(prompt=[50 * i + t for t in range(1, 7)], max_tokens=14) for i in range(3)]
+    for r in requests:
+        scheduler.add_request(r)
+    plans = drive(scheduler, ScriptedRunner())
+    assert any(plan.preempted for plan in plans)
+    assert sum(plan.prefix_queries for plan in plans) == sum(r.num_prompt_tokens for r in requests)
+    assert sum(plan.prefix_hits for plan in plans) == sum(r.num_cached_tokens for r in requests) == 0
+    assert scheduler.block_manager.prefix_hits > 0  # the resumes did hit (the load reports count them)
+
+
 def test_a_request_waits_for_the_prefill_of_the_prompt_it_shares_then_hits_it():
     scheduler = make_scheduler(block_size=4, max_num_batched_tokens=100)
     prompt = list(range(1, 21))

@@ -109,7 +109,7 @@ class StepStats:
     num_batched_tokens: int
     step_time_s: float
     num_preemptions: int
-    prefix_cache_queries: int  # tokens looked up this step
+    prefix_cache_queries: int  # tokens new requests looked up this step (not preempted ones resuming)
     prefix_cache_hits: int
     num_prompt_tokens: int  # prompt tokens computed this step
     num_generation_tokens: int  # tokens sampled this step

@@ -50,8 +50,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    prefix_queries: int = 0
-    prefix_hits: int = 0
+    prefix_queries: int = 0  # tokens new requests looked up (not preempted ones resuming)
+    prefix_hits: int = 0  # of those, tokens found
     # (from, to) KV block copies to make, in order, before the step runs (BlockManager.take_copies)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
 
@@ -175,9 +175,11 @@ class Scheduler:
             if not self.block_manager.allocate(request, num_new, cached):
                 break
             self.waiting.popleft()
-            out.prefix_queries += request.num_tokens
-            out.prefix_hits += num_cached
-            self.block_manager.record_prefix_query(request.num_tokens, num_cached)
+            # The metrics count a first lookup only, as vLLM's: a victim resuming re-finds its own blocks.
+            if not request.num_preemptions:
+                out.prefix_queries += request.num_tokens
+                out.prefix_hits += num_cached
+            self.block_manager.record_prefix_query(request.num_tokens, num_cached)  # every lookup: the load
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_cached
             request.status = RequestStatus.RUNNING
