@@ -463,6 +463,8 @@ class VectorIndex:
         return set(self._owner) | set(self._exact_only)
 
     def add(self, entry_id: str, partition: str, scope: str, vector: np.ndarray, query: str) -> None:
+        question = Conversation.decode(query).question  # first: a failure here must leave no half entry
+        keys = _digests(canonical_keys(question))
         self._exact_only.pop(entry_id, None)
         old = self._owner.get(entry_id)
         if old is not None and old != partition:
@@ -472,8 +474,6 @@ class VectorIndex:
             part = self._partitions[partition] = Partition(self.dim, scope, self._scanner, self._builder)
         part.add(entry_id, vector, query)
         self._owner[entry_id] = partition
-        question = Conversation.decode(query).question
-        keys = _digests(canonical_keys(question))
         self._canonical_of[entry_id] = (keys, question)
         for key in keys:
             self._canonical.setdefault((partition, key), set()).add(entry_id)

@@ -71,16 +71,30 @@ class Conversation:
         ]
 
     def encode(self) -> str:
-        """The text stored with an entry (Redis and the index): a lone question as itself."""
-        if len(self.turns) == 1:
+        """The text stored with an entry (Redis and the index): a lone question as itself, unless it starts
+        with the mark: a client may type one, and it must not be read back as the conversation it spells."""
+        if len(self.turns) == 1 and not self.question.startswith(_CONVERSATION_MARK):
             return self.question
         return _CONVERSATION_MARK + json.dumps([list(t) for t in self.turns], ensure_ascii=False)
 
     @classmethod
     def decode(cls, text: str) -> Conversation:
-        if text.startswith(_CONVERSATION_MARK):
-            return cls(tuple((role, content) for role, content in json.loads(text[1:])))
-        return cls((("user", text),))
+        """The conversation `encode` wrote; a marked text that is no encoding is a lone question that a
+        replica before the mark's escaping stored as itself."""
+        turns = _decoded_turns(text[1:]) if text.startswith(_CONVERSATION_MARK) else None
+        return cls(turns or (("user", text),))
+
+
+def _decoded_turns(encoded: str) -> tuple[tuple[str, str], ...] | None:
+    """The (role, text) pairs of an encoded conversation; None if `encoded` is not one."""
+    try:
+        turns = json.loads(encoded)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to be a conversation
+        return None
+    if not isinstance(turns, list) or not turns:
+        return None
+    pairs = [t for t in turns if isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t)]
+    return tuple((role, text) for role, text in pairs) if len(pairs) == len(turns) else None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Entries in Redis: the source of truth shared by every replica.
 
 Layout (prefix `llmserve:cache:`):
-- `e:<entry id>` hash with the query text, its embedding (empty for an entry only the exact tier answers),
-  the response, model, scope, partition, created time and hit count; expires after the entry's TTL.
+- `e:<entry id>` hash with the query text (keys.py `Conversation.encode`), its embedding (empty for an
+  entry only the exact tier answers), the response, model, scope, partition, created time and hit count;
+  expires after the entry's TTL.
 - `s:<scope digest>` set of entry ids of one tenant, for invalidating a whole scope (pruned on resync).
 - channel `events`: JSON notices of stores and removals, so other replicas update their index at once.
 """
