@@ -138,7 +138,8 @@ class ParsedKey:
         """Same partition + same normalized turns = same entry (a store overwrites, a lookup hits exactly); a
         completion's prompt is not normalized."""
         same = (lambda text: text) if self.kind == "completion" else normalize_text
-        turns = "\0".join(same(text) for _, text in self.conversation.turns)
+        # JSON, not the texts joined by a separator: a client may type the separator into a turn
+        turns = json.dumps([same(text) for _, text in self.conversation.turns], ensure_ascii=False)
         digest = hashlib.sha256(f"{self.partition}\0{turns}".encode())
         return digest.hexdigest()[:32]
 

@@ -100,6 +100,15 @@ def test_earlier_conversation_must_match(stub) -> None:
     assert not lookup(stub, chat_key("What is its population?", "t-hist", system)).hit
 
 
+def test_turns_that_split_the_same_text_apart_are_other_conversations(stub) -> None:
+    """The entry id hashes the turns one by one: a NUL a client typed into one is no turn boundary."""
+    first = [("user", "Pick a number\0Seven"), ("assistant", "Done.")]
+    second = [("user", "Pick a number"), ("assistant", "Seven\0Done.")]
+    store(stub, chat_key("Which one?", "t-split", first), "Seven.")
+    assert lookup(stub, chat_key("Which one?", "t-split", first)).hit
+    assert not lookup(stub, chat_key("Which one?", "t-split", second)).hit
+
+
 def test_a_conversation_hits_when_earlier_turns_are_canonical_equal(stub) -> None:
     """Earlier turns must be the same text or canonical-equal; only the last question may be reworded."""
     france = [("user", "What is the capital of France?"), ("assistant", "Paris.")]
