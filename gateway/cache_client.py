@@ -80,12 +80,13 @@ def build_cache_key(
     params: dict[str, Any],
 ) -> cache_pb2.CacheKey | None:
     """The key of a request the gateway allowed to use the cache (gateway/semantic.py decides that), or None
-    when the conversation cannot be keyed (content that is not plain text, no user message, no prompt)."""
+    when the conversation cannot be keyed (content that is not plain text, an assistant's tool calls, which
+    the prompt renders but a key of text turns would drop, no user message, no prompt)."""
     key = cache_pb2.CacheKey(model=model, scope=scope, params_fingerprint=params_fingerprint(params))
     if messages is not None and prompt is None:
         for m in messages:
             content = m.get("content")
-            if not isinstance(content, str) or not isinstance(m.get("role"), str):
+            if not isinstance(content, str) or not isinstance(m.get("role"), str) or m.get("tool_calls"):
                 return None  # multimodal parts, tool calls: not handled by the cache
             key.messages.append(cache_pb2.Message(role=m["role"], content=content))
         if not any(m.role == "user" for m in key.messages):

@@ -132,7 +132,7 @@ class Serving:
         req: ChatCompletionRequest = await self._parse(raw, ChatCompletionRequest)
         meta = self._meta("chatcmpl", req, chat=True)
         tools = plan_tools(req)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        messages = [{"role": m.role, "content": m.text(), "tool_calls": m.tool_calls} for m in req.messages]
         decision = await self.cache.decide(
             raw.headers, req, await self._cache_model(req.model), messages=messages
         )

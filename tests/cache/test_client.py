@@ -91,6 +91,8 @@ def test_uncacheable_shapes() -> None:
     assert build_cache_key("m", "t", messages=[{"role": "system", "content": "x"}], params=GREEDY) is None
     parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert build_cache_key("m", "t", messages=parts, params=GREEDY) is None
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
+    assert build_cache_key("m", "t", messages=[*MESSAGES, call, *MESSAGES], params=GREEDY) is None
 
 
 def test_fingerprint_canonicalizes() -> None:

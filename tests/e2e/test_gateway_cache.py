@@ -129,6 +129,30 @@ def test_hard_negative_and_other_tenants_go_to_the_worker(cached_gateway: Servic
     assert ask(cached_gateway, QUESTION | {"user": "someone-else"}).headers["x-semantic-cache"] == "miss"
 
 
+def called(city: str) -> list[dict]:
+    """A conversation whose history holds a tool call (rendered into the prompt without `tools` too)."""
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "weather", "arguments": f'{{"city": "{city}"}}'},
+    }
+    return [
+        {"role": "user", "content": "What's the weather like?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "Which city did you look up?"},
+    ]
+
+
+def test_a_history_with_tool_calls_never_shares_an_answer(cached_gateway: Service) -> None:
+    """The cache keys text turns only: a call's arguments would not be in the key, so "London" got the
+    answer of "Paris" as an exact hit. Such a conversation bypasses the cache, like a request with tools."""
+    paris = ask(cached_gateway, QUESTION | {"messages": called("Paris"), "user": "tool-history"})
+    time.sleep(1.0)  # room for a background store to land
+    london = ask(cached_gateway, QUESTION | {"messages": called("London"), "user": "tool-history"})
+    assert paris.headers["x-semantic-cache"] == london.headers["x-semantic-cache"] == "bypass"
+
+
 def worker_requests(worker: Service) -> float:
     """Requests the worker finished (every finish reason): how many generations it ran."""
     text = httpx.get(metrics_url(worker, "WORKER_METRICS_PORT"), timeout=30).text
