@@ -1,5 +1,6 @@
-"""In-memory vector index: one growable float16 matrix per partition; the candidates of a search, picked by an
-int8 sketch (large partitions) or a float16 scan, re-scored exactly in float32.
+"""In-memory vector index: one float16 matrix per partition (doubled when full, halved when a quarter full);
+the candidates of a search, picked by an int8 sketch (large partitions) or a float16 scan, re-scored exactly
+in float32.
 
 Redis 6.2 has no vector search, so every replica keeps this copy of the embeddings held in Redis
 (loaded at start, kept in step by pub/sub events and a periodic resync). Embeddings are unit-length, so a
@@ -81,6 +82,7 @@ SCAN_ERROR = 3 * 2.0**-11  # bound on |scan score - exact score| for unit vector
 RESCORE_ROWS = 32  # rows re-scored exactly per search, at least (k if larger)
 SPLIT_MIN_ROWS = 16384  # below this a scan is too short (~0.5 ms) for a second thread to pay off
 MAX_SCAN_THREADS = 2
+MIN_CAPACITY = 8  # rows a partition's arrays start with and never shrink below
 
 
 def usable_cpus() -> int:
@@ -190,10 +192,10 @@ class Partition:
         self, dim: int, scope: str, scanner: Scanner | None = None, builder: SketchBuilder | None = None
     ) -> None:
         self.scope = scope
-        self._matrix = np.zeros((8, dim), dtype=STORAGE_DTYPE)
-        self._stamp = np.zeros(8, dtype=np.int64)
-        self._spos = np.zeros(8, dtype=np.int64)
-        self._ppos = np.zeros(8, dtype=np.int64)
+        self._matrix = np.zeros((MIN_CAPACITY, dim), dtype=STORAGE_DTYPE)
+        self._stamp = np.zeros(MIN_CAPACITY, dtype=np.int64)
+        self._spos = np.zeros(MIN_CAPACITY, dtype=np.int64)
+        self._ppos = np.zeros(MIN_CAPACITY, dtype=np.int64)
         self._clock = 0
         self._ids: list[str] = []
         self._queries: list[str] = []
@@ -235,7 +237,7 @@ class Partition:
         if row is None:
             row = len(self._ids)
             if row == self._matrix.shape[0]:
-                self._grow(row * 2)
+                self._resize(row * 2)
             self._ids.append(entry_id)
             self._queries.append(query)
             self._rows[entry_id] = row
@@ -272,6 +274,8 @@ class Partition:
             self._rows[moved] = row
         self._ids.pop()
         self._queries.pop()
+        if MIN_CAPACITY < self._matrix.shape[0] and len(self._ids) <= self._matrix.shape[0] // 4:
+            self._resize(self._matrix.shape[0] // 2)  # growth doubles at full: no flapping
         self._refresh()
         return True
 
@@ -333,14 +337,16 @@ class Partition:
             rows = np.concatenate([rows, fresh])
         return np.unique(rows)  # a re-stored entry can be both
 
-    def _grow(self, capacity: int) -> None:
-        rows = self._matrix.shape[0]
-        grown = np.zeros((capacity, self._matrix.shape[1]), dtype=STORAGE_DTYPE)
-        grown[:rows] = self._matrix
-        self._matrix = grown  # a build in progress keeps reading the old array, which no longer changes
+    def _resize(self, capacity: int) -> None:
+        """New arrays of `capacity` rows (doubled when full, halved when a quarter full: a partition that
+        once held a burst of entries gives the memory back as they expire)."""
+        rows = min(self._matrix.shape[0], capacity)
+        resized = np.zeros((capacity, self._matrix.shape[1]), dtype=STORAGE_DTYPE)
+        resized[:rows] = self._matrix[:rows]
+        self._matrix = resized  # a build in progress keeps reading the old array, which no longer changes
         for name in ("_stamp", "_spos", "_ppos"):
             meta = np.zeros(capacity, dtype=np.int64)
-            meta[:rows] = getattr(self, name)
+            meta[:rows] = getattr(self, name)[:rows]
             setattr(self, name, meta)
 
     def _written(self, row: int) -> None:

@@ -279,3 +279,33 @@ def test_sketch_follows_the_partition_size_and_the_index_default() -> None:
         assert index.search("p", q, 1, 0.9)[0].entry_id == "last"
     finally:
         index.close()
+
+
+@needs_int8
+def test_a_drained_partition_gives_its_memory_back(one_torch_thread: None) -> None:
+    """Rows removed (entries expired, a scope invalidated) free the partition's arrays down to twice what
+    is left, also while a build reads the old ones in place; what is left is still found."""
+    rng = np.random.default_rng(16)
+    builder = GatedBuilder()
+    f = Fixture(builder=builder)
+    try:
+        vectors = units(rng, 2 * SKETCH_MIN_ROWS + 1)
+        for i, v in enumerate(vectors):
+            f.add(f"e{i}", v)
+        peak = f.part.nbytes
+        assert f.part._build is not None  # gated: it packs the rows of the arrays as they were
+        for i in range(SKETCH_MIN_ROWS + 1):
+            f.remove(f"e{i}")
+        assert f.part.nbytes == peak // 2
+        builder.gate.set()
+        assert f.part.settle(timeout=60)
+        for i in range(SKETCH_MIN_ROWS + 1, 2 * SKETCH_MIN_ROWS + 1, 409):
+            assert f.check(vectors[i])[0].entry_id == f"e{i}"
+        for i in range(SKETCH_MIN_ROWS + 1, 2 * SKETCH_MIN_ROWS - 9):
+            f.remove(f"e{i}")
+        assert len(f.part) == 10 and f.part.nbytes <= 64 * DIM * 2
+        for i in range(2 * SKETCH_MIN_ROWS - 9, 2 * SKETCH_MIN_ROWS + 1):
+            assert f.check(vectors[i])[0].entry_id == f"e{i}"
+    finally:
+        builder.gate.set()
+        f.close()
