@@ -54,12 +54,17 @@ class CacheDecision:
 
 
 def scope_of(authorization: str | None, user: str | None) -> str:
-    """The tenant: answers are never shared across API keys or across `user`s."""
-    if authorization:
-        token = authorization.removeprefix("Bearer ").strip()
-        if token:
-            return hashlib.sha256(token.encode()).hexdigest()
-    return user or "anonymous"
+    """The tenant: answers are never shared across API keys or across `user`s (with one key for every
+    client, the `user` a client sends keeps its users apart). The forms never meet: a key's hash (64 hex
+    digits), that hash + "/user:" + the user, "user:" + the user, or "anonymous"."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    key = hashlib.sha256(token.encode()).hexdigest() if token else ""
+    if key and user:
+        return f"{key}/user:{user}"
+    if user:
+        return f"user:{user}"
+    return key or "anonymous"
 
 
 def output_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:

@@ -209,6 +209,10 @@ def test_max_tokens_zero_only_scores_an_echoed_prompt() -> None:
 
 
 def test_cache_scope() -> None:
-    assert scope_of("Bearer k1", "bob") == scope_of("Bearer k1", "alice") != scope_of("Bearer k2", None)
-    assert scope_of(None, "bob") == "bob"
-    assert scope_of(None, None) == "anonymous"
+    key = scope_of("Bearer k1", None)
+    assert len(key) == 64 and key != scope_of("Bearer k2", None) and key == scope_of("bearer  k1 ", None)
+    # one key shared by every client: the users it names stay apart (they shared one scope)
+    assert len({scope_of("Bearer k1", "bob"), scope_of("Bearer k1", "alice"), key}) == 3
+    assert scope_of(None, "bob") != scope_of("Bearer k1", "bob") != scope_of(None, None) == "anonymous"
+    assert scope_of(None, "anonymous") != "anonymous"  # a user's name never reaches another form's scope
+    assert scope_of(None, key) != key
