@@ -238,3 +238,26 @@ def test_abort_by_id_and_an_id_in_use_is_already_exists(worker_stub: worker_pb2_
     assert not worker_stub.Abort(pb.AbortRequest(request_id="no-such-request")).found
     stats = wait_for_idle(worker_stub)
     assert stats.num_kv_blocks_used == 0 and stats.num_finished > 0
+
+
+@pytest.mark.parametrize(
+    ("first", "first_n", "second", "second_n"), [("pair", 2, "pair#1", 1), ("lone#0", 1, "lone", 2)]
+)
+def test_an_id_that_names_a_choice_of_another_request_is_already_exists(
+    worker_stub: worker_pb2_grpc.WorkerStub, first: str, first_n: int, second: str, second_n: int
+) -> None:
+    """With n > 1 each choice runs as `<id>#<index>`: a client's own id of that form, sent while the other
+    request ran (or the other way round), was admitted beside it and crashed the engine loop (a KeyError on
+    the shared choice id), so one request made the whole worker answer ENGINE_DEAD until restarted."""
+    params = pb.SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True, n=first_n)
+    running = iter(worker_stub.Generate(pb.GenerateRequest(request_id=first, text="Tell me", params=params)))
+    next(running)
+    short = pb.SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, n=second_n)
+    with pytest.raises(grpc.RpcError) as taken:
+        generate(worker_stub, request_id=second, text="hi", params=short)
+    assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert reason_of(taken.value) == ("ERROR_REASON_ALREADY_EXISTS", "request_id")
+    assert worker_stub.Abort(pb.AbortRequest(request_id=first)).found
+    assert list(running)[-1].finish_reason == "abort"
+    assert generate(worker_stub, request_id=second, text="hi", params=short)[-1].finish_reason == "length"
+    assert wait_for_idle(worker_stub).num_kv_blocks_used == 0

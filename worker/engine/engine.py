@@ -189,6 +189,12 @@ class LLMEngine:
         group = requests[0].group_id
         if group in self.groups:
             raise AlreadyExistsError(f"request id {group!r} is already in use", "request_id")
+        # a choice of n > 1 runs as "<id>#<index>", which a client may also send as its own id (each live
+        # choice has its detokenizer, the runner its state, under that id)
+        taken = next((r.request_id for r in requests if r.request_id in self.detokenizers), None)
+        if taken is not None:
+            message = f"request id {group!r}: its choice id {taken!r} is in use by another request"
+            raise AlreadyExistsError(message, "request_id")
         for request in requests:
             self.scheduler.add_request(request)
             self.detokenizers[request.request_id] = IncrementalDetokenizer(
