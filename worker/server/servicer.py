@@ -202,10 +202,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Tokenize(
         self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.TokenizeResponse:
-        kind = request.WhichOneof("prompt")
+        # unset: with the special tokens, as Generate reads a text prompt (vLLM's default)
+        add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
         try:  # the chat's options (tools, template kwargs, documents) are read here: refused like Generate's
-            prompt = chat_prompt(request.chat) if kind == "chat" else PromptInput(text=request.text)
-            ids, tokens = await self.engine.tokenize(prompt, request.add_special_tokens)
+            prompt = chat_prompt(request.chat) if request.HasField("chat") else PromptInput(text=request.text)
+            ids, tokens = await self.engine.tokenize(prompt, add_special)
         except EngineError as exc:  # a bad prompt, or no engine running: with its reason, like Generate
             await abort_for(context, exc)
         return worker_pb2.TokenizeResponse(

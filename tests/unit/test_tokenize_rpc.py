@@ -1,0 +1,68 @@
+"""Tokenize over gRPC counts a prompt as Generate reads it, on a real gRPC server in process.
+
+The engine is the real one with a scripted runner and a character tokenizer that, like Gemma's or Llama's,
+puts a BOS token first unless told not to: the case where a count without it is one short of Generate's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+
+from common.gen import worker_pb2 as pb
+from common.gen import worker_pb2_grpc
+from common.grpc_server import GrpcServer
+from scripts.launch import free_port
+from tests.engine.factories import ScriptedRunner
+from tests.unit.test_async_engine import CharTokenizer, build
+from worker.server.servicer import WorkerServicer
+
+BOS = 1
+
+
+class BosTokenizer(CharTokenizer):
+    """Adds BOS with the special tokens, as `tokenizer.encode` does by default for many models."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [BOS] * add_special_tokens + super().encode(text)
+
+    def convert_ids_to_tokens(self, token_id: int) -> str:  # each token's text, for TokenizeResponse.tokens
+        return self.decode([token_id])
+
+
+@asynccontextmanager
+async def served() -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
+    engine = build(ScriptedRunner(), tokenizer=BosTokenizer())
+    await engine.start()
+    server = GrpcServer("llmserve.Worker")
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine), server.server)
+    address = f"127.0.0.1:{free_port()}"
+    await server.start(address)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            yield worker_pb2_grpc.WorkerStub(channel)
+    finally:
+        await server.server.stop(None)
+        await engine.shutdown()
+
+
+async def prompt_tokens_of_generate(stub: worker_pb2_grpc.WorkerStub, text: str) -> int:
+    params = pb.SamplingParams(max_tokens=1, temperature=0.0)
+    chunks = [chunk async for chunk in stub.Generate(pb.GenerateRequest(text=text, params=params))]
+    return chunks[-1].usage.prompt_tokens
+
+
+async def test_a_text_counts_as_generate_reads_it_unless_told_to_leave_special_tokens_out() -> None:
+    """The RPC is documented as the prompt's ids as Generate would see them, for budgeting; Generate reads a
+    text with the tokenizer's special tokens (vLLM's add_special_tokens default, true). The field was a plain
+    bool, so a client that left it unset (proto3: false) was counted one token short on such a model."""
+    async with served() as stub:
+        unset = await stub.Tokenize(pb.TokenizeRequest(text="hello"))
+        assert list(unset.token_ids)[0] == BOS
+        assert len(unset.token_ids) == await prompt_tokens_of_generate(stub, "hello") == 6
+        without = await stub.Tokenize(pb.TokenizeRequest(text="hello", add_special_tokens=False))
+        assert list(without.token_ids) == list(unset.token_ids)[1:]
+        explicit = await stub.Tokenize(pb.TokenizeRequest(text="hello", add_special_tokens=True))
+        assert list(explicit.token_ids) == list(unset.token_ids)
