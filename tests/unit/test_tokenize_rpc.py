@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
+import pytest
 
 from common.gen import worker_pb2 as pb
 from common.gen import worker_pb2_grpc
@@ -17,6 +18,7 @@ from common.grpc_server import GrpcServer
 from scripts.launch import free_port
 from tests.engine.factories import ScriptedRunner
 from tests.unit.test_async_engine import CharTokenizer, build
+from tests.unit.test_servicer_refusals import reason_of
 from worker.server.servicer import WorkerServicer
 
 BOS = 1
@@ -66,3 +68,14 @@ async def test_a_text_counts_as_generate_reads_it_unless_told_to_leave_special_t
         assert list(without.token_ids) == list(unset.token_ids)[1:]
         explicit = await stub.Tokenize(pb.TokenizeRequest(text="hello", add_special_tokens=True))
         assert list(explicit.token_ids) == list(unset.token_ids)
+
+
+async def test_a_tokenize_call_without_a_prompt_is_refused_as_generate_refuses_it() -> None:
+    """Neither text nor chat set is a client's mistake (an empty list of ids hid it), named `prompt`."""
+    async with served() as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Tokenize(pb.TokenizeRequest())
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(caught.value) == ("ERROR_REASON_INVALID_PARAMETER", "prompt")
+        empty = await stub.Tokenize(pb.TokenizeRequest(text="", add_special_tokens=False))
+        assert list(empty.token_ids) == []  # an empty text is a text: no ids, as vLLM's /tokenize answers

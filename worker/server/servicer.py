@@ -204,8 +204,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.TokenizeResponse:
         # unset: with the special tokens, as Generate reads a text prompt (vLLM's default)
         add_special = not request.HasField("add_special_tokens") or request.add_special_tokens
+        kind = request.WhichOneof("prompt")
         try:  # the chat's options (tools, template kwargs, documents) are read here: refused like Generate's
-            prompt = chat_prompt(request.chat) if request.HasField("chat") else PromptInput(text=request.text)
+            if kind is None:
+                raise InvalidRequestError("a prompt is required: set text or chat", param="prompt")
+            prompt = chat_prompt(request.chat) if kind == "chat" else PromptInput(text=request.text)
             ids, tokens = await self.engine.tokenize(prompt, add_special)
         except EngineError as exc:  # a bad prompt, or no engine running: with its reason, like Generate
             await abort_for(context, exc)
