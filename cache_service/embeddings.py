@@ -152,6 +152,9 @@ class EmbeddingsServicer(cache_pb2_grpc.EmbeddingsServicer):
                 )
             if not request.inputs:
                 raise EmbeddingInputError("no input")
+            unset = [i for i, item in enumerate(request.inputs) if item.WhichOneof("input") is None]
+            if unset:
+                raise EmbeddingInputError(f"input {unset[0]} is unset: set its text or token_ids")
             # On a thread: a long text takes ~1 s per MB to tokenize, and the lookups share this loop.
             ids = await asyncio.to_thread(lambda: [reader.token_ids(i, truncate) for i in request.inputs])
         except EmbeddingInputError as exc:

@@ -381,3 +381,20 @@ def test_a_question_inside_framing_hits_and_context_does_not(stub) -> None:
     assert framed.response == "Boil vinegar and water in it."
     context = chat_key("How do I descale a kettle? Mine is a glass kettle from 1998.", "t-framing")
     assert not lookup(stub, context).hit
+
+
+def test_an_embeddings_input_with_neither_text_nor_token_ids_is_refused(cache_service: CacheService) -> None:
+    """An EmbedInput left unset is a client's mistake: it was read as the empty text and got that vector.
+    The empty text set on purpose is still embedded (its special tokens alone)."""
+    with grpc.insecure_channel(cache_service.addr) as channel:
+        embeddings = cache_pb2_grpc.EmbeddingsStub(channel)
+        model = embeddings.GetEmbeddingModel(cache_pb2.EmbeddingModelRequest(), timeout=120).model
+        unset = [cache_pb2.EmbedInput(text="hello"), cache_pb2.EmbedInput()]
+        with pytest.raises(grpc.RpcError) as refused:
+            embeddings.Embed(cache_pb2.EmbedRequest(model=model, inputs=unset), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "input 1" in refused.value.details()
+        empty = embeddings.Embed(
+            cache_pb2.EmbedRequest(model=model, inputs=[cache_pb2.EmbedInput(text="")]), timeout=60
+        )
+        assert empty.embeddings[0].tokens == 2
