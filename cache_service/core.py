@@ -90,13 +90,16 @@ class SemanticCache:
         self.counts = Counts()
 
     async def lookup(self, key: ParsedKey, threshold: float | None, level: str = "semantic") -> Hit | None:
-        """`threshold` (a request's) and `level` may only narrow what the operator configured. A request
-        refused for its level is no lookup: every lookup counted ends as a hit or a miss (or a failure)."""
+        """`threshold` (a request's) and `level` may only narrow what the operator configured; a stricter
+        threshold holds for every semantic hit (no near-typo acceptance below it). A request refused for its
+        level is no lookup: every lookup counted ends as a hit or a miss (or a failure)."""
         level = level_of(level)
         started = time.perf_counter()
         self.counts.lookups += 1
         self.metrics.lookups.inc()
-        hit = await self._lookup(key, max(self.threshold, threshold or 0.0), level)
+        strict = threshold is not None and threshold > self.threshold
+        cosine = threshold if strict else self.threshold
+        hit = await self._lookup(key, cosine, cosine if strict else min(cosine, TYPO_FLOOR), level)
         if hit is None:
             self.counts.misses += 1
             self.metrics.misses.inc()
@@ -106,7 +109,8 @@ class SemanticCache:
         self.metrics.lookup_seconds.observe(time.perf_counter() - started)
         return hit
 
-    async def _lookup(self, key: ParsedKey, threshold: float, level: str) -> Hit | None:
+    async def _lookup(self, key: ParsedKey, threshold: float, floor: float, level: str) -> Hit | None:
+        """`floor`: the least cosine a candidate may have (below `threshold` for a near typo)."""
         answer = await self.store.fetch_hit(key.entry_id)
         if answer is not None:
             return Hit(key.entry_id, answer, 1.0, "exact")
@@ -126,7 +130,7 @@ class SemanticCache:
         if level == "canonical" or threshold > 1.0:
             return None
         vector = await self.batcher.embed(question)
-        for cand in self.index.search(partition, vector, TOP_K, min(threshold, TYPO_FLOOR)):
+        for cand in self.index.search(partition, vector, TOP_K, floor):
             stored = Conversation.decode(cand.query).question
             eligible = cand.similarity >= threshold or near_typo(question, stored)
             if not (eligible and not veto(question, stored)):

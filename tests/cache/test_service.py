@@ -63,6 +63,18 @@ def test_threshold_per_request_only_narrows(stub) -> None:
     assert not stub.Lookup(cache_pb2.LookupRequest(key=far, threshold=0.0), timeout=30).hit
 
 
+def test_a_stricter_threshold_holds_for_mistyped_questions_too(stub) -> None:
+    """The semantic tier takes a question that differs by a few mistyped letters from far below its cosine
+    threshold (TYPO_FLOOR). A request's stricter threshold did not reach that rule: asked for 0.99, it got a
+    hit of similarity ~0.6. A client that asks for a stricter threshold now gets no hit below it."""
+    store(stub, chat_key("how do i get a refund for a cancelled flight", "t-thr-typo"), "Ask the airline.")
+    key = chat_key("how do i gte a rfeund for a cancelled flight", "t-thr-typo")
+    loose = lookup(stub, key)
+    assert loose.hit and loose.tier == "semantic" and loose.similarity < 0.9
+    strict = stub.Lookup(cache_pb2.LookupRequest(key=key, threshold=0.99), timeout=30)
+    assert not strict.hit
+
+
 def test_tiers_and_levels(stub) -> None:
     """Exact, canonical and semantic hits are told apart; a request's level narrows the tiers."""
     store(stub, chat_key("How do I apply for a student loan?", "t-tier"), "Apply online.")
