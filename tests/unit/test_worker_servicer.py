@@ -53,3 +53,12 @@ def test_status_mapping() -> None:
     assert status_of(EngineOverloadedError("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert status_of(EngineDeadError("x")) == grpc.StatusCode.UNAVAILABLE
     assert status_of(RuntimeError("x")) == grpc.StatusCode.INTERNAL
+
+
+def test_an_empty_choice_list_is_refused_naming_the_output_constraint() -> None:
+    """Every INVALID_PARAMETER names its parameter (worker.proto's ErrorReason); an empty choice list named
+    none. Grammar errors are `response_format`'s, OpenAI's word for any output constraint, and so is this."""
+    empty = pb.StructuredOutput(choice=pb.ChoiceList())
+    with pytest.raises(InvalidRequestError) as refused:
+        params_from_proto(pb.SamplingParams(structured_output=empty))
+    assert refused.value.param == "response_format"

@@ -69,6 +69,6 @@ def grammar_spec(proto: worker_pb2.StructuredOutput) -> GrammarSpec | None:
         return GrammarSpec("json_object", "")
     if kind == "choice":
         if not proto.choice.choices:
-            raise InvalidRequestError("the choice list must not be empty")
+            raise InvalidRequestError("the choice list must not be empty", param="response_format")
         return GrammarSpec("choice", json.dumps(list(proto.choice.choices)))
     return GrammarSpec(kind, getattr(proto, kind))
