@@ -3,7 +3,10 @@
 Health is SERVING only while the engine loop is alive, not stalled (no progress for
 WORKER_STALL_TIMEOUT_S while requests wait) and not draining. SIGTERM drains: health turns
 NOT_SERVING, new requests are refused as UNAVAILABLE (the gateway tries another replica), requests
-in flight finish for up to WORKER_DRAIN_TIMEOUT_S, then the process exits 0.
+in flight finish for up to WORKER_DRAIN_TIMEOUT_S, then the process exits 0. If the engine loop dies
+(a bug: it never stops on its own), the process exits 1, as vLLM's server does when its engine core dies, so
+that what supervises it (make run, compose's restart policy, Kubernetes) starts a fresh one: a live process
+that can serve nothing would otherwise stay NOT_SERVING until someone restarted it by hand.
 """
 
 from __future__ import annotations
@@ -51,7 +54,24 @@ async def drain(engine: AsyncEngine, timeout_s: float) -> int:
     return engine.num_in_flight
 
 
-async def serve(settings: WorkerSettings) -> None:
+async def engine_death(engine: AsyncEngine) -> None:
+    """Return once the engine loop has died."""
+    while engine.is_running:
+        await asyncio.sleep(HEALTH_POLL_S)
+
+
+async def stop_or_engine_death(engine: AsyncEngine) -> bool:
+    """Wait for a stop signal or the engine loop's death; True when the engine died."""
+    waits = {asyncio.ensure_future(wait_for_stop_signal()), asyncio.ensure_future(engine_death(engine))}
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return not engine.is_running
+
+
+async def serve(settings: WorkerSettings) -> int:
+    """Serve until a stop signal (returns 0, after the drain) or the engine loop's death (returns 1)."""
     log.info("loading %s (dtype %s, device %s)", settings.model, settings.dtype, settings.device)
     engine = build_async_engine(
         settings.engine_config(),
@@ -85,14 +105,18 @@ async def serve(settings: WorkerSettings) -> None:
         info.max_model_len,
     )
 
-    await wait_for_stop_signal()
+    died = await stop_or_engine_death(engine)
     await server.begin_shutdown()
-    log.info("draining %d request(s) for up to %.0f s", engine.num_in_flight, settings.drain_timeout_s)
-    left = await drain(engine, settings.drain_timeout_s)
-    log.info("shutting down (%d request(s) cut off)", left)
+    if died:
+        log.error("the engine loop died; exiting so that a fresh worker is started")
+    else:
+        log.info("draining %d request(s) for up to %.0f s", engine.num_in_flight, settings.drain_timeout_s)
+        left = await drain(engine, settings.drain_timeout_s)
+        log.info("shutting down (%d request(s) cut off)", left)
     await engine.shutdown()  # fails what is left, so their calls end with UNAVAILABLE
     await server.server.stop(SHUTDOWN_GRACE_S)
     metrics.close()
+    return 1 if died else 0
 
 
 def main() -> None:
@@ -105,8 +129,9 @@ def main() -> None:
             sys.exit(f"WORKER_CPUS={settings.cpus} names no CPU this process may use (it may use {allowed})")
         pin_process(cpus)
         log.info("running on CPUs %s", format_cpu_list(cpus))
-    asyncio.run(serve(settings))
+    code = asyncio.run(serve(settings))
     skip_final_collection()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
