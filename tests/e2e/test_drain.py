@@ -345,25 +345,37 @@ def _output_tokens(route: str, answer: dict) -> int:
     return answer["usage"]["completion_tokens"]
 
 
+def _victim_beside(worker: Service, log_dir: Path, name: str, **env: str) -> tuple[Service, Service]:
+    """A worker to kill and a round-robin gateway over it and `worker`, once the gateway has its load."""
+    victim = start_worker(f"worker-victim-{name}", log_dir)
+    gateway = start_gateway(
+        f"gateway-{name}",
+        log_dir,
+        f"{victim.addr},{worker.addr}",
+        ready=True,
+        GATEWAY_ROUTING="round_robin",
+        **env,
+    )
+    reported = f'llmserve_gateway_worker_running{{model="{MODEL_NAME}",worker="{victim.addr}"}}'
+    try:
+        wait_for(
+            lambda: reported in httpx.get(f"{gateway.addr}/metrics").text, 30, "the victim's load reports"
+        )
+    except BaseException:
+        gateway.stop()
+        victim.stop()
+        raise
+    return victim, gateway
+
+
 @pytest.mark.parametrize("route", PLAIN_ROUTES)
 def test_a_plain_request_whose_worker_dies_runs_again_on_another(
     worker: Service, log_dir: Path, route: str
 ) -> None:
     """Nothing of a non-streamed answer has reached the client when its worker dies, so the gateway runs
     the request again on the worker left: the client gets the whole answer, not a 503."""
-    victim = start_worker(f"worker-victim-{route}", log_dir)
-    gateway = start_gateway(
-        f"gateway-retry-{route}",
-        log_dir,
-        f"{victim.addr},{worker.addr}",
-        ready=True,
-        GATEWAY_ROUTING="round_robin",
-    )
+    victim, gateway = _victim_beside(worker, log_dir, f"retry-{route}")
     try:
-        reported = f'llmserve_gateway_worker_running{{model="{MODEL_NAME}",worker="{victim.addr}"}}'
-        wait_for(
-            lambda: reported in httpx.get(f"{gateway.addr}/metrics").text, 30, "the victim's load reports"
-        )
         retries = _gateway_metric(gateway, "llmserve_gateway_routing_retries_total")
         path, body = PLAIN_ROUTES[route]
         with ThreadPoolExecutor(2) as pool, grpc.insecure_channel(victim.addr) as channel:
@@ -407,20 +419,10 @@ REQUEST_TIMEOUT_S = 8.0
 def test_a_request_run_again_keeps_its_deadline(worker: Service, log_dir: Path, route: str) -> None:
     """GATEWAY_REQUEST_TIMEOUT_S bounds the whole request, over every try: a non-streamed request whose
     worker dies halfway through its deadline runs again with what is left of it, not with a new one."""
-    victim = start_worker(f"worker-victim-deadline-{route}", log_dir)
-    gateway = start_gateway(
-        f"gateway-deadline-{route}",
-        log_dir,
-        f"{victim.addr},{worker.addr}",
-        ready=True,
-        GATEWAY_ROUTING="round_robin",
-        GATEWAY_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S),
+    victim, gateway = _victim_beside(
+        worker, log_dir, f"deadline-{route}", GATEWAY_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S)
     )
     try:
-        reported = f'llmserve_gateway_worker_running{{model="{MODEL_NAME}",worker="{victim.addr}"}}'
-        wait_for(
-            lambda: reported in httpx.get(f"{gateway.addr}/metrics").text, 30, "the victim's load reports"
-        )
         path, body = LONG_ROUTES[route]
         with ThreadPoolExecutor(2) as pool, grpc.insecure_channel(victim.addr) as channel:
             sent_at = time.monotonic()

@@ -9,20 +9,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import grpc
 import pytest
 
 from common.gen import worker_pb2 as pb
 from common.gen import worker_pb2_grpc
-from common.grpc_server import GrpcServer
-from scripts.launch import free_port
-from tests.engine.factories import ScriptedRunner
-from tests.unit.test_async_engine import CharTokenizer, build
+from tests.support.in_process_worker import served_worker
+from tests.unit.test_async_engine import CharTokenizer
 from worker.server.grpc_errors import ERROR_TRAILER
-from worker.server.servicer import WorkerServicer
 
 
 class TokenIds(list):
@@ -39,23 +34,6 @@ class RecordingTokenizer(CharTokenizer):
         return ids
 
 
-@asynccontextmanager
-async def served() -> AsyncIterator[tuple[worker_pb2_grpc.WorkerStub, RecordingTokenizer]]:
-    tokenizer = RecordingTokenizer()
-    engine = build(ScriptedRunner(), tokenizer=tokenizer)
-    await engine.start()
-    server = GrpcServer("llmserve.Worker")
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine), server.server)
-    address = f"127.0.0.1:{free_port()}"
-    await server.start(address)
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield worker_pb2_grpc.WorkerStub(channel), tokenizer
-    finally:
-        await server.server.stop(None)
-        await engine.shutdown()
-
-
 def reason_of(error: grpc.aio.AioRpcError) -> tuple[str, str]:
     detail = pb.ErrorDetail.FromString(dict(error.trailing_metadata())[ERROR_TRAILER])
     return pb.ErrorReason.Name(detail.reason), detail.param
@@ -67,7 +45,8 @@ async def test_a_refused_prompt_is_freed_at_once() -> None:
     keeps: that exception, its traceback's frames and the call state form a cycle, and the engine error it
     chained to held the frames that tokenized the prompt. Only a full collection (rare in a process holding a
     model) broke it, so a worker sent megabyte prompts over its context grew by tens of MB per refusal."""
-    async with served() as (stub, tokenizer):
+    tokenizer = RecordingTokenizer()
+    async with served_worker(tokenizer) as stub:
         await refuse_three_times_with_no_collection(stub, tokenizer)
 
 

@@ -6,20 +6,14 @@ puts a BOS token first unless told not to: the case where a count without it is 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import grpc
 import pytest
 
 from common.gen import worker_pb2 as pb
 from common.gen import worker_pb2_grpc
-from common.grpc_server import GrpcServer
-from scripts.launch import free_port
-from tests.engine.factories import ScriptedRunner
-from tests.unit.test_async_engine import CharTokenizer, build
+from tests.support.in_process_worker import served_worker
+from tests.unit.test_async_engine import CharTokenizer
 from tests.unit.test_servicer_refusals import reason_of
-from worker.server.servicer import WorkerServicer
 
 BOS = 1
 
@@ -34,22 +28,6 @@ class BosTokenizer(CharTokenizer):
         return self.decode([token_id])
 
 
-@asynccontextmanager
-async def served() -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
-    engine = build(ScriptedRunner(), tokenizer=BosTokenizer())
-    await engine.start()
-    server = GrpcServer("llmserve.Worker")
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine), server.server)
-    address = f"127.0.0.1:{free_port()}"
-    await server.start(address)
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield worker_pb2_grpc.WorkerStub(channel)
-    finally:
-        await server.server.stop(None)
-        await engine.shutdown()
-
-
 async def prompt_tokens_of_generate(stub: worker_pb2_grpc.WorkerStub, text: str) -> int:
     params = pb.SamplingParams(max_tokens=1, temperature=0.0)
     chunks = [chunk async for chunk in stub.Generate(pb.GenerateRequest(text=text, params=params))]
@@ -60,7 +38,7 @@ async def test_a_text_counts_as_generate_reads_it_unless_told_to_leave_special_t
     """The RPC is documented as the prompt's ids as Generate would see them, for budgeting; Generate reads a
     text with the tokenizer's special tokens (vLLM's add_special_tokens default, true). The field was a plain
     bool, so a client that left it unset (proto3: false) was counted one token short on such a model."""
-    async with served() as stub:
+    async with served_worker(BosTokenizer()) as stub:
         unset = await stub.Tokenize(pb.TokenizeRequest(text="hello"))
         assert list(unset.token_ids)[0] == BOS
         assert len(unset.token_ids) == await prompt_tokens_of_generate(stub, "hello") == 6
@@ -72,7 +50,7 @@ async def test_a_text_counts_as_generate_reads_it_unless_told_to_leave_special_t
 
 async def test_a_tokenize_call_without_a_prompt_is_refused_as_generate_refuses_it() -> None:
     """Neither text nor chat set is a client's mistake (an empty list of ids hid it), named `prompt`."""
-    async with served() as stub:
+    async with served_worker(BosTokenizer()) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.Tokenize(pb.TokenizeRequest())
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
