@@ -7,6 +7,7 @@ image must import from that copy alone.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -228,3 +229,25 @@ def test_compose_commands_run_in_the_image(instructions: tuple[Instruction, ...]
     for name, service in app_services(load_compose()).items():
         if service["command"][0] == "make":
             assert "make" in shlex.split(" ".join(r.value[0] for r in of(instructions, "run"))), name
+
+
+def test_the_venv_byte_code_step_passes_over_files_for_a_newer_python(
+    instructions: tuple[Instruction, ...], tmp_path: Path
+) -> None:
+    """torch (requirements.txt) ships py312_intrinsics.py, Python 3.12 syntax, among its test helpers: on the
+    base's Python 3.11 the compileall step failed on it and `make images` stopped. The step, replayed on a
+    copy of that folder of torch, compiles the rest and succeeds."""
+    (step,) = [r.value[0] for r in of(instructions, "run") if "compileall" in r.value[0]]
+    torch_root = Path(importlib.util.find_spec("torch").origin).parent
+    helpers = torch_root / "testing" / "_internal"
+    newer = helpers / "py312_intrinsics.py"
+    if not newer.is_file():
+        pytest.skip(f"this torch has no {newer.name}")
+    scratch = tmp_path / ".venv" / "lib" / "site-packages" / "torch" / "testing" / "_internal"
+    scratch.mkdir(parents=True)
+    for name in (newer.name, "__init__.py", "common_dtype.py"):
+        shutil.copy2(helpers / name, scratch / name)
+    command = step.replace(".venv/bin/python", shlex.quote(sys.executable), 1)
+    result = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert list((scratch / "__pycache__").glob("common_dtype.*.pyc")), "the other modules get their byte-code"
