@@ -29,6 +29,9 @@ def main() -> None:
         port=settings.gateway_port,
         access_log=False,
         log_level="info",
+        # uvicorn's loggers pass to the root handler configure_logging set (JSON lines with LOG_FORMAT=json)
+        # instead of its own plain-text handlers.
+        log_config=None,
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=5,  # after the drain (gateway/drain.py), for connections still open

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
 from common.logs import REQUEST_ID, configure_logging
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from scripts.launch import free_port
+from scripts.launch import free_port, start_gateway
 
 
 def client(**settings: str) -> TestClient:
@@ -64,3 +65,22 @@ def test_json_lines_carry_the_request_id() -> None:
         )
     finally:
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+
+
+def test_every_line_a_json_gateway_process_logs_is_json(tmp_path: Path) -> None:
+    """uvicorn's own lines too (server start, shutdown): they were its plain `INFO:     ...` text, so a
+    collector reading LOG_FORMAT=json lines from the container got a mixed stream."""
+    gateway = start_gateway("gateway-json-logs", tmp_path, f"127.0.0.1:{free_port()}", LOG_FORMAT="json")
+    gateway.stop()
+    lines = [line for line in gateway.log_path.read_text().splitlines() if line.strip()]
+    not_json = [line for line in lines if not is_json_object(line)]
+    assert not not_json, not_json
+    loggers = {json.loads(line)["logger"] for line in lines}
+    assert "uvicorn.error" in loggers, loggers
+
+
+def is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
