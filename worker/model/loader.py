@@ -106,8 +106,11 @@ def load_tokenizer(path: str):  # a transformers tokenizer
 
 def load_hf_model(path: str, dtype: str, device: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
     check_model_type(path)
+    # No `Loading weights` bar: the worker's output is its log (JSON lines with LOG_FORMAT=json).
+    transformers_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     return model.to(device).eval()
 
