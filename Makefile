@@ -108,9 +108,11 @@ images:
 	deploy/build_images.sh
 
 # The local model is mounted into the containers, which run as uid 10001: it must be readable by them.
+# WORKERS worker replicas (as `WORKERS=2 make run`): a later `deploy/compose.sh up` without these two
+# variables would move the stack onto the named models volume and the Docker Hub base.
 compose-up: images model
 	chmod -R a+rX models
-	BASE_IMAGE=$${BASE_IMAGE:-llmserve-base:bookworm} LLMSERVE_MODELS=./models deploy/compose.sh up -d
+	BASE_IMAGE=$${BASE_IMAGE:-llmserve-base:bookworm} LLMSERVE_MODELS=./models deploy/compose.sh up -d --scale worker=$(or $(WORKERS),1)
 
 compose-down:
 	deploy/compose.sh down --remove-orphans

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -304,3 +307,31 @@ def test_only_the_base_image_is_pulled_outside_a_profile(services: dict[str, dic
         "gateway",
     }
     assert services["grafana"]["profiles"] == ["dashboard"]
+
+
+def test_make_compose_up_scales_the_workers_on_the_local_model() -> None:
+    """`WORKERS=2 make compose-up` (as `WORKERS=2 make run`) brings two worker replicas up on the stack
+    `make images` built: before, scaling needed a bare `up --scale`, which without these variables moved
+    the stack onto the empty models volume and the Docker Hub base."""
+    for workers, expected in ((None, "1"), ("2", "2")):
+        env = {k: v for k, v in os.environ.items() if k != "WORKERS"}
+        if workers:
+            env["WORKERS"] = workers
+        dry = subprocess.run(
+            ["make", "--no-print-directory", "-n", "compose-up"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert dry.returncode == 0, dry.stderr
+        up = shlex.split(dry.stdout.strip().splitlines()[-1])
+        assert up[up.index("deploy/compose.sh") :] == [
+            "deploy/compose.sh",
+            "up",
+            "-d",
+            "--scale",
+            f"worker={expected}",
+        ]
+        assert "LLMSERVE_MODELS=./models" in up and any(a.startswith("BASE_IMAGE=") for a in up)
