@@ -174,7 +174,10 @@ def test_a_reworded_question_is_answered_by_the_semantic_cache(stack: Stack) -> 
     assert hits[-1].json()["choices"][0]["message"]["content"] == answer
     (cache,) = stack.containers("cache_service")
     exported = sh("docker", "exec", cache, "sh", "-c", "ls /app/onnx", timeout=60)
-    assert exported.returncode == 0 and exported.stdout.strip().endswith(".onnx"), exported
+    assert exported.returncode == 0, exported
+    # the export, and its reference probe vectors beside it (cache_service/onnx_encoder.py)
+    (onnx,) = [name for name in exported.stdout.split() if name.endswith(".onnx")]
+    assert onnx.removesuffix(".onnx") + ".probe.npy" in exported.stdout.split(), exported.stdout
     logs = sh("docker", "logs", cache, timeout=60)
     assert "on onnxruntime" in logs.stdout + logs.stderr
 
