@@ -226,7 +226,7 @@ class Serving:
                 # itself crashed its worker takes one more down at most. A stream can't be taken back: it ends
                 # in an error.
                 log.warning("a worker went away mid-generation (%s); running the request again", lost.error)
-                metrics.RETRIES.labels(req.model).inc()
+                metrics.RETRIES.labels(metrics.model_label(generation.stream.replica, req.model)).inc()
                 generation.stream.cancel()
                 generation.stream = await self._start(raw, req, generates, prompt_param, deadline)
                 try:

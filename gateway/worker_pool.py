@@ -198,7 +198,7 @@ class WorkerPool:
         try:
             for attempt, addr in enumerate(order):
                 if attempt:
-                    metrics.RETRIES.labels(request.model).inc()
+                    metrics.RETRIES.labels(metrics.model_label(replicas[addr], request.model)).inc()
                 timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
                 try:
                     stream = await self._start_on(replicas[addr], request, prompt_param, timeout)
@@ -254,7 +254,7 @@ class WorkerPool:
         if first is grpc.aio.EOF:
             replica.in_flight -= 1
             raise APIError(500, "The worker closed the stream without output", "server_error")
-        metrics.ROUTED.labels(request.model or replica.model or "", replica.addr).inc()
+        metrics.ROUTED.labels(metrics.model_label(replica, request.model), replica.addr).inc()
         return WorkerStream(call, first, replica, self.routing.stream_stall_s)
 
     # ---- models, readiness, unary calls -----------------------------------------------------------------

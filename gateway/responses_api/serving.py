@@ -117,7 +117,7 @@ class ResponsesServing:
             except WorkerLost as lost:
                 # Nothing was sent or stored yet: run it again from the start, as the chat route does.
                 log.warning("a worker went away mid-response (%s); running the request again", lost.error)
-                metrics.RETRIES.labels(req.model).inc()
+                metrics.RETRIES.labels(metrics.model_label(stream.replica, req.model)).inc()
                 stream.cancel()
                 builder = ResponseBuilder(builder.id, fields, created_at=builder.created_at)
                 started = self.pool.generate(generate, PROMPT_PARAM, req.user, deadline)

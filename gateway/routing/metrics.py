@@ -1,4 +1,6 @@
-"""Routing metrics, per worker and model: requests routed there, and the load this gateway sees."""
+"""Routing metrics, per worker and model: requests routed there, and the load this gateway sees. The `model`
+label is always a base model the fleet serves: a request for a LoRA adapter counts under the model it runs on,
+so adapters loaded and unloaded at run time add no series (as vLLM's `model_name`)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,14 @@ WORKER_RECENT_TOKENS = Gauge(
     "the load a hot key is spread by.",
     ["model", "worker"],
 )
+
+
+def model_label(replica: WorkerReplica, requested: str) -> str:
+    """The base model `replica` serves (for an adapter's request too); the requested name only while the
+    worker has not said which model it serves."""
+    return replica.model or requested
+
+
 _GAUGES = (WORKER_RUNNING, WORKER_WAITING, WORKER_KV_USAGE, WORKER_ROUTABLE, WORKER_RECENT_TOKENS)
 _labels: dict[str, str] = {}  # worker -> the model label its gauges carry
 

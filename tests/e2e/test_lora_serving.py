@@ -151,6 +151,39 @@ def test_runtime_load_and_unload_over_http(lora_gateway, adapters):
     assert _admin(lora_gateway, "unload_lora_adapter", {"lora_name": "poet"}).status_code == 404
 
 
+def _routed(gateway: Service) -> dict[str, float]:
+    """The gateway's routed-requests series, labels -> count."""
+    prefix = "llmserve_gateway_routed_requests_total{"
+    text = httpx.get(f"{gateway.addr}/metrics", timeout=10).text
+    return {
+        line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def test_adapters_loaded_and_unloaded_at_run_time_leave_no_metric_series(lora_gateway, adapters):
+    """An operator cycling adapters for days (one per tenant, one per release) must not grow the gateway's
+    series: requests for an adapter count under the base model they run on."""
+    client = openai.OpenAI(base_url=f"{lora_gateway.addr}/v1", api_key="none")
+    _chat(client, BASE)
+    before = _routed(lora_gateway)
+    names = [f"churn-{i}" for i in range(3)]
+    for name in names:
+        assert (
+            _admin(
+                lora_gateway, "load_lora_adapter", {"lora_name": name, "lora_path": adapters["poet"]}
+            ).status_code
+            == 200
+        )
+        _chat(client, name)
+        assert _admin(lora_gateway, "unload_lora_adapter", {"lora_name": name}).status_code == 200
+    _chat(client, "sql")  # an adapter loaded at start counts under its base model too
+    after = _routed(lora_gateway)
+    assert set(after) == set(before), after
+    assert sum(after.values()) == sum(before.values()) + len(names) + 1
+
+
 @pytest.mark.scenario
 def test_a_restarted_worker_gets_the_runtime_adapters_again(log_dir, adapters):
     worker = worker_service("lora-restart-worker", log_dir, WORKER_ENABLE_LORA="true", WORKER_NUM_THREADS="1")
