@@ -162,6 +162,22 @@ def test_stop_string_ends_the_choice(worker_stub: worker_pb2_grpc.WorkerStub) ->
     assert free.startswith(text_of(chunks))
 
 
+def test_an_output_ending_inside_a_character_is_its_ids_decoded(
+    worker_stub: worker_pb2_grpc.WorkerStub,
+) -> None:
+    """max_tokens can cut a multi-byte character: the text is still the decode of the returned ids (U+FFFD
+    for the lone bytes), as the ids, usage and logprob bytes say, not the text with those bytes dropped."""
+    lead = worker_stub.Tokenize(pb.TokenizeRequest(text="🎉", add_special_tokens=False)).token_ids[0]
+    params = pb.SamplingParams(temperature=0, max_tokens=2, allowed_token_ids=[lead], logprobs=0)
+    chunks = generate(worker_stub, text="Party:", params=params)
+    ids = [t for c in chunks for t in c.token_ids]
+    assert ids == [lead, lead] and chunks[-1].finish_reason == "length"
+    decoded = worker_stub.Detokenize(pb.DetokenizeRequest(token_ids=ids)).text
+    assert decoded.endswith("\ufffd") and text_of(chunks) == decoded
+    partial = b"".join(p.chosen.token_bytes for c in chunks for p in c.logprobs)
+    assert partial.decode("utf-8", errors="replace") == decoded
+
+
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [

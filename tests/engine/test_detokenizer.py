@@ -39,6 +39,37 @@ def test_multibyte_characters_split_over_tokens_are_never_emitted_half(tokenizer
     assert not any("\ufffd" in d for d in deltas)
 
 
+@pytest.mark.parametrize("text", ["Family 👨‍👩‍👧", "日本語", "Zürich ö"])
+def test_a_character_cut_short_by_the_end_of_the_output_is_sent_as_decode_gives_it(tokenizer, text):
+    """max_tokens (or EOS) can land inside a character: the final text is what decoding the output's ids
+    gives (U+FFFD for the lone bytes), not the text without them, so the text, the token ids and their
+    logprob bytes agree."""
+    ids = tokenizer.encode(text)[:-1]
+    assert tokenizer.decode(ids).endswith("\ufffd"), "the sample must end inside a character"
+    detok = IncrementalDetokenizer(tokenizer, [])
+    deltas = []
+    for token in ids:
+        detok.add_token(token)
+        deltas.append(detok.take_delta(final=False))
+    assert not any("\ufffd" in d for d in deltas), "held while the character may still complete"
+    deltas.append(detok.take_delta(final=True))
+    assert "".join(deltas) == tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("text", ["a real replacement character \ufffd", "ends in one\ufffd"])
+def test_a_replacement_character_the_model_wrote_last_is_kept(tokenizer, text):
+    deltas, stopped, _ = _stream(tokenizer, text, [])
+    assert not stopped and "".join(deltas) == tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_the_final_flush_never_brings_back_text_cut_at_a_stop_string(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, ["🎉"])
+    for token in tokenizer.encode("a 🎉 b 🚀"):
+        if detok.add_token(token):
+            break
+    assert detok.take_delta(final=True) == "a "
+
+
 def test_stop_string_is_held_back_and_never_emitted(tokenizer):
     deltas, stopped, detok = _stream(tokenizer, "The capital of France is Paris. It is big.", ["Paris"])
     assert stopped

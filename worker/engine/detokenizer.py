@@ -1,9 +1,10 @@
 """Incremental detokenization and stop strings, in one place.
 
 Text is decoded from a sliding window of tokens, so a multi-byte UTF-8 character split over several
-tokens is only emitted once complete. Text that may still turn into a stop string is held back;
-what follows a matched stop string never reaches the client, nor the stop string itself unless the request
-asked for it (vLLM's include_stop_str_in_output).
+tokens is only emitted once complete; bytes still pending when the output ends go out as decoding them
+gives (U+FFFD), so the text is always the decode of the output's ids. Text that may still turn into a
+stop string is held back; what follows a matched stop string never reaches the client, nor the stop string
+itself unless the request asked for it (vLLM's include_stop_str_in_output).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class IncrementalDetokenizer:
         self.read_offset = 0
         self.text = ""  # all decoded text (stop string excluded once matched)
         self.emitted = 0  # characters of self.text already returned
+        self.checking_stop = True  # whether the last token was past min_tokens (stop strings count)
+        self.stopped = False  # a stop string matched: the text ends there, whatever tokens came after
         self._decode_ids = _raw_decoder(tokenizer) or tokenizer.decode
 
     def _decode(self, ids: list[int]) -> str:
@@ -34,6 +37,7 @@ class IncrementalDetokenizer:
         """Append one token; return True if a stop string matched (the text is then truncated). With
         `check_stop` false (the output is still short of min_tokens) stop strings are plain text."""
         self.token_ids.append(token_id)
+        self.checking_stop = check_stop
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset :])
         if new_text.endswith("\ufffd") or len(new_text) <= len(prefix_text):
@@ -41,6 +45,10 @@ class IncrementalDetokenizer:
         delta = new_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
+        return self._append(delta, check_stop)
+
+    def _append(self, delta: str, check_stop: bool) -> bool:
+        """Add decoded text; True if a stop string now matches (searched only where the delta can reach)."""
         search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
         self.text += delta
         return check_stop and self._truncate_at_stop(search_from)
@@ -52,10 +60,13 @@ class IncrementalDetokenizer:
             return False
         start, minus_length = min(hits)
         self.text = self.text[: start - minus_length if self.include_stop else start]
+        self.stopped = True
         return True
 
     def take_delta(self, final: bool) -> str:
         """New text safe to send: all of it when final, else all but a possible stop-string start."""
+        if final:
+            self._flush_pending()
         end = len(self.text)
         if not final and self.stop:
             end -= self._held_back()
@@ -63,6 +74,16 @@ class IncrementalDetokenizer:
         delta = self.text[self.emitted : end]
         self.emitted = end
         return delta
+
+    def _flush_pending(self) -> None:
+        """The output ended inside a character (max_tokens, EOS) or on a U+FFFD the model wrote: add what
+        the held tokens decode to, as a decode of all the ids would, unless a stop string already ended it."""
+        if self.stopped or self.read_offset == len(self.token_ids):
+            return
+        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.token_ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.token_ids)
+        self._append(new_text[len(prefix_text) :], self.checking_stop)
 
     def _held_back(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of some stop string."""
