@@ -261,6 +261,33 @@ def test_allowed_token_ids_are_the_only_tokens_sampled(client: openai.OpenAI, ga
         assert len(tokens) == 6 and set(tokens) <= {" yes", " no"}, tokens
 
 
+def test_text_cut_inside_a_character_is_the_same_streamed_whole_and_decoded(
+    client: openai.OpenAI, gateway: Service
+) -> None:
+    """max_tokens inside a multi-byte character: the whole text, the streamed deltas joined and the decode of
+    the ids agree (U+FFFD for the lone bytes, sent last), and no delta carries a U+FFFD before then."""
+    with httpx.Client(base_url=gateway.addr, timeout=60) as http:
+        party = http.post(
+            "/tokenize", json={"model": MODEL_NAME, "prompt": "🎉", "add_special_tokens": False}
+        )
+        ids = party.json()["tokens"]
+        decoded = http.post("/detokenize", json={"model": MODEL_NAME, "tokens": ids[:-1]}).json()["prompt"]
+    assert len(ids) > 1 and decoded.endswith("\ufffd"), "the emoji must span tokens"
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Party:",
+        "max_tokens": len(ids) - 1,
+        "temperature": 0,
+        "extra_body": {"allowed_token_ids": ids[:-1]},
+        "extra_headers": {"X-Semantic-Cache": "bypass"},
+    }
+    whole = client.completions.create(**body).choices[0]
+    deltas = [c.choices[0].text for c in client.completions.create(**body, stream=True) if c.choices]
+    assert whole.finish_reason == "length" and whole.text.endswith("\ufffd")
+    assert "".join(deltas) == whole.text
+    assert not any("\ufffd" in d for d in deltas[:-1])
+
+
 def test_bad_words_are_not_generated(client: openai.OpenAI) -> None:
     """vLLM's bad_words: the greedy answer's own words, banned, are no longer in it."""
 
