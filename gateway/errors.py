@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
 from fastapi.responses import JSONResponse
 
 from common.gen import worker_pb2
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "1"
 ERROR_TRAILER = "llmserve-error-bin"  # the worker's ErrorDetail (worker/server/grpc_errors.py)
@@ -85,6 +88,21 @@ _INVALID_REQUEST_CODES = frozenset(
 )
 
 
+def client_details(error: grpc.aio.AioRpcError) -> str:
+    """What of a worker call's status text a client may read: the worker's own message (it comes with an
+    ErrorDetail and is written for users); for a status gRPC made itself (a connection refused or dropped),
+    only what happened: its text names internal addresses (`ipv4:10.0.0.7:50051: Failed to connect`), which
+    go to the gateway's log instead."""
+    if error_detail(error) is not None:
+        return error.details() or error.code().name
+    log.warning("worker call failed: %s: %s", error.code().name, error.details())
+    return (
+        "the connection to the worker failed"
+        if error.code() == grpc.StatusCode.UNAVAILABLE
+        else error.code().name
+    )
+
+
 def from_grpc(error: grpc.aio.AioRpcError, prompt_param: str) -> APIError:
     """Map a worker status to an HTTP error by its reason (the code alone when there is none, as when
     the worker could not be reached); the worker's message is already written for users."""
@@ -104,5 +122,5 @@ def from_grpc(error: grpc.aio.AioRpcError, prompt_param: str) -> APIError:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return timed_out(f"The request timed out and was aborted: {message}")
     if code == grpc.StatusCode.UNAVAILABLE:
-        return unavailable(f"No worker is available: {message}")
+        return unavailable(f"No worker is available: {client_details(error)}")
     return APIError(500, f"The worker failed: {message}", "server_error", None, "worker_error")

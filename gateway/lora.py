@@ -14,7 +14,7 @@ import grpc
 
 from common.gen import worker_pb2
 from gateway import observability
-from gateway.errors import APIError, from_grpc, unavailable
+from gateway.errors import APIError, client_details, from_grpc, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class LoraAdapters:
                 found.update({a.name: AdapterCard(a.path, parent, a.digest) for a in reply.adapters})
                 break
         if not answered:
-            detail = last_error.details() if last_error else "no replica"
+            detail = client_details(last_error) if last_error else "no replica"
             raise unavailable(f"No worker is available: {detail}")
         self._known, self._known_at = found, time.monotonic()
         return dict(found)

@@ -17,7 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from common.gen import worker_pb2
 from gateway import observability
-from gateway.errors import APIError, from_grpc, worker_lost
+from gateway.errors import APIError, client_details, from_grpc, worker_lost
 from gateway.http_io import check_api_key, read_body, until_disconnect
 from gateway.limits import RequestLimits, check_limits
 from gateway.merged_stream import MergedStream
@@ -96,7 +96,7 @@ def lost_worker_error(exc: grpc.aio.AioRpcError | APIError) -> APIError | None:
     if isinstance(exc, APIError):
         return exc if exc.code == "worker_stalled" else None
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return worker_lost(exc.details() or "")
+        return worker_lost(client_details(exc))
     return None
 
 
@@ -226,7 +226,9 @@ class Serving:
                 # itself crashed its worker takes one more down at most. A stream can't be taken back: it ends
                 # in an error.
                 log.warning("a worker went away mid-generation (%s); running the request again", lost.error)
-                metrics.RETRIES.labels(metrics.model_label(generation.stream.replica, req.model)).inc()
+                metrics.RETRIES.labels(
+                    metrics.model_label(generation.stream.streams[0].replica, req.model)
+                ).inc()
                 generation.stream.cancel()
                 generation.stream = await self._start(raw, req, generates, prompt_param, deadline)
                 try:

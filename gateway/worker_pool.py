@@ -246,7 +246,7 @@ class WorkerPool:
             replica.in_flight -= 1
             call.cancel()
             log.warning("worker %s stopped reporting; moving its request to another worker", replica.addr)
-            raise _Retry(unavailable(f"worker {replica.addr} stopped answering")) from None
+            raise _Retry(unavailable("A worker stopped answering")) from None
         except BaseException:
             replica.in_flight -= 1
             call.cancel()
@@ -272,7 +272,7 @@ class WorkerPool:
                 )
             except grpc.aio.AioRpcError as exc:
                 observability.WORKER_ERRORS.labels(exc.code().name).inc()
-                last = f"{replica.addr}: {exc.code().name}"
+                last = exc.code().name  # the address stays out of what clients read
                 continue
             if not model or replica.info.model_name == model:
                 return replica.info

@@ -9,6 +9,7 @@ from grpc.aio import Metadata
 
 from common.gen import worker_pb2 as pb
 from gateway.errors import ERROR_TRAILER, from_grpc
+from gateway.serving import lost_worker_error
 from worker.engine.errors import (
     AlreadyExistsError,
     ContextLengthError,
@@ -96,3 +97,16 @@ def test_a_garbled_trailer_counts_as_none() -> None:
         grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, Metadata(), trailer, "bad"), "prompt"
     )
     assert (error.status, error.param) == (400, None)
+
+
+def test_a_connection_failure_tells_the_client_what_happened_not_the_workers_address() -> None:
+    """gRPC's own text for a refused or dropped connection names internal addresses; a client reads only
+    what happened, the gateway's log keeps the text. A worker's own message (with its ErrorDetail) is kept."""
+    text = "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.1.2.3:50051: Failed to connect"
+    error = from_grpc(worker_error(grpc.StatusCode.UNAVAILABLE, None, details=text), "messages")
+    assert error.status == 503 and "10.1.2.3" not in error.message and "connection" in error.message
+    lost = lost_worker_error(worker_error(grpc.StatusCode.UNAVAILABLE, None, details=text))
+    assert lost is not None and "10.1.2.3" not in lost.message
+    own = worker_error(grpc.StatusCode.UNAVAILABLE, "DRAINING", "", "the worker is draining")
+    draining = from_grpc(own, "messages")
+    assert "the worker is draining" in draining.message
