@@ -40,22 +40,24 @@ class ClosingStreamingResponse(StreamingResponse):
     """Runs `on_close` however the response ends (done, error, or client gone), so the worker call
     is cancelled at once instead of whenever the body generator is garbage collected.
 
-    Its writes end `timeout_s` (GATEWAY_REQUEST_TIMEOUT_S) plus a grace after it starts, as its worker call
-    does: a client that stops reading but keeps its connection open would otherwise hold the stream, what is
-    buffered for it and its worker's in-flight count for as long as it likes. The grace lets a client that
-    reads get the deadline's error event."""
+    Its writes end a grace after the request's `deadline` (time.monotonic(); GATEWAY_REQUEST_TIMEOUT_S from
+    its arrival), as its worker calls do: a client that stops reading but keeps its connection open would
+    otherwise hold the stream, what is buffered for it and its worker's in-flight count for as long as it
+    likes. The grace lets a client that reads get the deadline's error event."""
 
     def __init__(
         self,
         content: AsyncIterator[str],
         on_close: Callable[[], None],
-        timeout_s: float | None = None,
+        deadline: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(content, **kwargs)
         self.on_close = on_close
-        loop = asyncio.get_running_loop()
-        self.write_deadline = None if timeout_s is None else loop.time() + timeout_s + WRITE_GRACE_S
+        left = None if deadline is None else deadline - time.monotonic()  # on the event loop's clock below
+        self.write_deadline = (
+            None if left is None else asyncio.get_running_loop().time() + left + WRITE_GRACE_S
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -211,11 +213,7 @@ class Serving:
                 self.cache.release(decision)
 
             return ClosingStreamingResponse(
-                body,
-                close,
-                self.settings.gateway_request_timeout_s,
-                media_type="text/event-stream",
-                headers=headers | SSE_HEADERS,
+                body, close, deadline, media_type="text/event-stream", headers=headers | SSE_HEADERS
             )
         try:
             try:

@@ -104,11 +104,7 @@ class ResponsesServing:
         if req.stream:
             steps = self._steps(builder, stream, tools, tenant, conversation)
             return ClosingStreamingResponse(
-                _sse(steps),
-                stream.cancel,
-                self.settings.gateway_request_timeout_s,
-                media_type="text/event-stream",
-                headers=SSE_HEADERS,
+                _sse(steps), stream.cancel, deadline, media_type="text/event-stream", headers=SSE_HEADERS
             )
         try:
             try:

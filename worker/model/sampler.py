@@ -352,9 +352,9 @@ def _changed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     constrained = {row for row, _ in batch.grammars}
     for row, ids in batch.banned:
         index = torch.tensor(ids, dtype=torch.long, device=logits.device)
-        kept = logits[row, index].clone()
+        kept = logits[row, index].clone() if row in constrained else None
         logits[row, index] = float("-inf")
-        if row in constrained and not torch.isfinite(logits[row]).any():
+        if kept is not None and not torch.isfinite(logits[row]).any():
             # The grammar is complete and allows only its end: that ends the output before min_tokens
             # (the scheduler stops on it), rather than a draw from nothing.
             logits[row, index] = kept
