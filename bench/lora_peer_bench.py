@@ -29,6 +29,7 @@ from bench.peer_bench import (
     start_ours,
     start_vllm,
     with_cpu,
+    workload_seed,
 )
 from bench.report import cpu_section, median, write_section
 from scripts.launch import MODEL_NAME, exit_on_sigterm
@@ -74,13 +75,14 @@ def row_name(streams: int, count: int) -> str:
 def drive(server: Server, adapters: list[str], round_: int) -> dict[str, dict]:
     common = [
         "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", server.base_url,
-        "--model", MODEL_NAME, "--tokenizer", str(MODEL_DIR), "--ignore-eos", "--seed", "0",
+        "--model", MODEL_NAME, "--tokenizer", str(MODEL_DIR), "--ignore-eos",
         "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
         "--random-output-len", str(OUTPUT_TOKENS), "--percentile-metrics", "ttft,tpot,e2el",
         "--metric-percentiles", "50,99",
     ]  # fmt: skip
+    # every row its own prompts (peer_bench.workload_seed): one shared seed measured prefix-cache hits
     warmup = peer("bench", *common, "--num-prompts", "8", "--max-concurrency", "8",
-                  "--lora-modules", *adapters)  # fmt: skip
+                  "--lora-modules", *adapters, *workload_seed("warmup"))  # fmt: skip
     if warmup.returncode:
         raise RuntimeError(
             f"warm-up against {server.name} failed:\n{warmup.stdout[-3000:]}{warmup.stderr[-3000:]}"
@@ -93,6 +95,7 @@ def drive(server: Server, adapters: list[str], round_: int) -> dict[str, dict]:
             filename = f"{server.name}-{name}-r{round_ + 1}.json"
             lora = ["--lora-modules", *adapters[:count], "--lora-assignment", "round-robin"] if count else []
             load = ["--num-prompts", str(2 * streams), "--max-concurrency", str(streams), *lora]
+            load += ["--seed", str(10_000 + 100 * streams + count)]
             save = ["--save-result", "--result-dir", str(RESULTS), "--result-filename", filename]
             done = peer("bench", *common, *load, *save)
             if done.returncode:

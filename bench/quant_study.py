@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.peer_bench import MemorySampler, Server, peer, with_cpu
+from bench.peer_bench import MemorySampler, Server, peer, with_cpu, workload_seed
 from bench.report import cpu_section, median_of_runs, write_section
 from scripts.launch import (
     MODEL_NAME,
@@ -301,11 +301,12 @@ def agreement(texts: list[str], reference: list[str], tokenizer) -> float:
 def speed(server: Server, quick: bool) -> dict[str, dict]:
     common = [
         "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", server.base_url,
-        "--model", MODEL_NAME, "--tokenizer", str(MODEL_DIR), "--ignore-eos", "--seed", "0",
+        "--model", MODEL_NAME, "--tokenizer", str(MODEL_DIR), "--ignore-eos",
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64",
         "--percentile-metrics", "ttft,tpot,itl,e2el",
     ]  # fmt: skip
-    warm = peer("bench", *common, "--num-prompts", "4", "--max-concurrency", "4")
+    # every run its own prompts (peer_bench.workload_seed): one shared seed measured prefix-cache hits
+    warm = peer("bench", *common, "--num-prompts", "4", "--max-concurrency", "4", *workload_seed("warmup"))
     if warm.returncode:
         raise RuntimeError(
             f"warm-up against {server.name} failed:\n{warm.stdout[-2000:]}{warm.stderr[-2000:]}"
@@ -316,7 +317,8 @@ def speed(server: Server, quick: bool) -> dict[str, dict]:
         prompts = {1: 6, 8: 16, 32: 32}[c] // (2 if quick else 1)
         filename = f"{server.name}-c{c}.json"
         done = peer("bench", *common, "--num-prompts", str(max(prompts, 2)), "--max-concurrency", str(c),
-                    "--save-result", "--result-dir", str(RESULTS), "--result-filename", filename)  # fmt: skip
+                    *workload_seed(f"c{c}"), "--save-result", "--result-dir", str(RESULTS),
+                    "--result-filename", filename)  # fmt: skip
         if done.returncode:
             raise RuntimeError(f"{server.name} c{c} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         out[f"c{c}"] = with_cpu(RESULTS / filename, cpu_info())
