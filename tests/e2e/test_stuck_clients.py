@@ -22,14 +22,15 @@ from tests.e2e.conftest import wait_for_idle
 
 DEADLINE_S = 10
 LONGEST_TOKEN = 46778  # a newline and 80 spaces: SmolLM2's longest token text
-# 64 choices echoing a prompt of 1,500 such tokens: about 8 MB of SSE within a few seconds (the prompt is
+# 128 choices echoing a prompt of 750 such tokens: about 8 MB of SSE within a few seconds (the prompt is
 # computed once, every other choice hits the prefix cache), more than the kernel buffers between the gateway
-# and a client that reads nothing.
+# and a client that reads nothing. The prompt is kept short: its prefill must end well inside the deadline on
+# a slow CPU under the other tests' load (1,500 tokens on an AVX2 EPYC did not, and the stream never opened).
 FLOOD = {
     "model": MODEL_NAME,
-    "prompt": [LONGEST_TOKEN] * 1500,
+    "prompt": [LONGEST_TOKEN] * 750,
     "max_tokens": 1,
-    "n": 64,
+    "n": 128,
     "echo": True,
     "stream": True,
 }
