@@ -268,13 +268,13 @@ def plot(results: dict[str, dict[str, dict]], label: str, tag: str) -> list[Path
         ("median_tpot_ms", "TPOT p50 (ms)"),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for ax, (key, label) in zip(axes, panels, strict=True):
+    for ax, (key, axis_label) in zip(axes, panels, strict=True):  # not `label`: it names the file
         for server, runs_ in results.items():
             ax.plot(CONCURRENCY, [runs_[n][key] for n in names], marker="o", label=server)
         ax.set_xscale("log", base=2)
         ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
         ax.set_xlabel("concurrent streams")
-        ax.set_ylabel(label)
+        ax.set_ylabel(axis_label)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(
