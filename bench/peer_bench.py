@@ -78,6 +78,8 @@ def workload_seed(name: str) -> list[str]:
 
 
 WORKLOAD_SEEDS = {"warmup": 1000, "prefix": 2000} | {f"c{c}": c for c in CONCURRENCY}
+# Checked at import (tests import no benchmark): no two workloads share prompts.
+assert len(set(WORKLOAD_SEEDS.values())) == len(WORKLOAD_SEEDS), WORKLOAD_SEEDS
 
 
 def runs(quick: bool, c1_prompts: int = 64) -> list[Run]:
