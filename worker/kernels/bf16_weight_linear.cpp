@@ -22,9 +22,9 @@ namespace {
 
 using BF16 = c10::BFloat16;
 
-constexpr int64_t kRowTile = 4;        // activation rows sharing one pass over a weight row
-constexpr int64_t kRowChunk = 16;      // x rows kept in cache while weight blocks pass
-constexpr int64_t kChannelBlock = 16;  // weight rows (at most 16 x 1536 x 2 bytes here) kept in L1/L2
+constexpr int64_t kBf16RowTile = 4;         // activation rows sharing one pass over a weight row
+constexpr int64_t kBf16RowChunk = 16;       // x rows kept in cache while weight blocks pass
+constexpr int64_t kBf16ChannelBlock = 16;   // weight rows (at most 16 x 1536 x 2 bytes here) kept in L1/L2
 
 // Rows [0, R) of x against two weight rows at once, writing out0[r * ld0] and out1[r * ld1]: each x vector
 // loaded serves both, so a step is two weight loads and R x loads for 2 R FMAs, and the 2 R independent
@@ -89,7 +89,8 @@ void bf16_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
   const float* xp = x.data_ptr<float>();
   const BF16* wp = w.data_ptr<BF16>();
   float* op = out.data_ptr<float>();
-  for_each_tile(M, N, kRowChunk, kChannelBlock, kRowTile, [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+  for_each_tile(M, N, kBf16RowChunk, kBf16ChannelBlock, kBf16RowTile,
+                [&](int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
     const float* xr = xp + m0 * K;
     float* orow = op + m0 * N;
     switch (rows) {
