@@ -266,7 +266,7 @@ void silu_and_mul(const at::Tensor& x, const at::Tensor& out) {
 // w8a8 (worker/model/w8a8.py): each group of columns' int8 codes + 128 and its scale (scales [rows, groups],
 // every group the row's width / groups columns), in one read of the row; the same float operations as the
 // torch code (scale = max|x| / 127 clamped, q = round-half-even(x / scale)), so both give the same codes.
-void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t max_code) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "quantize_rows_u8: contiguous 2-D x");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "quantize_rows_u8: float32 or bfloat16 x");
@@ -275,6 +275,8 @@ void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Te
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 2 &&
                   scales.size(0) == x.size(0) && scales.size(1) >= 1 && x.size(1) % scales.size(1) == 0,
               "quantize_rows_u8: float32 scales [rows, groups], the groups dividing the row");
+  TORCH_CHECK(max_code >= 1 && max_code <= 127, "quantize_rows_u8: max_code in [1, 127]");
+  const float top = static_cast<float>(max_code);
   const int64_t n = x.size(1), groups = scales.size(1), width = n / groups;
   dispatch_float_bf16(x.scalar_type(), [&]<typename T>() {
       for_rows(x.size(0), n, [&](int64_t r) {
@@ -294,7 +296,7 @@ void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Te
           for (float lane : lanes) peak = std::max(peak, lane);
 #endif
           for (; i < width; ++i) peak = std::max(peak, std::fabs(static_cast<float>(group[i])));
-          const float scale = std::max(peak, 1e-12f) / 127.f;
+          const float scale = std::max(peak, 1e-12f) / top;
           scales.data_ptr<float>()[r * groups + g] = scale;
           i = 0;
 #ifdef LLMSERVE_AVX2
@@ -319,7 +321,7 @@ void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Te
 }  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {
-  m.def("quantize_rows_u8(Tensor x, Tensor(a!) codes, Tensor(b!) scales) -> ()");
+  m.def("quantize_rows_u8(Tensor x, Tensor(a!) codes, Tensor(b!) scales, int max_code=127) -> ()");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, Tensor(b!) out) -> ()");
   m.def("rotary_(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int num_heads) -> ()");

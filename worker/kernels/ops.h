@@ -15,7 +15,7 @@ void add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Ten
 void rotary_(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
              int64_t num_heads);
 void silu_and_mul(const at::Tensor& x, const at::Tensor& out);
-void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
+void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t max_code = 127);
 
 // int8_linear.cpp, int4_linear.cpp
 void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out);

@@ -20,6 +20,12 @@
 // faster at every row count (docs/STUDY_LOG.md): every group of 64 columns needs its own scale, so the tiles
 // had to be stored and read back after each tile product.
 //
+// On AVX2 without VNNI the products run on VPMADDUBSW (32 u8 x s8 products summed in pairs into 16 bits) and
+// VPMADDWD (the pairs of pairs into 32 bits): on a Zen 3 core 2.0 such pairs of instructions per ns, 66 G
+// products/s against FMA's 47 G in float32. The pairs must not saturate 16 bits, and 255 x 127 x 2 would, so
+// they take the rows' codes signed, as llama.cpp's AVX2 dot products do: |q_x| (unsigned, at most 127) times
+// the weight code given q_x's sign (VPSIGNB), so every sum is the exact sum_k q_x c and needs no compensation.
+//
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
 // compensation [K / 64, N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
 #include <ATen/Parallel.h>
@@ -29,6 +35,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <memory>
+#include <type_traits>
 #include <cstdint>
 #include <vector>
 
@@ -41,6 +49,8 @@ using BF16 = c10::BFloat16;
 
 #if defined(LLMSERVE_AVX512) && defined(__AVX512VNNI__)
 #define LLMSERVE_W8A8_VNNI 1
+#elif defined(LLMSERVE_AVX2)
+#define LLMSERVE_W8A8_AVX2 1
 #endif
 
 constexpr int64_t kGroup = 64;  // columns per activation scale: 16 VPDPBUSD steps
@@ -182,12 +192,123 @@ void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packe
 }
 #endif
 
+#ifdef LLMSERVE_W8A8_AVX2
+constexpr int kAvx2Rows = 3;  // rows per tile: 3 rows x 2 halves of 8 channels = 6 accumulators + 10 operands
+// The rows' codes on AVX2 are 7-bit, |q| <= 63 (quantize_rows_u8's max_code): then one VPMADDUBSW's pairs are
+// at most 2 x 63 x 127 = 16002, so two steps' pairs add up in 16 bits (at most 32004) before one VPMADDWD
+// widens them: 3 multiplies per 64 products where 8-bit codes need 4.
+constexpr int64_t kAvx2MaxCode = 63;
+
+// Rows [m0, m0 + R) against channel block b (16 channels, two registers of 8), every group of columns: per
+// group the int32 sums, scaled by the rows' group scales into float32 totals; then the totals times the weight
+// scales go to out. rows: the rows' codes as laid out by avx2_linear, 2 K bytes a row (per group of 64
+// columns: the 64 magnitudes |q|, then the 64 signed codes q).
+template <int R>
+void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, const float* group_scales,
+               const float* weight_scales, int64_t n0, void* out, bool bf16, int64_t N) {
+  alignas(32) static const int16_t ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const int64_t groups = K / kGroup;
+  __m256 totals[R][2];
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i acc[R][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int8_t* w = block + g * kGroup * 16;          // the group's 16 x 64 codes, 4 columns x 16 channels a step
+    const uint8_t* x = rows + (m0 * K + g * kGroup) * 2;  // row r at x + 2 K r
+#pragma GCC unroll 8
+    for (int step = 0; step < kGroup / 4; step += 2) {
+      __m256i wv[2][2];  // [step of the two][half]
+#pragma GCC unroll 2
+      for (int s = 0; s < 2; ++s)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h)
+          wv[s][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (step + s) * 64 + 32 * h));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* xr = x + 2 * K * r + 4 * step;
+        const __m256i mag0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr));
+        const __m256i mag1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr + 4));
+        const __m256i sign0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr + kGroup));
+        const __m256i sign1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr + kGroup + 4));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          // In place on the accumulator (inline asm, "+x"), as vnni_tile does: with the intrinsics GCC 12 kept
+          // the accumulators on the stack, storing and loading each one every step (2.5x slower).
+          __m256i t, u;
+          asm("vpsignb %[s0], %[w0], %[t]\n\t"
+              "vpmaddubsw %[t], %[m0], %[t]\n\t"
+              "vpsignb %[s1], %[w1], %[u]\n\t"
+              "vpmaddubsw %[u], %[m1], %[u]\n\t"
+              "vpaddw %[u], %[t], %[t]\n\t"
+              "vpmaddwd %[one], %[t], %[t]\n\t"
+              "vpaddd %[t], %[a], %[a]"
+              : [a] "+x"(acc[r][h]), [t] "=&x"(t), [u] "=&x"(u)
+              : [s0] "x"(sign0), [w0] "x"(wv[0][h]), [m0] "x"(mag0), [s1] "x"(sign1), [w1] "x"(wv[1][h]),
+                [m1] "x"(mag1), [one] "m"(ones));
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 scale = _mm256_set1_ps(group_scales[(m0 + r) * groups + g]);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256 v = _mm256_cvtepi32_ps(acc[r][h]);
+        totals[r][h] = g == 0 ? _mm256_mul_ps(v, scale) : _mm256_fmadd_ps(v, scale, totals[r][h]);
+      }
+    }
+  }
+  const __m256 s0 = _mm256_loadu_ps(weight_scales + n0), s1 = _mm256_loadu_ps(weight_scales + n0 + 8);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const int64_t at = (m0 + r) * N + n0;
+    const __m256 y0 = _mm256_mul_ps(totals[r][0], s0), y1 = _mm256_mul_ps(totals[r][1], s1);
+    if (bf16) {
+      llmserve::store8(static_cast<BF16*>(out) + at, y0);
+      llmserve::store8(static_cast<BF16*>(out) + at + 8, y1);
+    } else {
+      llmserve::store8(static_cast<float*>(out) + at, y0);
+      llmserve::store8(static_cast<float*>(out) + at + 8, y1);
+    }
+  }
+}
+
+// The rows' unsigned codes (q + 128) laid out for avx2_tile (per group: magnitudes |q|, then q, the codes
+// with their top bit flipped), then each thread's channel blocks against every row tile, a block's codes
+// (16 K bytes) staying in L1 across the tiles.
+void avx2_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N,
+                 const float* group_scales, const float* weight_scales, void* out, bool bf16) {
+  std::unique_ptr<uint8_t[]> rows(new uint8_t[static_cast<size_t>(M * K * 2)]);
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int64_t i = begin * K; i < end * K; i += 32) {  // K is a multiple of 64: 32 codes of one group
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), top);
+      uint8_t* dst = rows.get() + (i / kGroup) * 2 * kGroup + i % kGroup;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_abs_epi8(q));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kGroup), q);
+    }
+  });
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int8_t* block = packed + b * 16 * K;
+      for (int64_t m0 = 0; m0 < M; m0 += kAvx2Rows) {
+        switch (std::min<int64_t>(kAvx2Rows, M - m0)) {
+          case 1: avx2_tile<1>(rows.get(), K, block, m0, group_scales, weight_scales, b * 16, out, bf16, N); break;
+          case 2: avx2_tile<2>(rows.get(), K, block, m0, group_scales, weight_scales, b * 16, out, bf16, N); break;
+          default: avx2_tile<3>(rows.get(), K, block, m0, group_scales, weight_scales, b * 16, out, bf16, N); break;
+        }
+      }
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 namespace llmserve {
 
 bool w8a8_linear_supported() {
-#ifdef LLMSERVE_W8A8_VNNI
+#if defined(LLMSERVE_W8A8_VNNI) || defined(LLMSERVE_W8A8_AVX2)
   return true;
 #else
   return false;
@@ -225,7 +346,7 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
 
 void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
                  const at::Tensor& compensation, const at::Tensor& out) {
-  TORCH_CHECK(w8a8_linear_supported(), "w8a8_linear: this build or CPU has no AVX512-VNNI");
+  TORCH_CHECK(w8a8_linear_supported(), "w8a8_linear: this build or CPU has neither AVX512-VNNI nor AVX2");
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && out.device().is_cpu(), "w8a8_linear runs on CPU tensors");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && out.dim() == 2 && out.is_contiguous(),
               "w8a8_linear: contiguous x [M, K] and out [M, N]");
@@ -249,6 +370,12 @@ void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
                           group_scales.data_ptr<float>(), K / kGroup, out.data_ptr(),
                           out.scalar_type() == at::kBFloat16, N};
   vnni_linear(codes.data_ptr<uint8_t>(), M, K, packed.data_ptr<int8_t>(), N, epilogue);
+#elif defined(LLMSERVE_W8A8_AVX2)
+  const at::Tensor codes = at::empty({M, K}, x.options().dtype(at::kByte));
+  const at::Tensor group_scales = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
+  llmserve::quantize_rows_u8(x, codes, group_scales, kAvx2MaxCode);
+  avx2_linear(codes.data_ptr<uint8_t>(), M, K, packed.data_ptr<int8_t>(), N, group_scales.data_ptr<float>(),
+              weight_scales.data_ptr<float>(), out.data_ptr(), out.scalar_type() == at::kBFloat16);
 #endif
 }
 
