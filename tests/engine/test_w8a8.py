@@ -22,17 +22,17 @@ from worker.model.runner import ModelRunner
 from worker.model.smoothing import activation_ranges, factors, smooth
 from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
 
-# w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI
+# w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI or AVX2
 # (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products: it is there when it should be).
 needs_gemm = pytest.mark.skipif(
     not w8a8_available(torch.device("cpu")),
-    reason="no integer GEMM here (make kernels; AVX512-VNNI)",
+    reason="no integer GEMM here (make kernels; AVX512-VNNI or AVX2)",
 )
 
 
 def gemm_or_skip():
     """The compiled integer GEMM, or a skip where this build or CPU has none (before `make kernels`, or a
-    CPU without AVX512-VNNI)."""
+    CPU without AVX512-VNNI or AVX2)."""
     ops = native_op("w8a8_linear")
     if ops is None or not ops.w8a8_linear_supported():
         pytest.skip("no native integer GEMM in this build or on this CPU")
@@ -148,6 +148,13 @@ def test_native_group_quantization_equals_the_torch_steps(dtype):
     expected_codes, expected_scales = quantize_rows(x)
     assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
     assert (codes[5, :6].int() - ZERO_POINT).tolist() == [127, 0, 2, 2, 0, -2]
+    # the AVX2 GEMM's 7-bit codes: the same steps with 63 levels a side
+    ops.quantize_rows_u8(x, codes, scales, 63)
+    expected_codes, expected_scales = quantize_rows(x, 63)
+    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
+    assert (codes.int() - ZERO_POINT).abs().max() == 63
+    with pytest.raises(RuntimeError, match="max_code"):
+        ops.quantize_rows_u8(x, codes, scales, 128)
     # groups of any width that divides the row (here 67 columns: the eight-wide loop and its scalar tail)
     odd = (torch.randn(37, 201, generator=torch.Generator().manual_seed(4)) * 5).to(dtype)
     odd_codes = torch.empty(37, 201, dtype=torch.uint8)
@@ -161,13 +168,16 @@ def test_native_group_quantization_equals_the_torch_steps(dtype):
 
 
 def test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products():
-    """A build for a CPU with AVX512-VNNI (AMX CPUs among them) has the integer GEMM: a build that loses the
-    kernel fails here instead of leaving w8a8 refused at start unnoticed."""
+    """A build for a CPU with AVX512-VNNI (AMX CPUs among them) or AVX2 has the integer GEMM: a build that
+    loses the kernel fails here instead of leaving w8a8 refused at start unnoticed. Its rows' codes are 8-bit
+    on VNNI and 7-bit on AVX2 (where two steps' 16-bit pair sums must not overflow)."""
     ops = native_ops()
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
-    expected = "avx512_vnni" in cpu_info().flags
-    assert hasattr(ops, "w8a8_linear") and ops.w8a8_linear_supported() == expected
+    flags = cpu_info().flags
+    vnni = "avx512_vnni" in flags and "avx512bw" in flags
+    assert hasattr(ops, "w8a8_linear") and ops.w8a8_linear_supported() == (vnni or "avx2" in flags)
+    assert ops.w8a8_row_max_code() == (127 if vnni else 63)
 
 
 def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channels():
@@ -201,11 +211,11 @@ def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
     weight = codes.float() * 2.0 ** torch.randint(-3, 3, (n, 1), generator=gen)
     layer = W8A8Linear(weight)
     assert torch.equal(layer.weight_codes(), codes)
-    # each group's largest |x| is 127 times a power of two, the others small multiples of that power (so the
-    # sums of all 9 groups stay within float32's 24 bits)
+    # each group's largest |x| is the row code limit times a power of two, the others small multiples of that
+    # power (so the sums of all 9 groups stay within float32's 24 bits)
     powers = 2.0 ** torch.randint(-2, 2, (rows, k // GROUP), generator=gen)
     x = torch.randint(-7, 8, (rows, k), generator=gen).float()
-    x[:, ::GROUP] = 127.0
+    x[:, ::GROUP] = float(layer.row_max_code)  # the group's scale: its power of two
     x = x * powers.repeat_interleave(GROUP, dim=1)
     x[0, :] = 0.0  # an all-zero row: scale 1e-12 / 127, codes 128, sums exactly zero after the compensation
     expected = layer.reference(x)
@@ -259,7 +269,7 @@ def test_w8a8_says_what_it_needs_where_the_integer_gemm_is_missing(monkeypatch):
 
     monkeypatch.setattr(w8a8, "native_op", lambda name: None)  # a build without the kernels
     assert not w8a8.w8a8_available(torch.device("cpu"))
-    with pytest.raises(ValueError, match="AVX512-VNNI"):
+    with pytest.raises(ValueError, match="AVX512-VNNI or AVX2"):
         w8a8.W8A8Linear(torch.randn(64, 128))
 
 

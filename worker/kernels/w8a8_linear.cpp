@@ -315,6 +315,14 @@ bool w8a8_linear_supported() {
 #endif
 }
 
+int64_t w8a8_row_max_code() {
+#ifdef LLMSERVE_W8A8_AVX2
+  return kAvx2MaxCode;
+#else
+  return 127;
+#endif
+}
+
 void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation) {
   TORCH_CHECK(codes.device().is_cpu() && codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(),
               "w8a8_pack_weight: codes must be a contiguous int8 [N, K] CPU tensor");
@@ -385,6 +393,7 @@ TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor weight_scales, Tensor compensation, Tensor(a!) out) -> ()");
   m.def("w8a8_pack_weight(Tensor codes, Tensor(a!) packed, Tensor(b!) compensation) -> ()");
   m.def("w8a8_linear_supported() -> bool", &llmserve::w8a8_linear_supported);
+  m.def("w8a8_row_max_code() -> int", &llmserve::w8a8_row_max_code);
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) {

@@ -16,9 +16,14 @@ q_x + 128 (exact: the same integers, 128 times each group's code sum subtracted)
 only the two roundings to 8 bits differ from float. Perplexity against the unquantized model is what decides
 where it serves (bench/quant_study.py).
 
+On AVX2 without VNNI the kernel multiplies on VPMADDUBSW, whose 16-bit pair sums would overflow on 8-bit
+codes when two steps are added before widening; there the row codes are 7-bit (|q_x| <= 63,
+`row_max_code()`), which the smoothing in front keeps within a few tenths of perplexity of 8-bit ones
+(docs/STUDY_LOG.md), for 1.6x the int8 weight-only kernel's products per second at prefill sizes.
+
 oneDNN's int8 GEMM, which this layer ran before the project's kernel, takes one activation scale per call and
-cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX512-VNNI (or a
-build without the kernels) has no w8a8, and the worker says so at start.
+cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX2 (or a build without the
+kernels) has no w8a8, and the worker says so at start.
 """
 
 from __future__ import annotations
@@ -32,17 +37,24 @@ GROUP = 64  # columns per activation scale (w8a8_linear.cpp's kGroup)
 
 
 def w8a8_available(device: torch.device) -> bool:
-    """The project's integer GEMM runs here: the kernels built, a CPU with AVX512-VNNI (AMX CPUs have it)."""
+    """The project's integer GEMM runs here: the kernels built, a CPU with AVX512-VNNI (AMX CPUs have it) or
+    AVX2."""
     ops = native_op("w8a8_linear")
     return device.type == "cpu" and ops is not None and ops.w8a8_linear_supported()
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_max_code() -> int:
+    """The largest |code| of a quantized row on this build: 127, or 63 where the kernel runs on AVX2."""
+    return int(native_op("w8a8_linear").w8a8_row_max_code())
+
+
+def quantize_rows(x: torch.Tensor, max_code: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (codes + 128 as uint8 [M, K], float32 scales [M, K / GROUP]), one symmetric scale per
-    group of GROUP columns (what the kernel computes, in torch: the reference of tests)."""
+    group of GROUP columns, codes in [-max_code, max_code] (what the kernel computes, in torch: the reference
+    of tests)."""
     rows = x.float()
     groups = rows.reshape(rows.shape[0], -1, GROUP)
-    scales = groups.abs().amax(dim=2, keepdim=True).clamp_(min=1e-12).div_(127)
+    scales = groups.abs().amax(dim=2, keepdim=True).clamp_(min=1e-12).div_(max_code)
     codes = torch.round(groups / scales).add_(ZERO_POINT).to(torch.uint8)
     return codes.reshape(rows.shape), scales.squeeze(2)
 
@@ -59,7 +71,7 @@ class W8A8Linear:
         if not w8a8_available(weight.device):
             raise ValueError(
                 f"w8a8 runs on the project's integer GEMM, which needs the compiled kernels (`make kernels`) "
-                f"and a CPU with AVX512-VNNI; a weight on {weight.device} here has neither "
+                f"and a CPU with AVX512-VNNI or AVX2; a weight on {weight.device} here has neither "
                 f"(use WORKER_QUANTIZATION=int8 or none)"
             )
         if in_features % GROUP or out_features % 32:
@@ -68,6 +80,7 @@ class W8A8Linear:
                 f"32, got {in_features} -> {out_features} (use WORKER_QUANTIZATION=int8 or none here)"
             )
         self.gemm = native_op("w8a8_linear")
+        self.row_max_code = row_max_code()
         w = weight.detach().float()
         self.out_features, self.in_features = out_features, in_features
         self.weight_scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).contiguous()
@@ -95,7 +108,7 @@ class W8A8Linear:
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """What `__call__` computes, in float64 (up to float32 rounding): the same integer sums per group."""
-        codes, scales = quantize_rows(x)
+        codes, scales = quantize_rows(x, self.row_max_code)
         groups = (codes.double() - ZERO_POINT).reshape(x.shape[0], -1, GROUP)
         weights = self.weight_codes().double().reshape(self.out_features, -1, GROUP)
         sums = torch.einsum("mgk,ngk->mgn", groups, weights)  # each group's integer sums, exact
