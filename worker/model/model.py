@@ -126,9 +126,15 @@ class LlamaForPagedAttention:
         self.final_norm = _norm_weight(inner.norm)
         self.quantization = quantization
         # The LM head is 8-bit with weight-only quantization, as llama.cpp's Q4_1 file keeps it (Q8_0). With
-        # w8a8 it stays unquantized: 8-bit rows into it cost the 135M model 1% of perplexity on their own
-        # (docs/STUDY_LOG.md), and it sees only the rows whose logits are wanted.
-        head_quantization = "int8" if quantization in ("int8", "int4") else "none"
+        # w8a8 its rows stay unquantized: 8-bit rows into it cost the 135M model 1% of perplexity on their own
+        # (docs/STUDY_LOG.md), and it sees only the rows whose logits are wanted. Its weights are 8-bit there
+        # too where the model runs in float32 (AVX2 kinds): a float32 head was 113 MB read every decode step,
+        # 5 of a one-stream step's 11 ms (AVX2 EPYC).
+        float_rows = (
+            hf_model.lm_head.weight.dtype == torch.float32 and hf_model.lm_head.weight.device.type == "cpu"
+        )
+        int8_head = quantization in ("int8", "int4") or (quantization == "w8a8" and float_rows)
+        head_quantization = "int8" if int8_head else "none"
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         if head_quantization == "int8":
             # It sees one row per sequence, where dequantizing its 28M weights each step costs more than the
