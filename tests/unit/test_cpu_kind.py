@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from worker.kernels import native_ops
 from worker.model.cpu_kind import (
     AUTO_BY_KIND,
     ISA_FLAGS,
@@ -17,6 +17,7 @@ from worker.model.cpu_kind import (
 )
 from worker.model.loader import resolve_dtype, resolve_precision, resolve_quantization
 from worker.model.quant import native_cpu_bfloat16
+from worker.model.w8a8 import w8a8_available
 
 # Abridged /proc/cpuinfo texts of real machines: the fields the parser reads, among others it must skip.
 SAPPHIRE_RAPIDS = """processor\t: 0
@@ -93,7 +94,7 @@ def test_this_machine_is_read_and_its_kind_agrees_with_onednn_on_bfloat16():
 def test_every_kind_has_a_choice_and_unmeasured_kinds_say_so():
     assert set(AUTO_BY_KIND) == {kind for kind, _ in KINDS}
     for kind, choice in AUTO_BY_KIND.items():
-        assert choice.quantization in ("none", "int8") and choice.dtype in ("float32", "bfloat16")
+        assert choice.quantization in ("none", "int8", "w8a8") and choice.dtype in ("float32", "bfloat16")
         assert choice.measured or choice.basis.startswith("not measured"), kind
     for kind in (OTHER, UNKNOWN, "riscv"):
         assert not auto_choice(kind).measured and auto_choice(kind).quantization == "none"
@@ -108,10 +109,9 @@ def test_auto_on_native_bfloat16_kinds_serves_bfloat16_weights(kind, dtype, quan
     assert resolve_dtype("auto", "cpu", quantization, kind) == dtype
 
 
-def test_auto_on_avx2_serves_int8_with_float32_when_the_kernel_is_built():
-    built = native_ops() is not None and hasattr(native_ops(), "int8_linear")
+def test_auto_on_avx2_serves_w8a8_with_float32_where_the_integer_gemm_runs():
     quantization = resolve_quantization("auto", "cpu", "avx2")
-    assert quantization == ("int8" if built else "none")
+    assert quantization == ("w8a8" if w8a8_available(torch.device("cpu")) else "none")
     assert resolve_dtype("auto", "cpu", quantization, "avx2") == "float32"
 
 

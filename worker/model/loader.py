@@ -61,10 +61,10 @@ def resolve_dtype(name: str, device: str, quantization: str = "none", kind: str 
 
 
 def resolve_quantization(name: str, device: str, kind: str | None = None) -> str:
-    """`auto`: what cpu_kind.py's table picks for this CPU's kind: the quantization study's row with
-    the most tokens/s at 32 streams where the kind was measured (int8 on AVX2, bfloat16 weights on
-    AVX512-BF16), a safe default where not. int8 needs the compiled kernel (`make kernels`); without it,
-    none. GPUs serve the unquantized weights."""
+    """`auto`: what cpu_kind.py's table picks for this CPU's kind: the row with the most tokens/s under
+    concurrent load where the kind was measured (w8a8 on AVX2, bfloat16 weights on AVX512-BF16 and AMX), a
+    safe default where not. int8 and w8a8 need the compiled kernels (`make kernels`); without them, none.
+    GPUs serve the unquantized weights."""
     if name != "auto":
         return name
     chosen = auto_choice(kind or cpu_info().kind).quantization
