@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from tests.engine.factories import tiny_llama
 from tests.engine.kernel_grid import int8_rows_on_grid, on_chunk_grid
 from worker.kernels import native_ops
+from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.gguf import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
 from worker.model.loader import resolve_dtype, resolve_quantization
 from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear, native_cpu_bfloat16
+from worker.model.w8a8 import w8a8_available
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -98,9 +100,15 @@ def test_int8_rows_on_the_grid_get_what_each_gets_alone_and_the_float_path_stays
     assert not torch.equal(floats, batch)
 
 
-def test_auto_quantization_is_int8_on_a_cpu_without_native_bf16_with_the_kernel_else_none():
-    expected = "int8" if native_ops() is not None and not native_cpu_bfloat16() else "none"
-    assert resolve_quantization("auto", "cpu") == expected
+def test_auto_quantization_is_this_cpu_kinds_choice_where_its_kernel_runs_else_none():
+    """Each kind's choice has its own test (tests/unit/test_cpu_kind.py); here the machine at hand's."""
+    runs = {
+        "none": True,
+        "int8": native_ops() is not None and hasattr(native_ops(), "int8_linear"),
+        "w8a8": w8a8_available(torch.device("cpu")),
+    }
+    chosen = auto_choice(cpu_info().kind).quantization
+    assert resolve_quantization("auto", "cpu") == (chosen if runs[chosen] else "none")
     assert resolve_quantization("auto", "cuda:0") == "none"
     assert resolve_quantization("int4", "cpu") == "int4"
 
