@@ -1,16 +1,19 @@
-"""The linears of a decode step with int8 weights x int8 rows (`WORKER_QUANTIZATION=w8a8`) beside bfloat16
-weights, at the row counts of decode batches.
+"""The linears of a decode step with int8 weights x int8 rows (`WORKER_QUANTIZATION=w8a8`) beside unquantized
+and int8 weight-only ones, at the row counts of decode batches and prefill chunks.
 
 Columns (each one call per linear, as the engine makes them):
-  bf16          bfloat16 weights on the engine's `Linear` (the project's AMX tile kernel where AMX exists,
-                else oneDNN's prepacked GEMM): what `WORKER_QUANTIZATION=none` runs
-  w8a8          worker/kernels/w8a8_linear.cpp (AVX512-VNNI): what a w8a8 layer runs
+  bf16 / fp32   unquantized weights on the engine's `Linear` in the dtype this CPU computes natively (bfloat16
+                where oneDNN has it: the project's AMX tile kernel where AMX exists, else oneDNN's prepacked
+                GEMM; float32 elsewhere): what `WORKER_QUANTIZATION=none` runs
+  int8          int8 weights, float32 rows (worker/kernels/int8_linear.cpp): `WORKER_QUANTIZATION=int8`
+  w8a8          worker/kernels/w8a8_linear.cpp (AVX512-VNNI, or VPMADDUBSW on 7-bit rows on AVX2): what a
+                w8a8 layer runs
 Every row is the 30 decoder layers' four linears at SmolLM2-135M's shapes with distinct weights (100 MB of
-int8 codes, 200 MB of bfloat16), so the weights stream from memory as in a served step; a single layer
-timed alone sits in cache and says little. Milliseconds per pass; the columns take turns within each
-repetition; minimum and median of the repetitions.
+int8 codes, 200 MB of bfloat16, 400 MB of float32), so the weights stream from memory as in a served step; a
+single layer timed alone sits in cache and says little. Milliseconds per pass; the columns take turns within
+each repetition; minimum and median of the repetitions.
 
-    .venv/bin/python -m bench.w8a8_kernels [--rows 1,2,4,8,16,32,64,128] [--reps 9] [--write-docs]
+    .venv/bin/python -m bench.w8a8_kernels [--rows 1,2,4,8,16,32,64,128,256] [--reps 9] [--write-docs]
 """
 
 from __future__ import annotations
@@ -25,41 +28,53 @@ from bench.report import cpu_section, median, publish
 from common.linear import Linear
 from worker.kernels import native_ops
 from worker.model.cpu_kind import cpu_info
+from worker.model.quant import Int8Linear, native_cpu_bfloat16
 from worker.model.w8a8 import W8A8Linear
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o_proj, gate_up, down: (out, in)
 NUM_LAYERS = 30
 
 
-def stack() -> list[tuple[Linear, W8A8Linear]]:
-    """Per linear of the 30 layers: bfloat16, and w8a8 on the project's GEMM."""
+BASE = "bf16" if native_cpu_bfloat16() else "fp32"  # the unquantized column's dtype on this CPU
+BASE_DTYPE = torch.bfloat16 if BASE == "bf16" else torch.float32
+
+
+def stack() -> list[tuple[Linear, Int8Linear, W8A8Linear]]:
+    """Per linear of the 30 layers: unquantized (BASE), int8 weight-only, and w8a8 on the project's GEMM."""
     gen = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(NUM_LAYERS):
         for out_features, in_features in SHAPES:
             weight = torch.randn(out_features, in_features, generator=gen) * 0.02
-            layers.append((Linear(weight.bfloat16(), None, "auto"), W8A8Linear(weight)))
+            unquantized = Linear(weight.to(BASE_DTYPE), None, "auto")
+            layers.append((unquantized, Int8Linear(weight), W8A8Linear(weight)))
     return layers
 
 
 def columns(layers: list, rows: int) -> dict[str, Callable[[], None]]:
-    xs = {k: torch.randn(rows, k, generator=torch.Generator().manual_seed(k)).bfloat16() for _, k in SHAPES}
-    outs = {n: torch.empty(rows, n, dtype=torch.bfloat16) for n, _ in SHAPES}
+    xs = {
+        k: torch.randn(rows, k, generator=torch.Generator().manual_seed(k)).to(BASE_DTYPE) for _, k in SHAPES
+    }
+    outs = {n: torch.empty(rows, n, dtype=BASE_DTYPE) for n, _ in SHAPES}
     ops = native_ops()
 
     def w8a8() -> None:
-        for _, layer in layers:
+        for _, _, layer in layers:
             x, out = xs[layer.in_features], outs[layer.out_features]
             ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out)
 
-    return {"bf16": lambda: [bf16(xs[layer.in_features]) for bf16, layer in layers], "w8a8": w8a8}
+    return {
+        BASE: lambda: [base(xs[layer.in_features]) for base, _, layer in layers],
+        "int8": lambda: [int8(xs[layer.in_features]) for _, int8, layer in layers],
+        "w8a8": w8a8,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rows", default="1,2,4,8,16,32,64,128")
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
@@ -67,7 +82,7 @@ def main() -> None:
     if ops is None or not hasattr(ops, "w8a8_linear_supported"):
         raise SystemExit("the native kernels are not built: make kernels")
     if not ops.w8a8_linear_supported():
-        raise SystemExit("no integer GEMM on this CPU or build (w8a8 needs AVX512-VNNI)")
+        raise SystemExit("no integer GEMM on this CPU or build (w8a8 needs AVX512-VNNI or AVX2)")
     cpu = cpu_info()
     layers = stack()
     print(f"CPU: {cpu.describe()}; {torch.get_num_threads()} threads")
@@ -90,17 +105,18 @@ def main() -> None:
         "",
         f"CPU: {cpu.describe()}, {torch.get_num_threads()} threads. Command: `python -m bench.w8a8_kernels "
         f"--rows {args.rows} --reps {args.reps}`. The 120 decoder linears of SmolLM2-135M with distinct "
-        "weights, ms per pass, minimum / median of the repetitions (columns in turn). bf16: bfloat16 "
-        "weights on the engine's `Linear`; w8a8: worker/kernels/w8a8_linear.cpp, what a w8a8 layer runs. The "
-        "module docstring has the details; the served comparison is bench.peer_bench's.",
+        f"weights, ms per pass, minimum / median of the repetitions (columns in turn). {BASE}: unquantized "
+        "weights on the engine's `Linear` in this CPU's native dtype; int8: int8 weights, float32 rows; "
+        "w8a8: worker/kernels/w8a8_linear.cpp, what a w8a8 layer runs. The module docstring has the details; "
+        "the served comparison is bench.peer_bench's.",
         "",
-        "| rows | " + " | ".join(names) + " | bf16 / w8a8 (minima) |",
-        "|---" * (len(names) + 2) + "|",
+        "| rows | " + " | ".join(names) + f" | {BASE} / w8a8 | int8 / w8a8 (minima) |",
+        "|---" * (len(names) + 3) + "|",
     ]
     for rows, cells in table.items():
-        ratio = f"{cells['bf16'][0] / cells['w8a8'][0]:.2f}x"
+        ratios = " | ".join(f"{cells[name][0] / cells['w8a8'][0]:.2f}x" for name in (BASE, "int8"))
         row_cells = " | ".join(f"{lo:.2f} / {mid:.2f}" for lo, mid in cells.values())
-        lines.append(f"| {rows} | {row_cells} | {ratio} |")
+        lines.append(f"| {rows} | {row_cells} | {ratios} |")
     publish(cpu_section("w8a8-kernels", cpu.kind), lines, args.write_docs)
 
 

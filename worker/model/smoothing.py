@@ -96,11 +96,17 @@ def smooth(hf_model: torch.nn.Module, token_ids: list[int], alpha: float = ALPHA
 
 
 def _scale_columns(module: torch.nn.Linear, s: torch.Tensor) -> None:
-    module.weight.copy_((module.weight.float() * s[None, :]).to(module.weight.dtype))
+    if module.weight.dtype == torch.float32:  # in place: the same products, without a copy of every weight
+        module.weight.mul_(s[None, :])
+    else:
+        module.weight.copy_((module.weight.float() * s[None, :]).to(module.weight.dtype))
 
 
 def _divide_rows(module: torch.nn.Linear, s: torch.Tensor) -> None:
-    module.weight.copy_((module.weight.float() / s[:, None]).to(module.weight.dtype))
+    if module.weight.dtype == torch.float32:
+        module.weight.div_(s[:, None])
+    else:
+        module.weight.copy_((module.weight.float() / s[:, None]).to(module.weight.dtype))
     if module.bias is not None:
         module.bias.copy_((module.bias.float() / s).to(module.bias.dtype))
 
