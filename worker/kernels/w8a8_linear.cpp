@@ -25,6 +25,8 @@
 // products/s against FMA's 47 G in float32. The pairs must not saturate 16 bits, and 255 x 127 x 2 would, so
 // they take the rows' codes signed, as llama.cpp's AVX2 dot products do: |q_x| (unsigned, at most 127) times
 // the weight code given q_x's sign (VPSIGNB), so every sum is the exact sum_k q_x c and needs no compensation.
+// The rows' codes are 7-bit there (kAvx2MaxCode), so that two steps' pair sums add up in 16 bits before one
+// VPMADDWD widens them; tiles of 3 rows x 16 channels run over every group of the row (avx2_tile).
 //
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
 // compensation [K / 64, N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
