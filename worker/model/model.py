@@ -19,6 +19,7 @@ from common.linear import Linear
 from worker.model.attention import AttentionMetadata, paged_attention
 from worker.model.decode_layers import DecodeLayers
 from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
+from worker.model.w8a8 import W8A8Linear
 
 # What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
 # each model needs (`LlamaForPagedAttention.needs`); the loader refuses a model that needs anything not
@@ -140,7 +141,9 @@ class LlamaForPagedAttention:
             # It sees one row per sequence, where dequantizing its 28M weights each step costs more than the
             # native kernel's whole product (32 rows: 6.6 ms on its panel GEMM).
             self.lm_head.dequantize_from = None
-        self.linear_backend = self.lm_head.backend
+        # What the start log names: the decoder layers' kernel with w8a8 (its head is built otherwise), else
+        # the head's, which is built as they are.
+        self.linear_backend = W8A8Linear.backend if quantization == "w8a8" else self.lm_head.backend
         self.activation = self._activation(config)
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             if getattr(config, name, None):
