@@ -33,7 +33,6 @@ UNITS = (
     ),
     ("int4_linear.cpp", "amx_linear.cpp", "prefill_attention.cpp", "sampling.cpp", "fused_ops.cpp"),
 )
-SOURCES = [SOURCE_DIR / name for unit in UNITS for name in unit]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 
