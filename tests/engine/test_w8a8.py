@@ -149,9 +149,10 @@ def test_native_group_quantization_equals_the_torch_steps(dtype):
     expected_codes, expected_scales = quantize_rows(x)
     assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
     assert (codes[5, :6].int() - ZERO_POINT).tolist() == [127, 0, 2, 2, 0, -2]
-    # the AVX2 GEMM's 7-bit codes: the same steps with 63 levels a side
+    # the AVX2 GEMM's 7-bit codes: the same steps with 63 levels a side, one scale per 32 columns
+    scales = torch.empty(37, 6)
     ops.quantize_rows_u8(x, codes, scales, 63)
-    expected_codes, expected_scales = quantize_rows(x, 63)
+    expected_codes, expected_scales = quantize_rows(x, 63, 32)
     assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
     assert (codes.int() - ZERO_POINT).abs().max() == 63
     with pytest.raises(RuntimeError, match="max_code"):
@@ -171,7 +172,8 @@ def test_native_group_quantization_equals_the_torch_steps(dtype):
 def test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products():
     """A build for a CPU with AVX512-VNNI (AMX CPUs among them) or AVX2 has the integer GEMM: a build that
     loses the kernel fails here instead of leaving w8a8 refused at start unnoticed. Its rows' codes are 8-bit
-    on VNNI and 7-bit on AVX2 (where two steps' 16-bit pair sums must not overflow)."""
+    on VNNI and 7-bit on AVX2 (where two steps' 16-bit pair sums must not overflow), there with a scale per 32
+    columns."""
     ops = native_ops()
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
@@ -179,6 +181,7 @@ def test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products():
     vnni = "avx512_vnni" in flags  # (cpu_info keeps only ISA_FLAGS: every CPU with VNNI has AVX512-BW too)
     assert hasattr(ops, "w8a8_linear") and ops.w8a8_linear_supported() == (vnni or "avx2" in flags)
     assert ops.w8a8_row_max_code() == (127 if vnni else 63)
+    assert ops.w8a8_row_group() == (64 if vnni else 32)  # AVX2's 7-bit codes take a scale per 32 columns
 
 
 def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channels():
@@ -214,10 +217,11 @@ def test_native_integer_gemm_is_the_exact_integer_sums_scaled(rows, out_dtype):
     assert torch.equal(layer.weight_codes(), codes)
     # each group's largest |x| is the row code limit times a power of two, the others small multiples of that
     # power (so the sums of all 9 groups stay within float32's 24 bits)
-    powers = 2.0 ** torch.randint(-2, 2, (rows, k // GROUP), generator=gen)
+    group = layer.row_group
+    powers = 2.0 ** torch.randint(-2, 2, (rows, k // group), generator=gen)
     x = torch.randint(-7, 8, (rows, k), generator=gen).float()
-    x[:, ::GROUP] = float(layer.row_max_code)  # the group's scale: its power of two
-    x = x * powers.repeat_interleave(GROUP, dim=1)
+    x[:, ::group] = float(layer.row_max_code)  # the group's scale: its power of two
+    x = x * powers.repeat_interleave(group, dim=1)
     x[0, :] = 0.0  # an all-zero row: scale 1e-12 / 127, codes 128, sums exactly zero after the compensation
     expected = layer.reference(x)
     assert torch.equal(expected, expected.float().double())  # the reference itself exact in float32

@@ -36,6 +36,7 @@ void amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, const at
 // w8a8_linear.cpp
 bool w8a8_linear_supported();
 int64_t w8a8_row_max_code();
+int64_t w8a8_row_group();
 void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation);
 void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
                  const at::Tensor& compensation, const at::Tensor& out);

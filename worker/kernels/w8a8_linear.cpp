@@ -1,9 +1,9 @@
 // y = x @ W.T with int8 weights and int8 activations (WORKER_QUANTIZATION=w8a8), for the rows of a decode
 // batch: quantize, multiply and rescale in one call.
 //
-// Each row is quantized with one scale per group of 64 columns (fused_ops.cpp's quantize_rows_u8), as
-// llama.cpp's q8 activations are per 32: one scale per row cost the bundled model 1.45% of perplexity, the
-// 64-column groups a few tenths (docs/STUDY_LOG.md). A group's sums are exact int32 on the CPU's integer
+// Each row is quantized with one scale per group of 64 columns (fused_ops.cpp's quantize_rows_u8; 32 on AVX2,
+// below), as llama.cpp's q8 activations are per 32: one scale per row cost the bundled model 1.45% of
+// perplexity, the 64-column groups a few tenths (docs/STUDY_LOG.md). A group's sums are exact int32 on the CPU's integer
 // dot products, scaled into float32 and added up group by group; the total is scaled once more per channel
 // and rounded into out:
 //
@@ -26,7 +26,8 @@
 // they take the rows' codes signed, as llama.cpp's AVX2 dot products do: |q_x| (unsigned, at most 127) times
 // the weight code given q_x's sign (VPSIGNB), so every sum is the exact sum_k q_x c and needs no compensation.
 // The rows' codes are 7-bit there (kAvx2MaxCode), so that two steps' pair sums add up in 16 bits before one
-// VPMADDWD widens them; tiles of 3 rows x 16 channels run over every group of the row (avx2_tile).
+// VPMADDWD widens them, and their scales are per 32 columns (kAvx2RowGroup) to win back most of what the
+// lost bit costs; tiles of 3 rows x 16 channels run over every group of the row (avx2_tile).
 //
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
 // compensation [K / 64, N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
@@ -200,25 +201,31 @@ constexpr int kAvx2Rows = 3;  // rows per tile: 3 rows x 2 halves of 8 channels 
 // at most 2 x 63 x 127 = 16002, so two steps' pairs add up in 16 bits (at most 32004) before one VPMADDWD
 // widens them: 3 multiplies per 64 products where 8-bit codes need 4.
 constexpr int64_t kAvx2MaxCode = 63;
+// Columns per row scale on AVX2: 32, half of kGroup. The 7th bit cost the bundled model ~0.85% of perplexity
+// with scales per 64 columns and ~0.55% per 32, against 8-bit rows (float32 HF model, smoothed, the tune
+// text; docs/STUDY_LOG.md), for one more scaling of the tile's sums per 64 columns.
+constexpr int64_t kAvx2RowGroup = 32;
 
 // Rows [m0, m0 + R) against channel block b (16 channels, two registers of 8), every group of columns: per
-// group the int32 sums, scaled by the rows' group scales into float32 totals; then the totals times the weight
-// scales go to out. rows: the rows' codes as laid out by avx2_linear, 2 K bytes a row (per group of 64
-// columns: the 64 magnitudes |q|, then the 64 signed codes q).
+// group of kAvx2RowGroup the int32 sums, scaled by the rows' group scales into float32 totals; then the totals
+// times the weight scales go to out. rows: the rows' codes as laid out by avx2_linear, 2 K bytes a row (per
+// kGroup columns: the 64 magnitudes |q|, then the 64 signed codes q).
 template <int R>
 void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, const float* group_scales,
                const float* weight_scales, int64_t n0, void* out, bool bf16, int64_t N) {
   alignas(32) static const int16_t ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-  const int64_t groups = K / kGroup;
+  const int64_t groups = K / kAvx2RowGroup;
   __m256 totals[R][2];
   for (int64_t g = 0; g < groups; ++g) {
     __m256i acc[R][2];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    const int8_t* w = block + g * kGroup * 16;          // the group's 16 x 64 codes, 4 columns x 16 channels a step
-    const uint8_t* x = rows + (m0 * K + g * kGroup) * 2;  // row r at x + 2 K r
-#pragma GCC unroll 8
-    for (int step = 0; step < kGroup / 4; step += 2) {
+    const int8_t* w = block + g * kAvx2RowGroup * 16;  // the group's 16 x 32 codes, 4 columns x 16 channels a step
+    // row r at x + 2 K r: the group's layout block, then its half of that block's magnitudes
+    const int64_t column = g * kAvx2RowGroup;
+    const uint8_t* x = rows + (m0 * K + column - column % kGroup) * 2 + column % kGroup;
+#pragma GCC unroll 4
+    for (int step = 0; step < kAvx2RowGroup / 4; step += 2) {
       __m256i wv[2][2];  // [step of the two][half]
 #pragma GCC unroll 2
       for (int s = 0; s < 2; ++s)
@@ -325,6 +332,14 @@ int64_t w8a8_row_max_code() {
 #endif
 }
 
+int64_t w8a8_row_group() {
+#ifdef LLMSERVE_W8A8_AVX2
+  return kAvx2RowGroup;
+#else
+  return kGroup;
+#endif
+}
+
 void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation) {
   TORCH_CHECK(codes.device().is_cpu() && codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(),
               "w8a8_pack_weight: codes must be a contiguous int8 [N, K] CPU tensor");
@@ -382,7 +397,7 @@ void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   vnni_linear(codes.data_ptr<uint8_t>(), M, K, packed.data_ptr<int8_t>(), N, epilogue);
 #elif defined(LLMSERVE_W8A8_AVX2)
   const at::Tensor codes = at::empty({M, K}, x.options().dtype(at::kByte));
-  const at::Tensor group_scales = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
+  const at::Tensor group_scales = at::empty({M, K / kAvx2RowGroup}, x.options().dtype(at::kFloat));
   llmserve::quantize_rows_u8(x, codes, group_scales, kAvx2MaxCode);
   avx2_linear(codes.data_ptr<uint8_t>(), M, K, packed.data_ptr<int8_t>(), N, group_scales.data_ptr<float>(),
               weight_scales.data_ptr<float>(), out.data_ptr(), out.scalar_type() == at::kBFloat16);
@@ -396,6 +411,7 @@ TORCH_LIBRARY_FRAGMENT(llmserve, m) {
   m.def("w8a8_pack_weight(Tensor codes, Tensor(a!) packed, Tensor(b!) compensation) -> ()");
   m.def("w8a8_linear_supported() -> bool", &llmserve::w8a8_linear_supported);
   m.def("w8a8_row_max_code() -> int", &llmserve::w8a8_row_max_code);
+  m.def("w8a8_row_group() -> int", &llmserve::w8a8_row_group);
 }
 
 TORCH_LIBRARY_IMPL(llmserve, CPU, m) {

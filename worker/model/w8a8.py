@@ -9,17 +9,18 @@ quantizing the rows and rescaling the sums in the same call:
     y[n] = s_w[n] * sum_g s_x[g] * sum_{k in g} q_x[k] q_w[n, k]   (+ b[n])
 
 with q_w = round(w / s_w) per output channel and q_x = round(x / s_x[g]) per group g of GROUP columns of the
-row, both in [-127, 127]: one scale per group, as llama.cpp's q8 activations have one per 32, because one
-scale per row (vLLM's per-token W8A8) cost the bundled model 1.45% of perplexity and 64-column groups a few
-tenths (docs/STUDY_LOG.md). The integer instructions take the activations unsigned, so the codes travel as
-q_x + 128 (exact: the same integers, 128 times each group's code sum subtracted). The sums are exact int32;
-only the two roundings to 8 bits differ from float. Perplexity against the unquantized model is what decides
-where it serves (bench/quant_study.py).
+row (32 on AVX2, below), both in [-127, 127]: one scale per group, as llama.cpp's q8 activations have one per
+32, because one scale per row (vLLM's per-token W8A8) cost the bundled model 1.45% of perplexity and 64-column
+groups a few tenths (docs/STUDY_LOG.md). The integer instructions take the activations unsigned, so the codes
+travel as q_x + 128 (exact: the same integers, 128 times each group's code sum subtracted). The sums are exact
+int32; only the two roundings to 8 bits differ from float. Perplexity against the unquantized model is what
+decides where it serves (bench/quant_study.py).
 
 On AVX2 without VNNI the kernel multiplies on VPMADDUBSW, whose 16-bit pair sums would overflow on 8-bit
 codes when two steps are added before widening; there the row codes are 7-bit (|q_x| <= 63,
-`row_max_code()`), which the smoothing in front keeps within a few tenths of perplexity of 8-bit ones
-(docs/STUDY_LOG.md), for 1.6x the int8 weight-only kernel's products per second at prefill sizes.
+`row_max_code()`) with one scale per 32 columns (`row_group()`), which with the smoothing in front keeps them
+about half a percent of perplexity from 8-bit ones (docs/STUDY_LOG.md), for 1.6x the int8 weight-only
+kernel's products per second at prefill sizes.
 
 oneDNN's int8 GEMM, which this layer ran before the project's kernel, takes one activation scale per call and
 cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX2 (or a build without the
@@ -33,7 +34,7 @@ import torch
 from worker.kernels import native_op
 
 ZERO_POINT = 128  # q_x + 128 in uint8: the u8 x s8 integer instructions, symmetric codes unchanged
-GROUP = 64  # columns per activation scale (w8a8_linear.cpp's kGroup)
+GROUP = 64  # columns per weight-code group (the compensation's) and per row scale on VNNI (kGroup)
 
 
 def w8a8_available(device: torch.device) -> bool:
@@ -48,12 +49,19 @@ def row_max_code() -> int:
     return int(native_op("w8a8_linear").w8a8_row_max_code())
 
 
-def quantize_rows(x: torch.Tensor, max_code: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (codes + 128 as uint8 [M, K], float32 scales [M, K / GROUP]), one symmetric scale per
-    group of GROUP columns, codes in [-max_code, max_code] (what the kernel computes, in torch: the reference
-    of tests)."""
+def row_group() -> int:
+    """Columns per row scale on this build: GROUP, or 32 where the kernel runs on AVX2."""
+    return int(native_op("w8a8_linear").w8a8_row_group())
+
+
+def quantize_rows(
+    x: torch.Tensor, max_code: int = 127, group: int = GROUP
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (codes + 128 as uint8 [M, K], float32 scales [M, K / group]), one symmetric scale per
+    group of columns, codes in [-max_code, max_code] (what the kernel computes, in torch: the reference of
+    tests)."""
     rows = x.float()
-    groups = rows.reshape(rows.shape[0], -1, GROUP)
+    groups = rows.reshape(rows.shape[0], -1, group)
     scales = groups.abs().amax(dim=2, keepdim=True).clamp_(min=1e-12).div_(max_code)
     codes = torch.round(groups / scales).add_(ZERO_POINT).to(torch.uint8)
     return codes.reshape(rows.shape), scales.squeeze(2)
@@ -61,7 +69,8 @@ def quantize_rows(x: torch.Tensor, max_code: int = 127) -> tuple[torch.Tensor, t
 
 class W8A8Linear:
     """y = x @ W.T (+ b) with int8 weights (one scale per output channel) and int8 activations (one scale per
-    group of GROUP columns of a row, computed at each call). Same call interface as `common.linear.Linear`."""
+    group of `row_group()` columns of a row, computed at each call). Same call interface as
+    `common.linear.Linear`."""
 
     quantization = "w8a8"
     backend = "native-w8a8"
@@ -80,7 +89,7 @@ class W8A8Linear:
                 f"32, got {in_features} -> {out_features} (use WORKER_QUANTIZATION=int8 or none here)"
             )
         self.gemm = native_op("w8a8_linear")
-        self.row_max_code = row_max_code()
+        self.row_max_code, self.row_group = row_max_code(), row_group()
         w = weight.detach().float()
         self.out_features, self.in_features = out_features, in_features
         self.weight_scales = (w.abs().amax(dim=1).clamp(min=1e-12) / 127).contiguous()
@@ -108,9 +117,9 @@ class W8A8Linear:
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """What `__call__` computes, in float64 (up to float32 rounding): the same integer sums per group."""
-        codes, scales = quantize_rows(x, self.row_max_code)
-        groups = (codes.double() - ZERO_POINT).reshape(x.shape[0], -1, GROUP)
-        weights = self.weight_codes().double().reshape(self.out_features, -1, GROUP)
+        codes, scales = quantize_rows(x, self.row_max_code, self.row_group)
+        groups = (codes.double() - ZERO_POINT).reshape(x.shape[0], -1, self.row_group)
+        weights = self.weight_codes().double().reshape(self.out_features, -1, self.row_group)
         sums = torch.einsum("mgk,ngk->mgn", groups, weights)  # each group's integer sums, exact
         y = (sums * scales.double()[:, :, None]).sum(dim=1) * self.weight_scales.double()
         return y + self.bias.double() if self.bias is not None else y
