@@ -121,9 +121,11 @@ def _from_grpc(error: grpc.aio.AioRpcError) -> APIError:
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return APIError(504, "The embeddings request timed out", "timeout_error", None, "request_timeout")
+    # gRPC's own text (addresses, socket errors) goes to the log, not to the client
+    log.warning("embeddings call failed: %s: %s", code.name, message)
     if code == grpc.StatusCode.UNAVAILABLE:
-        return unavailable(f"The embedding service (the cache service) is unavailable: {message}")
-    return APIError(500, f"The embedding service failed: {message}", "server_error", None, "embedding_error")
+        return unavailable("The embedding service (the cache service) is unavailable; retry shortly")
+    return APIError(500, "The embedding service failed", "server_error", None, "embedding_error")
 
 
 class EmbeddingsClient:

@@ -166,6 +166,7 @@ def test_cache_service_down_is_503_until_it_is_back(
                 down.embeddings.create(model=EMBEDDING_MODEL, input="hi")
             assert caught.value.status_code == 503
             assert caught.value.body["type"] == "service_unavailable"
+            assert "ipv4" not in caught.value.body["message"], "gRPC's text stays in the gateway's log"
             assert caught.value.response.headers["retry-after"]
             assert [m.id for m in down.models.list().data] == [MODEL_NAME], "not listed while it is away"
             port = dead_addr.rsplit(":", 1)[1]
