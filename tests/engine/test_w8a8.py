@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,44 @@ def test_smoothing_keeps_a_float32_model_unchanged_and_narrows_the_activations()
     after = hf(input_ids=torch.tensor([ids])).logits
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
     assert _spread(activation_ranges(hf, ids)) < spread_before / 2
+
+
+def test_activation_ranges_are_kept_in_the_model_directory_for_the_next_start(tmp_path, monkeypatch):
+    """The calibration pass is most of smoothing's cost: a second start with the same weights and tokens reads
+    the ranges back (the same values); other tokens, or rewritten weights, compute them again."""
+    from worker.model import smoothing
+
+    hf = tiny_llama(num_attention_heads=4, num_key_value_heads=2)
+    hf.save_pretrained(tmp_path)
+    ids = [(5 * i + 1) % 250 + 1 for i in range(30)]
+    computed = []
+    compute = smoothing.activation_ranges
+    monkeypatch.setattr(smoothing, "activation_ranges", lambda m, t: computed.append(1) or compute(m, t))
+    first = smoothing.cached_activation_ranges(hf, ids, str(tmp_path))
+    again = smoothing.cached_activation_ranges(hf, ids, str(tmp_path))
+    assert len(computed) == 1 and first.keys() == again.keys()
+    assert all(torch.equal(first[key], again[key]) for key in first)
+    assert first.keys() == activation_ranges(hf, ids).keys()
+    smoothing.cached_activation_ranges(hf, ids[:-1], str(tmp_path))
+    assert len(computed) == 2
+    hf.save_pretrained(tmp_path)  # the weight file rewritten: size or modification time differs
+    weights = next(tmp_path.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    smoothing.cached_activation_ranges(hf, ids, str(tmp_path))
+    assert len(computed) == 3
+    cached = sorted((tmp_path / smoothing.RANGES_CACHE_DIR).iterdir())
+    assert len(cached) == 3 and not [f for f in cached if f.suffix == ".tmp"]
+
+
+def test_activation_ranges_are_computed_where_the_model_directory_is_read_only(tmp_path, monkeypatch):
+    from worker.model import smoothing
+
+    hf = tiny_llama()
+    hf.save_pretrained(tmp_path)
+    (tmp_path / smoothing.RANGES_CACHE_DIR).write_text("a file where the cache directory would be")
+    ids = list(range(1, 20))
+    ranges = smoothing.cached_activation_ranges(hf, ids, str(tmp_path))
+    assert all(torch.equal(ranges[key], value) for key, value in activation_ranges(hf, ids).items())
 
 
 def _spread(ranges: dict) -> float:

@@ -125,7 +125,8 @@ def load_model(
 ) -> LlamaForPagedAttention:
     hf_model = load_hf_model(path, dtype, device)
     if quantization == "w8a8":  # move the activations' outliers into the weights first (model/smoothing.py)
-        smooth(hf_model, load_tokenizer(path).encode(CALIBRATION_TEXT.read_text()))
+        model_dir = path if os.path.isdir(path) else None
+        smooth(hf_model, load_tokenizer(path).encode(CALIBRATION_TEXT.read_text()), model_dir=model_dir)
     int4_groups = gguf_int4_groups(path, hf_model) if quantization == "int4" else {}
     model = LlamaForPagedAttention(hf_model, max_positions, linear_backend, quantization, int4_groups)
     missing = model.missing_forward_features()
