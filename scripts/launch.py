@@ -136,16 +136,14 @@ class Service:
     startup_s: float = field(default=0.0, init=False)  # how long the last start took to be ready
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Service:
+        return start_together([self], timeout_s)[0]
+
+    def launch(self) -> None:
+        """The process, without waiting for it to be ready (`start` waits)."""
         with self.log_path.open("ab") as log:  # a restarted service appends to the same log
             self.proc = subprocess.Popen(
                 self.argv, cwd=ROOT, env=clean_env(self.env), stdout=log, stderr=subprocess.STDOUT
             )
-        try:
-            self.startup_s = wait_ready(self.proc, self.ready, self.name, timeout_s, self.log_tail)
-        except StartError:
-            self.stop()
-            raise
-        return self
 
     def wait_until(self, ready: Callable[[], bool], timeout_s: float = START_TIMEOUT_S) -> float:
         """Wait for a further condition of the started service (a gateway's /ready, say)."""
@@ -167,6 +165,22 @@ class Service:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         stop_process(self.proc, timeout_s)
+
+
+def start_together(services: list[Service], timeout_s: float = START_TIMEOUT_S) -> list[Service]:
+    """Launch every service, then wait for each to be ready: their starts overlap (a worker's is seconds of
+    imports and loading). One that fails stops them all."""
+    try:
+        for service in services:
+            service.launch()
+        for s in services:
+            assert s.proc is not None
+            s.startup_s = wait_ready(s.proc, s.ready, s.name, timeout_s, s.log_tail)
+    except BaseException:
+        for service in services:
+            service.stop()
+        raise
+    return services
 
 
 def python_service(

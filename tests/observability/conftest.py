@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.launch import redis_service
+from scripts.launch import redis_service, start_together
 from tests.observability.stack import (
     Cache,
     Gateway,
@@ -69,12 +69,9 @@ def gateway(log_dir: Path, priced_worker: Worker, cache: Cache) -> Iterator[Gate
 def worker_pair(log_dir: Path) -> Iterator[tuple[Worker, Worker]]:
     """Two default workers the fleet and scale-out modules share (a worker start costs seconds)."""
     a, b = worker_service(log_dir, "pair_a"), worker_service(log_dir, "pair_b")
-    a.service.start()
+    start_together([a.service, b.service])
     try:
-        b.service.start()
-        try:
-            yield a, b
-        finally:
-            b.service.stop()
+        yield a, b
     finally:
+        b.service.stop()
         a.service.stop()

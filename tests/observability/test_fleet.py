@@ -15,7 +15,7 @@ import pytest
 from common.gen import worker_pb2
 from gateway.routing.key import routing_key
 from gateway.routing.router import ranking
-from scripts.launch import free_port, http_ok, start_gateway
+from scripts.launch import free_port, http_ok, start_gateway, start_together
 from tests.observability.stack import Gateway, Worker, gateway_service, running, scrape, worker_service
 from tests.support.net import wait_for
 
@@ -118,8 +118,7 @@ def test_two_gateways_send_each_tenant_to_the_same_worker(
 ) -> None:
     addr = ",".join(w.addr for w in workers)
     one, two = (gateway_service(log_dir, addr, None, f"gateway_{n}") for n in ("one", "two"))
-    one.service.start()
-    two.service.start()
+    start_together([one.service, two.service])
     try:
         for worker in workers:
             for skip in range(3):
