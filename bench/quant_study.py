@@ -111,7 +111,9 @@ def all_rows() -> dict[str, Row]:
         "bfloat16": Row("bfloat16", "engine", "bfloat16"),
         "int8": Row("int8", "engine", "float32", "int8"),  # what WORKER_QUANTIZATION=auto runs on this CPU
         "int4": Row("int4", "engine", "float32", "int4"),
-        "w8a8": Row("w8a8", "engine", "bfloat16", "w8a8"),  # int8 weights x int8 activations (model/w8a8.py)
+        # int8 weights x int8 activations (model/w8a8.py), between layers in the CPU's native dtype: bfloat16
+        # where it has it, float32 where bfloat16 is emulated (as `auto` runs it on AVX2)
+        "w8a8": Row("w8a8", "engine", "bfloat16" if native_cpu_bfloat16() else "float32", "w8a8"),
         "llama-q4_1": Row("llama-q4_1", "llama", gguf=GGUF_Q4_1),
         "llama-q8_0": Row("llama-q8_0", "llama", gguf=LLAMA_DIR / "model-q8_0.gguf"),
     }
@@ -368,12 +370,14 @@ def setup(repeats: int) -> str:
         else ""
     )
     native = "yes" if native_cpu_bfloat16() else "no"
+    w8a8_dtype = all_rows()["w8a8"].dtype
     return f"""(one server at a time, on this {os.cpu_count()}-core machine ({cpu_info().model}, native
 bfloat16: {native}) with nothing else running; {runs}; counts are small, so compare rows within this
 table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output tokens. Decode
 tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
-kernel, what `WORKER_QUANTIZATION=auto` runs on the avx2 kind; int4 is a float32 model
+kernel; w8a8 is int8 weights times int8 activation rows quantized at every step (model/w8a8.py), in
+{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx2 kind; int4 is a float32 model
 whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its products read
 the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32).{dequantized}
 The package

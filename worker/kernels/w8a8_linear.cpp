@@ -3,9 +3,9 @@
 //
 // Each row is quantized with one scale per group of 64 columns (fused_ops.cpp's quantize_rows_u8; 32 on AVX2,
 // below), as llama.cpp's q8 activations are per 32: one scale per row cost the bundled model 1.45% of
-// perplexity, the 64-column groups a few tenths (docs/STUDY_LOG.md). A group's sums are exact int32 on the CPU's integer
-// dot products, scaled into float32 and added up group by group; the total is scaled once more per channel
-// and rounded into out:
+// perplexity, the 64-column groups a few tenths (docs/STUDY_LOG.md). A group's sums are exact int32 on the
+// CPU's integer dot products, scaled into float32 and added up group by group; the total is scaled once more
+// per channel and rounded into out:
 //
 //     y[m, n] = s_w[n] * sum_g s_x[m, g] ((sum_{k in g} u[m, k] c[n, k]) - 128 sum_{k in g} c[n, k])
 //

@@ -79,6 +79,7 @@ def cached_activation_ranges(
         except Exception as exc:  # a damaged file: compute again, and replace it below
             log.warning("smoothing: unreadable cached activation ranges %s (%s)", path, exc)
     ranges = activation_ranges(hf_model, token_ids)
+    tmp = None
     try:
         path.parent.mkdir(exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -88,6 +89,8 @@ def cached_activation_ranges(
         os.replace(tmp, path)  # whole or not at all, with several workers starting at once
     except OSError as exc:
         log.info("smoothing: activation ranges not kept in %s (%s)", path.parent, exc)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
     return ranges
 
 
