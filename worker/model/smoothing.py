@@ -161,14 +161,21 @@ def smooth(
         _divide_rows(mlp.up_proj, s)
 
 
-# New tensors, not writes in place: the weights are mapped from the safetensors file, and writing its pages
-# copies each one on a fault (1.5 s for the 135M model's 425 MB of float32, against 0.2 s for new tensors).
+# float32 weights in place. They are mapped from the safetensors file, so each page written is copied on a
+# fault (1.5 s for the 135M model's 425 MB); new tensors took 0.2 s but left the file's pages mapped beside
+# them, +400 MB resident for the worker's life (docs/STUDY_LOG.md).
 def _scale_columns(module: torch.nn.Linear, s: torch.Tensor) -> None:
-    module.weight.data = (module.weight.float() * s[None, :]).to(module.weight.dtype)
+    if module.weight.dtype == torch.float32:
+        module.weight.mul_(s[None, :])
+    else:
+        module.weight.copy_((module.weight.float() * s[None, :]).to(module.weight.dtype))
 
 
 def _divide_rows(module: torch.nn.Linear, s: torch.Tensor) -> None:
-    module.weight.data = (module.weight.float() / s[:, None]).to(module.weight.dtype)
+    if module.weight.dtype == torch.float32:
+        module.weight.div_(s[:, None])
+    else:
+        module.weight.copy_((module.weight.float() / s[:, None]).to(module.weight.dtype))
     if module.bias is not None:
         module.bias.copy_((module.bias.float() / s).to(module.bias.dtype))
 
