@@ -71,11 +71,11 @@ def cached_activation_ranges(
     """`activation_ranges`, read from the model directory when an earlier start kept them for the same
     weight files (name, size, modification time), config, dtype and tokens; else computed and kept there. A
     directory that cannot be written (a read-only image) only loses the saving."""
-    key = _ranges_key(hf_model, token_ids, Path(model_dir))
+    key = _cache_key(hf_model, token_ids, Path(model_dir))
     path = Path(model_dir) / RANGES_CACHE_DIR / f"smoothing-ranges-{key}.safetensors"
     if path.is_file():
         try:
-            return {_range_key(name): value for name, value in load_file(path).items()}
+            return {_layer_and_role(name): value for name, value in load_file(path).items()}
         except Exception as exc:  # a damaged file: compute again, and replace it below
             log.warning("smoothing: unreadable cached activation ranges %s (%s)", path, exc)
     ranges = activation_ranges(hf_model, token_ids)
@@ -94,17 +94,14 @@ def cached_activation_ranges(
     return ranges
 
 
-def _range_key(name: str) -> tuple[int, str]:
+def _layer_and_role(name: str) -> tuple[int, str]:
     layer, role = name.split(".", 1)
     return int(layer), role
 
 
-def _ranges_key(hf_model: torch.nn.Module, token_ids: list[int], model_dir: Path) -> str:
-    files = sorted(
-        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
-        for f in model_dir.iterdir()
-        if f.suffix in (".safetensors", ".bin") and f.is_file()
-    )
+def _cache_key(hf_model: torch.nn.Module, token_ids: list[int], model_dir: Path) -> str:
+    weights = [f for f in model_dir.iterdir() if f.suffix in (".safetensors", ".bin") and f.is_file()]
+    files = sorted((f.name, stat.st_size, stat.st_mtime_ns) for f in weights for stat in [f.stat()])
     material = {
         "files": files,
         "config": hf_model.config.to_dict(),
