@@ -68,6 +68,16 @@ def test_warm_up_runs_every_bucket_of_each_live_layer_shape_once():
     del layers, other
 
 
+def test_warm_up_runs_a_capped_shape_only_up_to_its_cap():
+    from common.linear import _SHAPES
+
+    head = Linear(torch.randn(40, 20), backend="onednn")
+    body = Linear(torch.randn(28, 20), backend="onednn")
+    others = len(_SHAPES) - 1
+    assert warm_up_linears(100, {head: 8}) == others * len(row_buckets(100)) + 8  # the head at 1..8 rows
+    del head, body
+
+
 def test_non_contiguous_input_is_accepted():
     weight = torch.randn(16, 8)
     x = torch.randn(8, 6).t()  # [6, 8], a transposed view

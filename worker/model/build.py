@@ -10,10 +10,10 @@ import torch
 from transformers import GenerationConfig
 
 from common import hugepages
-from common.linear import warm_up_linears
+from common.linear import Linear, warm_up_linears
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
+from worker.engine.config import EngineConfig, SchedulerConfig
 from worker.engine.engine import LLMEngine
 from worker.engine.outputs import ModelInfo
 from worker.engine.scheduler import Scheduler
@@ -50,7 +50,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)
     if device == "cpu":  # oneDNN compiles each row count's kernels now, not in the first steps that meet it
         started = time.perf_counter()
-        runs = warm_up_linears(sched.max_num_batched_tokens)
+        head = {model.lm_head: _logits_rows(sched)} if isinstance(model.lm_head, Linear) else {}
+        runs = warm_up_linears(sched.max_num_batched_tokens, head)
         log.info("linear layers warmed up: %d products in %.1f s", runs, time.perf_counter() - started)
     num_blocks = cache.num_blocks or int(
         cache.kv_cache_memory_gb
@@ -93,6 +94,12 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     )
     engine.grammars.prefetch()  # llguidance's view of the vocabulary takes seconds: built in the background
     return engine
+
+
+def _logits_rows(sched: SchedulerConfig) -> int:
+    """The most rows a step's LM head meets outside prompt logprobs: one a sequence, or each of a
+    speculating sequence's draft tokens and the token after them."""
+    return max(sched.max_num_seqs, sched.speculative_max_batch * (1 + sched.num_speculative_tokens))
 
 
 def _eos_token_ids(path: str, tokenizer, generation_config_cls) -> list[int]:
