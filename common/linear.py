@@ -59,9 +59,9 @@ _SHAPES: weakref.WeakValueDictionary[tuple, Linear] = weakref.WeakValueDictionar
 
 
 def warm_up_linears(max_rows: int, fewer_rows: dict[Linear, int] | None = None) -> int:
-    """Run every onednn layer shape made so far at every row bucket up to `max_rows` (up to `fewer_rows[layer]`
-    for a layer named there, and so for its shape), so that no serving step waits for oneDNN to compile a
-    kernel; returns the number of products run."""
+    """Run every onednn layer shape made so far at every row bucket up to `max_rows` (up to
+    `fewer_rows[layer]` for a layer named there, and so for its shape), so that no serving step waits for
+    oneDNN to compile a kernel; returns the number of products run."""
     limits = {layer.shape_key: rows for layer, rows in (fewer_rows or {}).items()}
     runs = 0
     with torch.inference_mode():
