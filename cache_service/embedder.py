@@ -24,6 +24,7 @@ from cache_service.onnx_encoder import (
     open_checked_export,
     save_reference,
 )
+from cache_service.tokenizer import TextTokenizer
 from common.linear import bf16_weight_layers, bf16_weight_ops, pack_linear_layers
 
 # bfloat16: weights and arithmetic in bf16 (oneDNN), for CPUs that compute it natively. bfloat16-weights:
@@ -144,10 +145,13 @@ class Embedder:
         opened = open_checked_export(export_path(self.path, self.model, onnx_dir), self.num_threads)
         if opened is None:
             return False
-        from transformers import AutoTokenizer
-
         encoder, reference = opened
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        if TextTokenizer.readable(self.path):
+            self.tokenizer = TextTokenizer(self.path)  # no transformers import (cache_service/tokenizer.py)
+        else:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self._pad_id = int(self.tokenizer.pad_token_id or 0)
         self.max_tokens, self.dim = settings
         self._onnx = encoder

@@ -91,12 +91,14 @@ def test_the_export_is_written_once_and_reused(tmp_path) -> None:
 
 def test_a_start_from_the_export_needs_no_sentence_transformers(export_dir: str) -> None:
     """Later starts read the export, the tokenizer and the sentence settings alone (sentence-transformers'
-    imports cost seconds), and check the export's probe vectors against those kept at export time."""
+    and transformers' imports cost seconds), and check the export's probe vectors against those kept at
+    export time."""
     path = Embedder(onnx_dir=export_dir)._onnx.path
     code = (
         "import sys, numpy as np; from cache_service.embedder import Embedder, PROBE; "
         f"e = Embedder(onnx_dir={export_dir!r}); "
         "assert 'sentence_transformers' not in sys.modules, 'imported'; "
+        "assert 'transformers' not in sys.modules, 'transformers imported'; "
         "print(e._onnx.path); np.save(sys.stdout.buffer, e.encode(PROBE))"
     )
     out = subprocess.run(
