@@ -42,9 +42,10 @@ $(MODEL_DIR)/config.json: | $(VENV)/.installed
 	$(PY) -m tools.fetch_model --output $(MODEL_DIR)
 
 # The GGUF file the model was converted from (int4 loads its 4-bit blocks), for directories converted
-# before fetch_model kept it.
+# before fetch_model kept it. The conversion above writes it too, and make, which read the directory
+# before, would download it again: hence the test.
 $(MODEL_DIR)/model.gguf: | $(MODEL_DIR)/config.json
-	$(PY) -m tools.fetch_model --gguf-only --output $(MODEL_DIR)
+	test -f $@ || $(PY) -m tools.fetch_model --gguf-only --output $(MODEL_DIR)
 
 model: $(MODEL_DIR)/config.json $(MODEL_DIR)/model.gguf
 
