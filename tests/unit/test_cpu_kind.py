@@ -115,9 +115,11 @@ def test_auto_on_avx2_serves_w8a8_with_float32_where_the_integer_gemm_runs():
     assert resolve_dtype("auto", "cpu", quantization, "avx2") == "float32"
 
 
-def test_auto_on_avx512_without_bf16_is_unquantized_float32_until_measured():
-    assert resolve_quantization("auto", "cpu", "avx512") == "none"
-    assert resolve_dtype("auto", "cpu", "none", "avx512") == "float32"
+def test_auto_on_avx512_without_bf16_serves_w8a8_with_float32_and_says_it_is_unmeasured():
+    quantization = resolve_quantization("auto", "cpu", "avx512")
+    assert quantization == ("w8a8" if w8a8_available(torch.device("cpu")) else "none")
+    assert resolve_dtype("auto", "cpu", quantization, "avx512") == "float32"
+    assert not auto_choice("avx512").measured
 
 
 def test_unmeasured_kinds_ask_onednn_for_the_dtype_and_do_not_quantize():
