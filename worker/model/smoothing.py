@@ -159,8 +159,9 @@ def smooth(
 
 
 # float32 weights in place. They are mapped from the safetensors file, so each page written is copied on a
-# fault (1.5 s for the 135M model's 425 MB); new tensors took 0.2 s but left the file's pages mapped beside
-# them, +400 MB resident for the worker's life (docs/STUDY_LOG.md).
+# fault; the copies go with the mapping once the engine has built its own weights (model.py `_own_copy`).
+# New tensors instead were slower to load and left the worker larger (2026-12-06, AVX2 EPYC, a worker's load
+# 5.9-7.2 s against 5.4-6.0 in place, resident 2257 against 2014 MB; docs/STUDY_LOG.md).
 def _scale_columns(module: torch.nn.Linear, s: torch.Tensor) -> None:
     if module.weight.dtype == torch.float32:
         module.weight.mul_(s[None, :])
