@@ -66,8 +66,8 @@ def slowest_first(nodeids: list[str]) -> list[str]:
     own order), each unit's tests together and in their own order."""
     rank = {unit: i for i, unit in enumerate(SLOW_UNITS)}
     sizes: dict[str, int] = {}
-    for nodeid in nodeids:
-        sizes[unit_of(nodeid)] = sizes.get(unit_of(nodeid), 0) + 1
+    for unit in map(unit_of, nodeids):
+        sizes[unit] = sizes.get(unit, 0) + 1
     first_seen = {unit: i for i, unit in enumerate(sizes)}
 
     def key(nodeid: str) -> tuple[int, int, int]:
