@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.engine.factories import tiny_llama
+from tests.engine.test_model_families import tiny_gemma3, tiny_qwen2
 from worker.model.model import LlamaForPagedAttention
 
 
@@ -36,9 +37,13 @@ def tensors_of(obj: object, seen: set[int] | None = None) -> list[torch.Tensor]:
     return [t for child in children for t in tensors_of(child, seen)]
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8"])
-def test_the_model_shares_no_memory_with_the_loaded_checkpoint(quantization: str) -> None:
-    hf_model = tiny_llama(vocab_size=256)
+@pytest.mark.parametrize(
+    ("family", "quantization"),
+    [(tiny_llama, "none"), (tiny_llama, "int8"), (tiny_qwen2, "none"), (tiny_gemma3, "none")],
+    ids=["llama", "llama-int8", "qwen2-biases", "gemma3-scaled-embeddings"],
+)
+def test_the_model_shares_no_memory_with_the_loaded_checkpoint(family, quantization: str) -> None:
+    hf_model = family()
     loaded = {p.untyped_storage().data_ptr() for p in hf_model.parameters()}
     model = LlamaForPagedAttention(hf_model, 64, "auto", quantization)
     # (oneDNN's packed weights are its own copies, and have no storage to compare)

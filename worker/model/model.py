@@ -133,10 +133,12 @@ class LlamaForPagedAttention:
         )
         inner = hf_model.model
         self.needs: set[str] = set()  # forward features this model needs beyond Llama's (FORWARD_FEATURES)
-        self.embed = _own_copy(inner.embed_tokens.weight.detach())
+        embed = inner.embed_tokens.weight.detach()
         embed_scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma scales the embeddings
         if embed_scale is not None:
-            self.embed = self.embed * embed_scale.to(self.embed.dtype)  # a copy: the LM head stays unscaled
+            self.embed = embed * embed_scale.to(embed.dtype)  # a copy already: the LM head stays unscaled
+        else:
+            self.embed = _own_copy(embed)
         self.final_norm = _norm_weight(inner.norm)
         self.quantization = quantization
         # The LM head is 8-bit with weight-only quantization, as llama.cpp's Q4_1 file keeps it (Q8_0). With
