@@ -109,7 +109,7 @@ def all_rows() -> dict[str, Row]:
     return {
         "float32": Row("float32", "engine", "float32"),
         "bfloat16": Row("bfloat16", "engine", "bfloat16"),
-        "int8": Row("int8", "engine", "float32", "int8"),  # what WORKER_QUANTIZATION=auto runs on this CPU
+        "int8": Row("int8", "engine", "float32", "int8"),  # weight-only int8, float32 activations
         "int4": Row("int4", "engine", "float32", "int4"),
         # int8 weights x int8 activations (model/w8a8.py), between layers in the CPU's native dtype: bfloat16
         # where it has it, float32 where bfloat16 is emulated (as `auto` runs it on AVX2)
@@ -377,13 +377,12 @@ table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 ou
 tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
 kernel; w8a8 is int8 weights times int8 activation rows quantized at every step (model/w8a8.py), in
-{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx2 kind; int4 is a float32 model
-whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its products read
-the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else float32).{dequantized}
-The package
-ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the same
-weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized
-(its perplexity cannot be better than Q4_1's)."""
+{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx2 and avx512 kinds; int4 is a
+float32 model whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its
+products read the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else
+float32).{dequantized} The package ships only the Q4_1 file, so the float32 weights are those blocks
+de-quantized: int4 computes the same weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file
+is the Q4_1 weights re-quantized (its perplexity cannot be better than Q4_1's)."""
 
 
 def render(
