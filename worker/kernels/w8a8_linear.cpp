@@ -10,9 +10,10 @@
 //     y[m, n] = s_w[n] * sum_g s_x[m, g] ((sum_{k in g} u[m, k] c[n, k]) - 128 sum_{k in g} c[n, k])
 //
 // with u = q_x + 128 the unsigned row codes (what the u8 x s8 instruction takes) and c the weight codes; each
-// group's sums get the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load. The weights
-// are laid out once (w8a8_pack_weight): per block of 16 output channels, per group of 4 input columns, the
-// 16 channels' 4 codes side by side (64 bytes: one 512-bit register for VPDPBUSD).
+// group's sums get the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load (on AVX2,
+// below: per 32 columns, and -64). The weights are laid out once (w8a8_pack_weight): per block of 16 output
+// channels, per group of 4 input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit
+// register for VPDPBUSD, two 256-bit ones on AVX2).
 //
 // The products run on AVX512-VNNI (VPDPBUSD): 4 rows x 64 channels of int32 sums in registers, one group of
 // columns at a time, its 4 KB of codes read from memory once and from L1 for the further row chunks. CPUs
@@ -23,14 +24,13 @@
 // On AVX2 without VNNI the products run on VPMADDUBSW (32 u8 x s8 products summed in pairs into 16 bits) and
 // VPMADDWD (the pairs of pairs into 32 bits): on a Zen 3 core 2.0 such pairs of instructions per ns, 66 G
 // products/s against FMA's 47 G in float32. The pairs must not saturate 16 bits, and 255 x 127 x 2 would, so
-// they take the rows' codes signed, as llama.cpp's AVX2 dot products do: |q_x| (unsigned, at most 127) times
-// the weight code given q_x's sign (VPSIGNB), so every sum is the exact sum_k q_x c and needs no compensation.
-// The rows' codes are 7-bit there (kAvx2MaxCode), so that two steps' pair sums add up in 16 bits before one
-// VPMADDWD widens them, and their scales are per 32 columns (kAvx2RowGroup) to win back most of what the
-// lost bit costs; tiles of 3 rows x 16 channels run over every group of the row (avx2_tile).
+// the rows' codes there are 7-bit (kAvx2MaxCode) and travel as q + 64 (kAvx2ZeroPoint), the compensation being
+// -64 sum_k c per group of 32 columns; their scales are per 32 columns (kAvx2RowGroup) to win back most of what
+// the lost bit costs; tiles of 5 rows x 16 channels run over every group of the row (avx2_tile).
 //
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
-// compensation [K / 64, N] int32; out [M, N] float32 or bfloat16, written. K a multiple of 64, N of 32.
+// compensation [K / G, N] int32, G = w8a8_row_group(); out [M, N] float32 or bfloat16, written. K a multiple
+// of 64, N of 32.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -196,68 +196,62 @@ void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packe
 #endif
 
 #ifdef LLMSERVE_W8A8_AVX2
-constexpr int kAvx2Rows = 3;  // rows per tile: 3 rows x 2 halves of 8 channels = 6 accumulators + 10 operands
-// The rows' codes on AVX2 are 7-bit, |q| <= 63 (quantize_rows_u8's max_code): then one VPMADDUBSW's pairs are
-// at most 2 x 63 x 127 = 16002, so two steps' pairs add up in 16 bits (at most 32004) before one VPMADDWD
-// widens them: 3 multiplies per 64 products where 8-bit codes need 4.
+// The rows' codes on AVX2 are 7-bit, |q| <= 63 (quantize_rows_u8's max_code), and travel as u = q + 64 in
+// [1, 127]: then a VPMADDUBSW pair is at most 2 x 127 x 127 = 32258 and fits its 16 bits, and every one is
+// widened by one VPMADDWD. (Signed magnitudes, |q| times the weight code given q's sign by VPSIGNB as
+// llama.cpp's AVX2 dot products do, let two steps' pairs add up before one VPMADDWD: 3 multiplies per 64
+// products against 4 here, but 7 vector instructions and two broadcasts per row against 6 and one. This way
+// was 1.33x its products per second at 64 rows and 1.42x at 512, level at 1-2 rows: AVX2 EPYC, 2 threads,
+// 2026-12-06, docs/STUDY_LOG.md.)
 constexpr int64_t kAvx2MaxCode = 63;
+constexpr int32_t kAvx2ZeroPoint = 64;
 // Columns per row scale on AVX2: 32, half of kGroup. The 7th bit cost the bundled model ~0.85% of perplexity
 // with scales per 64 columns and ~0.55% per 32, against 8-bit rows (float32 HF model, smoothed, the tune
-// text; docs/STUDY_LOG.md), for one more scaling of the tile's sums per 64 columns.
+// text; docs/STUDY_LOG.md), for one more scaling of the tile's sums per 32 columns.
 constexpr int64_t kAvx2RowGroup = 32;
+// Rows per tile: 5 rows x 2 halves of 8 channels = 10 accumulators, 2 weight registers, the row's broadcast
+// and 2 products (4 and 6 rows were slower at 8, 64 and 512 rows; 3 slower still).
+constexpr int kAvx2Rows = 5;
 
 // Rows [m0, m0 + R) against channel block b (16 channels, two registers of 8), every group of columns: per
-// group of kAvx2RowGroup the int32 sums, scaled by the rows' group scales into float32 totals; then the totals
-// times the weight scales go to out. rows: the rows' codes as laid out by avx2_linear, 2 K bytes a row (per
-// kGroup columns: the 64 magnitudes |q|, then the 64 signed codes q).
+// group of kAvx2RowGroup the int32 sums (started at the compensation, so exact), scaled by the rows' group
+// scales into float32 totals; then the totals times the weight scales go to out. rows: the codes u = q + 64,
+// K bytes a row.
 template <int R>
 void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, const float* group_scales,
-               const float* weight_scales, int64_t n0, void* out, bool bf16, int64_t N) {
+               const int32_t* compensation, const float* weight_scales, int64_t n0, void* out, bool bf16, int64_t N) {
   alignas(32) static const int16_t ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   const int64_t groups = K / kAvx2RowGroup;
   __m256 totals[R][2];
   for (int64_t g = 0; g < groups; ++g) {
     __m256i acc[R][2];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const __m256i start0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(compensation + g * N + n0));
+    const __m256i start1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(compensation + g * N + n0 + 8));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][0] = start0, acc[r][1] = start1;
     const int8_t* w = block + g * kAvx2RowGroup * 16;  // the group's 16 x 32 codes, 4 columns x 16 channels a step
-    // row r at x + 2 K r: the group's layout block, then its half of that block's magnitudes
-    const int64_t column = g * kAvx2RowGroup;
-    const uint8_t* x = rows + (m0 * K + column - column % kGroup) * 2 + column % kGroup;
-#pragma GCC unroll 4
-    for (int step = 0; step < kAvx2RowGroup / 4; step += 2) {
-      __m256i wv[2][2];  // [step of the two][half]
-#pragma GCC unroll 2
-      for (int s = 0; s < 2; ++s)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h)
-          wv[s][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (step + s) * 64 + 32 * h));
-#pragma GCC unroll 4
+    const uint8_t* x = rows + m0 * K + g * kAvx2RowGroup;
+#pragma GCC unroll 8
+    for (int step = 0; step < kAvx2RowGroup / 4; ++step) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + step * 64));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + step * 64 + 32));
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const uint8_t* xr = x + 2 * K * r + 4 * step;
-        const __m256i mag0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr));
-        const __m256i mag1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr + 4));
-        const __m256i sign0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr + kGroup));
-        const __m256i sign1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(xr + kGroup + 4));
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          // In place on the accumulator (inline asm, "+x"), as vnni_tile does: with the intrinsics GCC 12 kept
-          // the accumulators on the stack, storing and loading each one every step (2.5x slower).
-          __m256i t, u;
-          asm("vpsignb %[s0], %[w0], %[t]\n\t"
-              "vpmaddubsw %[t], %[m0], %[t]\n\t"
-              "vpsignb %[s1], %[w1], %[u]\n\t"
-              "vpmaddubsw %[u], %[m1], %[u]\n\t"
-              "vpaddw %[u], %[t], %[t]\n\t"
-              "vpmaddwd %[one], %[t], %[t]\n\t"
-              "vpaddd %[t], %[a], %[a]"
-              : [a] "+x"(acc[r][h]), [t] "=&x"(t), [u] "=&x"(u)
-              : [s0] "x"(sign0), [w0] "x"(wv[0][h]), [m0] "x"(mag0), [s1] "x"(sign1), [w1] "x"(wv[1][h]),
-                [m1] "x"(mag1), [one] "m"(ones));
-        }
+        const __m256i xr = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x + K * r + 4 * step));
+        // In place on the accumulators (inline asm, "+x"), as vnni_tile does: with the intrinsics GCC 12 kept
+        // the accumulators on the stack, storing and loading each one every step (2.5x slower).
+        __m256i t, u;
+        asm("vpmaddubsw %[w0], %[x], %[t]\n\t"
+            "vpmaddubsw %[w1], %[x], %[u]\n\t"
+            "vpmaddwd %[one], %[t], %[t]\n\t"
+            "vpmaddwd %[one], %[u], %[u]\n\t"
+            "vpaddd %[t], %[a0], %[a0]\n\t"
+            "vpaddd %[u], %[a1], %[a1]"
+            : [a0] "+x"(acc[r][0]), [a1] "+x"(acc[r][1]), [t] "=&x"(t), [u] "=&x"(u)
+            : [x] "x"(xr), [w0] "x"(w0), [w1] "x"(w1), [one] "m"(ones));
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 scale = _mm256_set1_ps(group_scales[(m0 + r) * groups + g]);
 #pragma GCC unroll 2
@@ -268,7 +262,7 @@ void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, 
     }
   }
   const __m256 s0 = _mm256_loadu_ps(weight_scales + n0), s1 = _mm256_loadu_ps(weight_scales + n0 + 8);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const int64_t at = (m0 + r) * N + n0;
     const __m256 y0 = _mm256_mul_ps(totals[r][0], s0), y1 = _mm256_mul_ps(totals[r][1], s1);
@@ -282,29 +276,30 @@ void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, 
   }
 }
 
-// The rows' unsigned codes (q + 128) laid out for avx2_tile (per group: magnitudes |q|, then q, the codes
-// with their top bit flipped), then each thread's channel blocks against every row tile, a block's codes
-// (16 K bytes) staying in L1 across the tiles.
+// The rows' codes q + 128 (quantize_rows_u8's) moved to q + 64, then each thread's channel blocks against
+// every row tile, a block's codes (16 K bytes) staying in L1 across the tiles.
 void avx2_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N,
-                 const float* group_scales, const float* weight_scales, void* out, bool bf16) {
-  std::unique_ptr<uint8_t[]> rows(new uint8_t[static_cast<size_t>(M * K * 2)]);
+                 const float* group_scales, const int32_t* compensation, const float* weight_scales, void* out,
+                 bool bf16) {
+  std::unique_ptr<uint8_t[]> rows(new uint8_t[static_cast<size_t>(M * K)]);
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (int64_t i = begin * K; i < end * K; i += 32) {  // K is a multiple of 64: 32 codes of one group
-      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), top);
-      uint8_t* dst = rows.get() + (i / kGroup) * 2 * kGroup + i % kGroup;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_abs_epi8(q));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kGroup), q);
-    }
+    const __m256i shift = _mm256_set1_epi8(static_cast<char>(128 - kAvx2ZeroPoint));
+    for (int64_t i = begin * K; i < end * K; i += 32)  // K is a multiple of 64
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.get() + i),
+                          _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), shift));
   });
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* block = packed + b * 16 * K;
+      const int64_t n0 = b * 16;
       for (int64_t m0 = 0; m0 < M; m0 += kAvx2Rows) {
+        const uint8_t* x = rows.get();
         switch (std::min<int64_t>(kAvx2Rows, M - m0)) {
-          case 1: avx2_tile<1>(rows.get(), K, block, m0, group_scales, weight_scales, b * 16, out, bf16, N); break;
-          case 2: avx2_tile<2>(rows.get(), K, block, m0, group_scales, weight_scales, b * 16, out, bf16, N); break;
-          default: avx2_tile<3>(rows.get(), K, block, m0, group_scales, weight_scales, b * 16, out, bf16, N); break;
+          case 1: avx2_tile<1>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;
+          case 2: avx2_tile<2>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;
+          case 3: avx2_tile<3>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;
+          case 4: avx2_tile<4>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;
+          default: avx2_tile<5>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;
         }
       }
     }
@@ -347,9 +342,15 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
   TORCH_CHECK(K % kGroup == 0 && N % 32 == 0, "w8a8_pack_weight: K must be a multiple of 64 and N of 32");
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.numel() == N * K,
               "w8a8_pack_weight: packed must be a contiguous int8 tensor of N * K elements");
+  const int64_t group = w8a8_row_group();
+#ifdef LLMSERVE_W8A8_AVX2
+  const int32_t zero_point = kAvx2ZeroPoint;
+#else
+  const int32_t zero_point = 128;
+#endif
   TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() &&
-                  compensation.numel() == K / kGroup * N,
-              "w8a8_pack_weight: compensation must be a contiguous int32 tensor of K / 64 x N elements");
+                  compensation.numel() == K / group * N,
+              "w8a8_pack_weight: compensation must be a contiguous int32 tensor of K / row_group x N elements");
   const auto* src = reinterpret_cast<const uint32_t*>(codes.data_ptr());  // groups of 4 codes
   auto* dst = reinterpret_cast<uint32_t*>(packed.data_ptr());
   const int8_t* c = codes.data_ptr<int8_t>();
@@ -360,10 +361,10 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
       for (int64_t q = 0; q < quads; ++q)
         for (int64_t ch = 0; ch < 16; ++ch) dst[(b * quads + q) * 16 + ch] = src[(b * 16 + ch) * quads + q];
       for (int64_t n = b * 16; n < b * 16 + 16; ++n)
-        for (int64_t g = 0; g < K / kGroup; ++g) {
+        for (int64_t g = 0; g < K / group; ++g) {
           int32_t sum = 0;
-          for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) sum += c[n * K + k];
-          comp[g * N + n] = -128 * sum;
+          for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += c[n * K + k];
+          comp[g * N + n] = -zero_point * sum;
         }
     }
   });
@@ -385,8 +386,8 @@ void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.is_contiguous() && weight_scales.numel() == N,
               "w8a8_linear: one float32 weight scale per output channel");
   TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() &&
-                  compensation.numel() == K / kGroup * N,
-              "w8a8_linear: int32 compensation [K / 64, N] from w8a8_pack_weight");
+                  compensation.numel() == K / w8a8_row_group() * N,
+              "w8a8_linear: int32 compensation [K / row_group, N] from w8a8_pack_weight");
 #ifdef LLMSERVE_W8A8_VNNI
   const at::Tensor codes = at::empty({M, K}, x.options().dtype(at::kByte));
   const at::Tensor group_scales = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
@@ -400,7 +401,8 @@ void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   const at::Tensor group_scales = at::empty({M, K / kAvx2RowGroup}, x.options().dtype(at::kFloat));
   llmserve::quantize_rows_u8(x, codes, group_scales, kAvx2MaxCode);
   avx2_linear(codes.data_ptr<uint8_t>(), M, K, packed.data_ptr<int8_t>(), N, group_scales.data_ptr<float>(),
-              weight_scales.data_ptr<float>(), out.data_ptr(), out.scalar_type() == at::kBFloat16);
+              compensation.data_ptr<int32_t>(), weight_scales.data_ptr<float>(), out.data_ptr(),
+              out.scalar_type() == at::kBFloat16);
 #endif
 }
 

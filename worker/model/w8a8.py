@@ -34,7 +34,7 @@ import torch
 from worker.kernels import native_op
 
 ZERO_POINT = 128  # q_x + 128 in uint8: the u8 x s8 integer instructions, symmetric codes unchanged
-GROUP = 64  # columns per weight-code group (the compensation's) and per row scale on VNNI (kGroup)
+GROUP = 64  # columns per row scale and per compensation group on VNNI (kGroup); row_group() on this build
 
 
 def w8a8_available(device: torch.device) -> bool:
@@ -98,7 +98,7 @@ class W8A8Linear:
         self.compute_dtype = torch.float32
         # Only the codes laid out for the kernel, and 128 * (sum of each group's codes) per channel.
         self.weight = torch.empty(out_features // 16, in_features // 4, 64, dtype=torch.int8)
-        self.compensation = torch.empty(in_features // GROUP, out_features, dtype=torch.int32)
+        self.compensation = torch.empty(in_features // self.row_group, out_features, dtype=torch.int32)
         self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
         self(torch.zeros(1, in_features))  # fail at load, not on a request
 
