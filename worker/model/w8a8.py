@@ -16,11 +16,11 @@ travel as q_x + 128 (exact: the same integers, 128 times each group's code sum s
 int32; only the two roundings to 8 bits differ from float. Perplexity against the unquantized model is what
 decides where it serves (bench/quant_study.py).
 
-On AVX2 without VNNI the kernel multiplies on VPMADDUBSW, whose 16-bit pair sums would overflow on 8-bit
-codes when two steps are added before widening; there the row codes are 7-bit (|q_x| <= 63,
-`row_max_code()`) with one scale per 32 columns (`row_group()`), which with the smoothing in front keeps them
-about half a percent of perplexity from 8-bit ones (docs/STUDY_LOG.md), for 1.6x the int8 weight-only
-kernel's products per second at prefill sizes.
+On AVX2 without VNNI the kernel multiplies on VPMADDUBSW, whose 16-bit pair sums would overflow on the
+unsigned 8-bit codes; there the row codes are 7-bit (|q_x| <= 63, `row_max_code()`, carried as q_x + 64 inside
+the kernel) with one scale per 32 columns (`row_group()`), which with the smoothing in front keeps them about
+half a percent of perplexity from 8-bit ones (docs/STUDY_LOG.md), for about twice the int8 weight-only
+kernel's products per second from 8 rows up (bench/w8a8_kernels.py).
 
 oneDNN's int8 GEMM, which this layer ran before the project's kernel, takes one activation scale per call and
 cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX2 (or a build without the
