@@ -201,7 +201,7 @@ void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packe
 // widened by one VPMADDWD. (Signed magnitudes, |q| times the weight code given q's sign by VPSIGNB as
 // llama.cpp's AVX2 dot products do, let two steps' pairs add up before one VPMADDWD: 3 multiplies per 64
 // products against 4 here, but 7 vector instructions and two broadcasts per row against 6 and one. This way
-// was 1.33x its products per second at 64 rows and 1.42x at 512, level at 1-2 rows: AVX2 EPYC, 2 threads,
+// was 1.34x its products per second at 64 rows and 1.42x at 512, level at 1-2 rows: AVX2 EPYC, 2 threads,
 // 2026-12-06, docs/STUDY_LOG.md.)
 constexpr int64_t kAvx2MaxCode = 63;
 constexpr int32_t kAvx2ZeroPoint = 64;
@@ -288,12 +288,12 @@ void avx2_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packe
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.get() + i),
                           _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), shift));
   });
+  const uint8_t* x = rows.get();
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* block = packed + b * 16 * K;
       const int64_t n0 = b * 16;
       for (int64_t m0 = 0; m0 < M; m0 += kAvx2Rows) {
-        const uint8_t* x = rows.get();
         switch (std::min<int64_t>(kAvx2Rows, M - m0)) {
           case 1: avx2_tile<1>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;
           case 2: avx2_tile<2>(x, K, block, m0, group_scales, compensation, weight_scales, n0, out, bf16, N); break;

@@ -96,7 +96,8 @@ class W8A8Linear:
         codes = torch.round(w / self.weight_scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
-        # Only the codes laid out for the kernel, and 128 * (sum of each group's codes) per channel.
+        # Only the codes laid out for the kernel, and per channel minus the kernel's zero point times each row
+        # group's code sum (128 and 64 columns on VNNI, 64 and 32 on AVX2).
         self.weight = torch.empty(out_features // 16, in_features // 4, 64, dtype=torch.int8)
         self.compensation = torch.empty(in_features // self.row_group, out_features, dtype=torch.int32)
         self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
