@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -69,3 +70,29 @@ def test_calls_cutting_at_different_lengths_on_two_threads_do_not_mix(folder: st
     for t in threads:
         t.join()
     assert lengths == {8: {8}, 64: {64}}
+
+
+@pytest.mark.parametrize("folder", folders()[:1])
+def test_a_long_text_is_tokenized_without_holding_the_gil(folder: str) -> None:
+    """The service tokenizes /v1/embeddings inputs on a thread so that its lookups go on meanwhile; that only
+    helps if the call lets go of the GIL. tokenizers' `encode` keeps it for the whole call (the thread that
+    starts it does not even hand back from `start()` until it ends); `encode_batch` lets go."""
+    tokenizer = TextTokenizer(folder)
+    text = "The quick brown fox jumps over the lazy dog. " * 5000  # ~50,000 tokens: ~0.1-0.2 s
+    call: dict[str, float] = {}
+
+    def tokenize() -> None:
+        call["start"] = time.perf_counter()
+        tokenizer(text, add_special_tokens=False)
+        call["end"] = time.perf_counter()
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    ticks = []
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+        time.sleep(0.001)
+    worker.join()
+    during = [t for t in ticks if call["start"] < t < call["end"]]
+    seconds = call["end"] - call["start"]
+    assert len(during) >= 5, f"this thread ran {len(during)} times in a {seconds:.3f} s call"
