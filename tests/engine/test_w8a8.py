@@ -22,7 +22,7 @@ from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import native_cpu_bfloat16
 from worker.model.runner import ModelRunner
 from worker.model.smoothing import activation_ranges, factors, smooth
-from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, row_group, w8a8_available
+from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
 
 # w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI or AVX2
 # (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products: it is there when it should be).
@@ -228,18 +228,14 @@ def test_packed_weight_is_the_codes_in_groups_of_four_columns_per_sixteen_channe
     if ops is None:
         pytest.skip("native kernels not built (make kernels)")
     codes = torch.randint(-127, 128, (64, 128), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
-    group = ops.w8a8_row_group()
-    packed = torch.empty(4, 32, 64, dtype=torch.int8)
-    compensation = torch.empty(128 // group, 64, dtype=torch.int32)
+    packed, compensation = torch.empty(4, 32, 64, dtype=torch.int8), torch.empty(2, 64, dtype=torch.int32)
     ops.w8a8_pack_weight(codes, packed, compensation)
     # packed[b, q, 4 c + i] = codes[16 b + c, 4 q + i]
     expected = codes.reshape(4, 16, 32, 4).permute(0, 2, 1, 3).reshape(4, 32, 64)
     assert torch.equal(packed, expected)
-    # compensation[g, n]: minus the zero point the kernel's row codes carry (128 on VNNI; 64 for AVX2's 7-bit
-    # codes) times channel n's code sum over row group g (where its sums start)
-    zero_point = 128 if group == GROUP else 64
-    group_sums = codes.int().reshape(64, 128 // group, group).sum(dim=2, dtype=torch.int32).T
-    assert torch.equal(compensation, -zero_point * group_sums)
+    # compensation[g, n]: -128 times channel n's code sum over group g's 64 columns (where its sums start)
+    group_sums = codes.int().reshape(64, 2, GROUP).sum(dim=2, dtype=torch.int32).T
+    assert torch.equal(compensation, -128 * group_sums)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 17, 33, 64, 130])
@@ -302,7 +298,7 @@ def test_native_integer_gemm_reads_bfloat16_rows_as_their_float32_values():
 def test_w8a8_layer_keeps_only_the_packed_codes_and_refuses_shapes_of_partial_groups():
     weight = torch.randn(64, 128)
     layer = W8A8Linear(weight)
-    assert layer.backend == "native-w8a8" and layer.compensation.shape == (128 // row_group(), 64)
+    assert layer.backend == "native-w8a8" and layer.compensation.shape == (128 // GROUP, 64)
     codes = torch.round(weight / layer.weight_scales[:, None]).clamp(-127, 127).to(torch.int8)
     assert torch.equal(layer.weight_codes(), codes)  # read back from the kernel's layout
     assert layer(torch.randn(0, 128).bfloat16()).shape == (0, 64)  # an empty batch: an empty result

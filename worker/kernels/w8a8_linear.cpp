@@ -11,7 +11,7 @@
 //
 // with u = q_x + 128 the unsigned row codes (what the u8 x s8 instruction takes) and c the weight codes; each
 // group's sums get the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load (on AVX2,
-// below: per 32 columns, and -64). The weights are laid out once (w8a8_pack_weight): per block of 16 output
+// below, the rows carry the offset instead). The weights are laid out once (w8a8_pack_weight): per block of 16 output
 // channels, per group of 4 input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit
 // register for VPDPBUSD, two 256-bit ones on AVX2).
 //
@@ -24,13 +24,13 @@
 // On AVX2 without VNNI the products run on VPMADDUBSW (32 u8 x s8 products summed in pairs into 16 bits) and
 // VPMADDWD (the pairs of pairs into 32 bits): on a Zen 3 core 2.0 such pairs of instructions per ns, 66 G
 // products/s against FMA's 47 G in float32. The pairs must not saturate 16 bits, and 255 x 127 x 2 would, so
-// the rows' codes there are 7-bit (kAvx2MaxCode) and travel as q + 64 (kAvx2ZeroPoint), the compensation being
-// -64 sum_k c per group of 32 columns; their scales are per 32 columns (kAvx2RowGroup) to win back most of what
-// the lost bit costs; tiles of 5 rows x 16 channels run over every group of the row (avx2_tile).
+// the rows' codes there are 7-bit (kAvx2MaxCode) and signed, against the weight codes made unsigned in a
+// register; their scales are per 32 columns (kAvx2RowGroup) to win back most of what the lost bit costs; tiles
+// of 5 rows x 16 channels run over every group of the row (avx2_tile).
 //
 // Layouts: x [M, K] float32 or bfloat16, contiguous; packed [N / 16, K / 4, 64] int8; weight_scales [N] float32;
-// compensation [K / G, N] int32, G = w8a8_row_group(); out [M, N] float32 or bfloat16, written. K a multiple
-// of 64, N of 32.
+// compensation [K / 64, N] int32 (the AVX2 kernel makes its own from the rows); out [M, N] float32 or bfloat16,
+// written. K a multiple of 64, N of 32.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -196,15 +196,17 @@ void vnni_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packe
 #endif
 
 #ifdef LLMSERVE_W8A8_AVX2
-// The rows' codes on AVX2 are 7-bit, |q| <= 63 (quantize_rows_u8's max_code), and travel as u = q + 64 in
-// [1, 127]: then a VPMADDUBSW pair is at most 2 x 127 x 127 = 32258 and fits its 16 bits, and every one is
-// widened by one VPMADDWD. (Signed magnitudes, |q| times the weight code given q's sign by VPSIGNB as
-// llama.cpp's AVX2 dot products do, let two steps' pairs add up before one VPMADDWD: 3 multiplies per 64
-// products against 4 here, but 7 vector instructions and two broadcasts per row against 6 and one. This way
-// was 1.34x its products per second at 64 rows and 1.42x at 512, level at 1-2 rows: AVX2 EPYC, 2 threads,
-// 2026-12-06, docs/STUDY_LOG.md.)
+// The rows' codes on AVX2 are 7-bit, |q| <= 63 (quantize_rows_u8's max_code), and signed; the weight codes go in
+// as c + 128 (a register's top bits flipped), VPMADDUBSW's unsigned operand. A pair is then at most
+// 2 x 255 x 63 = 32130 and fits its 16 bits, and every one is widened by one VPMADDWD; the 128 sum_k q the
+// offset adds is taken off by starting each group's sums at -128 times the row's code sum over the group,
+// made from the rows at each call, so no compensation is read beside the weights (a one-row step reads
+// little else). Measured on an AVX2 EPYC (2 threads, 2026-12-06, docs/STUDY_LOG.md): against signed
+// magnitudes (|q| times the weight code given q's sign by VPSIGNB, as llama.cpp's AVX2 dot products do, two
+// steps' pairs added before one VPMADDWD: 7 vector instructions and two broadcasts per row and 64 products
+// against 6 and one) 1.34x the products per second at 64 rows and 1.42x at 512, level at 1-2 rows; against
+// q + 64 rows with a compensation read per weight group, 1.04-1.06x at 1-2 rows, 1.1x at 16-32, level from 64.
 constexpr int64_t kAvx2MaxCode = 63;
-constexpr int32_t kAvx2ZeroPoint = 64;
 // Columns per row scale on AVX2: 32, half of kGroup. The 7th bit cost the bundled model ~0.85% of perplexity
 // with scales per 64 columns and ~0.55% per 32, against 8-bit rows (float32 HF model, smoothed, the tune
 // text; docs/STUDY_LOG.md), for one more scaling of the tile's sums per 32 columns.
@@ -214,35 +216,36 @@ constexpr int64_t kAvx2RowGroup = 32;
 constexpr int kAvx2Rows = 5;
 
 // Rows [m0, m0 + R) against channel block b (16 channels, two registers of 8), every group of columns: per
-// group of kAvx2RowGroup the int32 sums (started at the compensation, so exact), scaled by the rows' group
-// scales into float32 totals; then the totals times the weight scales go to out. rows: the codes u = q + 64,
-// K bytes a row.
+// group of kAvx2RowGroup the int32 sums (started at the row's compensation, so exact), scaled by the rows'
+// group scales into float32 totals; then the totals times the weight scales go to out. rows: the signed codes
+// q, K bytes a row; row_compensation [M, K / kAvx2RowGroup].
 template <int R>
 void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, const float* group_scales,
-               const int32_t* compensation, const float* weight_scales, int64_t n0, void* out, bool bf16, int64_t N) {
+               const int32_t* row_compensation, const float* weight_scales, int64_t n0, void* out, bool bf16,
+               int64_t N) {
   alignas(32) static const int16_t ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   const int64_t groups = K / kAvx2RowGroup;
   __m256 totals[R][2];
   for (int64_t g = 0; g < groups; ++g) {
     __m256i acc[R][2];
-    const __m256i start0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(compensation + g * N + n0));
-    const __m256i start1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(compensation + g * N + n0 + 8));
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r][0] = start0, acc[r][1] = start1;
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_set1_epi32(row_compensation[(m0 + r) * groups + g]);
     const int8_t* w = block + g * kAvx2RowGroup * 16;  // the group's 16 x 32 codes, 4 columns x 16 channels a step
     const uint8_t* x = rows + m0 * K + g * kAvx2RowGroup;
 #pragma GCC unroll 8
     for (int step = 0; step < kAvx2RowGroup / 4; ++step) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + step * 64));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + step * 64 + 32));
+      const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));  // c + 128: the unsigned operand
+      const auto* wv = reinterpret_cast<const __m256i*>(w + step * 64);
+      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(wv), top);
+      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(wv + 1), top);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i xr = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x + K * r + 4 * step));
         // In place on the accumulators (inline asm, "+x"), as vnni_tile does: with the intrinsics GCC 12 kept
         // the accumulators on the stack, storing and loading each one every step (2.5x slower).
         __m256i t, u;
-        asm("vpmaddubsw %[w0], %[x], %[t]\n\t"
-            "vpmaddubsw %[w1], %[x], %[u]\n\t"
+        asm("vpmaddubsw %[x], %[w0], %[t]\n\t"
+            "vpmaddubsw %[x], %[w1], %[u]\n\t"
             "vpmaddwd %[one], %[t], %[t]\n\t"
             "vpmaddwd %[one], %[u], %[u]\n\t"
             "vpaddd %[t], %[a0], %[a0]\n\t"
@@ -276,19 +279,30 @@ void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, 
   }
 }
 
-// The rows' codes q + 128 (quantize_rows_u8's) moved to q + 64, then each thread's channel blocks against
-// every row tile, a block's codes (16 K bytes) staying in L1 across the tiles.
+// The rows' codes q + 128 (quantize_rows_u8's) made signed, and -128 times each group's code sum, then each
+// thread's channel blocks against every row tile, a block's codes (16 K bytes) staying in L1 across the tiles.
 void avx2_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N,
-                 const float* group_scales, const int32_t* compensation, const float* weight_scales, void* out,
-                 bool bf16) {
+                 const float* group_scales, const int32_t* /* VNNI's compensation */, const float* weight_scales,
+                 void* out, bool bf16) {
   std::unique_ptr<uint8_t[]> rows(new uint8_t[static_cast<size_t>(M * K)]);
+  std::unique_ptr<int32_t[]> row_compensation(new int32_t[static_cast<size_t>(M * (K / kAvx2RowGroup))]);
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    const __m256i shift = _mm256_set1_epi8(static_cast<char>(128 - kAvx2ZeroPoint));
-    for (int64_t i = begin * K; i < end * K; i += 32)  // K is a multiple of 64
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.get() + i),
-                          _mm256_sub_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), shift));
+    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int64_t i = begin * K; i < end * K; i += kAvx2RowGroup) {  // one group of 32 codes a pass
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), top);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.get() + i), q);
+      // sum of the group's 32 signed codes: 1 x q in pairs, then the pairs of pairs, then across lanes
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      row_compensation[i / kAvx2RowGroup] = -128 * _mm_cvtsi128_si32(s4);
+    }
   });
   const uint8_t* x = rows.get();
+  const int32_t* compensation = row_compensation.get();
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* block = packed + b * 16 * K;
@@ -342,15 +356,9 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
   TORCH_CHECK(K % kGroup == 0 && N % 32 == 0, "w8a8_pack_weight: K must be a multiple of 64 and N of 32");
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.numel() == N * K,
               "w8a8_pack_weight: packed must be a contiguous int8 tensor of N * K elements");
-  const int64_t group = w8a8_row_group();
-#ifdef LLMSERVE_W8A8_AVX2
-  const int32_t zero_point = kAvx2ZeroPoint;
-#else
-  const int32_t zero_point = 128;
-#endif
   TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() &&
-                  compensation.numel() == K / group * N,
-              "w8a8_pack_weight: compensation must be a contiguous int32 tensor of K / row_group x N elements");
+                  compensation.numel() == K / kGroup * N,
+              "w8a8_pack_weight: compensation must be a contiguous int32 tensor of K / 64 x N elements");
   const auto* src = reinterpret_cast<const uint32_t*>(codes.data_ptr());  // groups of 4 codes
   auto* dst = reinterpret_cast<uint32_t*>(packed.data_ptr());
   const int8_t* c = codes.data_ptr<int8_t>();
@@ -361,10 +369,10 @@ void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const a
       for (int64_t q = 0; q < quads; ++q)
         for (int64_t ch = 0; ch < 16; ++ch) dst[(b * quads + q) * 16 + ch] = src[(b * 16 + ch) * quads + q];
       for (int64_t n = b * 16; n < b * 16 + 16; ++n)
-        for (int64_t g = 0; g < K / group; ++g) {
+        for (int64_t g = 0; g < K / kGroup; ++g) {
           int32_t sum = 0;
-          for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += c[n * K + k];
-          comp[g * N + n] = -zero_point * sum;
+          for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) sum += c[n * K + k];
+          comp[g * N + n] = -128 * sum;
         }
     }
   });
@@ -386,8 +394,8 @@ void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.is_contiguous() && weight_scales.numel() == N,
               "w8a8_linear: one float32 weight scale per output channel");
   TORCH_CHECK(compensation.scalar_type() == at::kInt && compensation.is_contiguous() &&
-                  compensation.numel() == K / w8a8_row_group() * N,
-              "w8a8_linear: int32 compensation [K / row_group, N] from w8a8_pack_weight");
+                  compensation.numel() == K / kGroup * N,
+              "w8a8_linear: int32 compensation [K / 64, N] from w8a8_pack_weight");
 #ifdef LLMSERVE_W8A8_VNNI
   const at::Tensor codes = at::empty({M, K}, x.options().dtype(at::kByte));
   const at::Tensor group_scales = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));

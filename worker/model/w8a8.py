@@ -16,11 +16,11 @@ travel as q_x + 128 (exact: the same integers, 128 times each group's code sum s
 int32; only the two roundings to 8 bits differ from float. Perplexity against the unquantized model is what
 decides where it serves (bench/quant_study.py).
 
-On AVX2 without VNNI the kernel multiplies on VPMADDUBSW, whose 16-bit pair sums would overflow on the
-unsigned 8-bit codes; there the row codes are 7-bit (|q_x| <= 63, `row_max_code()`, carried as q_x + 64 inside
-the kernel) with one scale per 32 columns (`row_group()`), which with the smoothing in front keeps them about
-half a percent of perplexity from 8-bit ones (docs/STUDY_LOG.md), for about twice the int8 weight-only
-kernel's products per second from 8 rows up (bench/w8a8_kernels.py).
+On AVX2 without VNNI the kernel multiplies on VPMADDUBSW, whose 16-bit pair sums would overflow on 8-bit
+codes on both sides; there the row codes are 7-bit (|q_x| <= 63, `row_max_code()`, signed against the weight
+codes made unsigned inside the kernel) with one scale per 32 columns (`row_group()`), which with the smoothing
+in front keeps them about half a percent of perplexity from 8-bit ones (docs/STUDY_LOG.md), for about twice
+the int8 weight-only kernel's products per second from 16 rows up (bench/w8a8_kernels.py).
 
 oneDNN's int8 GEMM, which this layer ran before the project's kernel, takes one activation scale per call and
 cost ~30 us of fixed overhead per layer, so it is not a fallback: a CPU without AVX2 (or a build without the
@@ -34,7 +34,7 @@ import torch
 from worker.kernels import native_op
 
 ZERO_POINT = 128  # q_x + 128 in uint8: the u8 x s8 integer instructions, symmetric codes unchanged
-GROUP = 64  # columns per row scale and per compensation group on VNNI (kGroup); row_group() on this build
+GROUP = 64  # columns per weight-code group (the compensation's) and per row scale on VNNI (kGroup)
 
 
 def w8a8_available(device: torch.device) -> bool:
@@ -96,10 +96,10 @@ class W8A8Linear:
         codes = torch.round(w / self.weight_scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.bias = bias.detach().float().contiguous() if bias is not None else None
         self.compute_dtype = torch.float32
-        # Only the codes laid out for the kernel, and per channel minus the kernel's zero point times each row
-        # group's code sum (128 and 64 columns on VNNI, 64 and 32 on AVX2).
+        # Only the codes laid out for the kernel, and 128 * (sum of each group's codes) per channel (VNNI's;
+        # the AVX2 kernel takes its compensation from the rows).
         self.weight = torch.empty(out_features // 16, in_features // 4, 64, dtype=torch.int8)
-        self.compensation = torch.empty(in_features // self.row_group, out_features, dtype=torch.int32)
+        self.compensation = torch.empty(in_features // GROUP, out_features, dtype=torch.int32)
         self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
         self(torch.zeros(1, in_features))  # fail at load, not on a request
 
