@@ -14,6 +14,10 @@ VOCAB = 50
 
 @pytest.fixture(autouse=True, params=["kernel", "torch"])
 def draw(request, monkeypatch):
+    """Unseeded rows draw from torch's global generator: seeded here, so the distribution checks (about 3
+    sigma wide) give the same verdict in every order xdist runs the tests in, instead of failing one run
+    in a hundred."""
+    torch.manual_seed(0)
     if request.param == "torch":
         monkeypatch.setattr(sampler, "native_op", lambda name: None)
     return request.param
