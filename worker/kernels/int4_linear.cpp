@@ -343,29 +343,31 @@ void one_row_channels(const GridRow& xg, int64_t K, const uint8_t* w, const Half
 
 #if defined(LLMSERVE_AVX2) && defined(__F16C__) && !defined(LLMSERVE_INT4_ONE_ROW)
 #define LLMSERVE_INT4_ONE_ROW_AVX2 1
-// One row on an AVX2 CPU without AVX512-VNNI: integer products as above, on AVX2's byte multiply-adds
-// (VPMADDUBSW, unsigned bytes times signed bytes into 16-bit pairs; VPMADDWD then sums pairs into int32). x is
-// put on the same 16-bit grid per group (from its float32 values; a |x16| that would round to 32768 is held at
-// 32767), x16 = 256 hi + lo, and a group's 32 codes (its 16 bytes, low nibbles then high) meet hi and lo in two
-// multiply-adds each: no product or pair sum can saturate (15 x 128 x 2, 255 x 15 x 2 < 32768), and the
-// group's int32 sum of q x16 (< 2^24) is exact in float32. The float path above spends a conversion and two
-// FMAs per eight weights where this spends about one integer op.
+// One row on an AVX2 CPU without AVX512-VNNI: integer products as above, on AVX2's 16-bit multiply-add
+// (VPMADDWD: int16 pairs into int32 sums). x is put on the same 16-bit grid per group (from its float32
+// values; a |x16| that would round to 32768 is held at 32767). A group's 16 bytes of codes are widened to
+// sixteen 16-bit words once; the low nibbles are a mask away, the high ones a shift (a byte's high nibble is
+// the whole of its word above bit 4), and each meets its 16 x16 in one multiply-add: no pair can overflow
+// (2 x 15 x 32767), and the group's int32 sum of q x16 (< 2^24) is exact in float32, so the result is bit
+// for bit what 8-bit multiply-adds on x16's high and low bytes gave, in about half the instructions (the
+// one-row int4 linears of a decode step were bound by them, not by reading the codes). d x step is formed
+// for eight groups at a time, before the groups are walked.
 constexpr int kOneRowChannelsAvx2 = 4;        // weight rows in flight together, x loaded once for all
 constexpr int64_t kPrefetchBytesAvx2 = 8192;  // how far ahead of the codes being read they are prefetched
+constexpr int64_t kScaleChunk = 64;           // groups whose d x step are formed ahead of their products
 
-// Per group, hi and lo of x16 in the codes' byte order (byte 2j of a group holds weights j and j + 8 in its
-// nibbles, byte 2j + 1 weights j + 16 and j + 24: the low nibbles give weights j, j + 16 in turn, the high
-// ones j + 8, j + 24); the grid's step and the sum of x (for the mins' share, as read), per group.
+// Per group, x16 in the order of the codes' widened words: word b holds byte b's codes, its low nibble weight
+// b / 2 (+ 16 for an odd b), its high nibble that + 8; so the group's first 16 values go with the low
+// nibbles and the next 16 with the high ones. Also the grid's step and the sum of x (for the mins' share, as
+// read), per group.
 struct GridRowAvx2 {
-  std::vector<int8_t> hi;
-  std::vector<uint8_t> lo;
+  std::vector<int16_t> x16;
   std::vector<float> step, xsum;
 };
 
 void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
   const int64_t groups = K / kGroup;
-  out.hi.resize(static_cast<size_t>(K));
-  out.lo.resize(static_cast<size_t>(K));
+  out.x16.resize(static_cast<size_t>(K));
   out.step.resize(static_cast<size_t>(groups));
   out.xsum.resize(static_cast<size_t>(groups));
   for (int64_t g = 0; g < groups; ++g) {
@@ -379,16 +381,11 @@ void grid_row_avx2(const float* x, int64_t K, GridRowAvx2& out) {
     __m256 sum = _mm256_setzero_ps();
     for (int v = 0; v < 4; ++v) sum = _mm256_add_ps(sum, _mm256_loadu_ps(xg + 8 * v));
     out.xsum[g] = llmserve::hsum(sum);
-    int8_t* hi = out.hi.data() + g * kGroup;
-    uint8_t* lo = out.lo.data() + g * kGroup;
-    for (int j = 0; j < 8; ++j) {  // code byte b: low nibbles at b, high nibbles at 16 + b
-      const int weights[4] = {j, j + 16, j + 8, j + 24};
-      const int bytes[4] = {2 * j, 2 * j + 1, 16 + 2 * j, 16 + 2 * j + 1};
-      for (int i = 0; i < 4; ++i) {
-        const int32_t value = q[weights[i]];
-        hi[bytes[i]] = static_cast<int8_t>(value >> 8);
-        lo[bytes[i]] = static_cast<uint8_t>(value & 0xFF);
-      }
+    int16_t* dst = out.x16.data() + g * kGroup;
+    for (int b = 0; b < 16; ++b) {
+      const int low = b / 2 + (b % 2) * 16;
+      dst[b] = static_cast<int16_t>(q[low]);
+      dst[16 + b] = static_cast<int16_t>(q[low + 8]);
     }
   }
 }
@@ -397,23 +394,33 @@ template <int C>
 void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const uint8_t* w, const Half* scales, const Half* mins,
                            float* out) {
   const int64_t groups = K / kGroup, row = K / 2;
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i nibble = _mm256_set1_epi16(0x0F);
   __m256 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    if (g % 4 == 0)  // one 64-byte line of each row's codes per four groups, kPrefetchBytesAvx2 on
-      for (int c = 0; c < C; ++c)
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytesAvx2 + (g / 4 * C + c) * 64), _MM_HINT_T0);
-    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg.hi.data() + g * kGroup));
-    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg.lo.data() + g * kGroup));
-    const float step = xg.step[g];
+  alignas(32) float ds[C][kScaleChunk];  // d x step of the chunk's groups, per row
+  for (int64_t g0 = 0; g0 < groups; g0 += kScaleChunk) {
+    const int64_t g1 = std::min(groups, g0 + kScaleChunk);
     for (int c = 0; c < C; ++c) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row + g * kGroupBytes));
-      const __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nibble);
-      const __m256i high = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xh), ones);
-      const __m256i low = _mm256_madd_epi16(_mm256_maddubs_epi16(xl, codes), ones);
-      const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(high, 8), low);
-      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(widen(scales[c * groups + g]) * step), acc[c]);
+      int64_t g = g0;
+      for (; g + 8 <= g1; g += 8)
+        _mm256_store_ps(ds[c] + (g - g0),
+                        _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + c * groups + g))),
+                                      _mm256_loadu_ps(xg.step.data() + g)));
+      for (; g < g1; ++g) ds[c][g - g0] = widen(scales[c * groups + g]) * xg.step[g];
+    }
+    for (int64_t g = g0; g < g1; ++g) {
+      if (g % 4 == 0)  // one 64-byte line of each row's codes per four groups, kPrefetchBytesAvx2 on
+        for (int c = 0; c < C; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytesAvx2 + (g / 4 * C + c) * 64), _MM_HINT_T0);
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg.x16.data() + g * kGroup));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg.x16.data() + g * kGroup + 16));
+      for (int c = 0; c < C; ++c) {
+        const __m256i words =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * row + g * kGroupBytes)));
+        const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(words, nibble), xl),
+                                             _mm256_madd_epi16(_mm256_srli_epi16(words, 4), xh));
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(ds[c] + (g - g0)), acc[c]);
+      }
     }
   }
   for (int c = 0; c < C; ++c) {  // the mins' share: sum over groups of m * (sum of the group's x)
