@@ -348,10 +348,11 @@ void one_row_channels(const GridRow& xg, int64_t K, const uint8_t* w, const Half
 // values; a |x16| that would round to 32768 is held at 32767). A group's 16 bytes of codes are widened to
 // sixteen 16-bit words once; the low nibbles are a mask away, the high ones a shift (a byte's high nibble is
 // the whole of its word above bit 4), and each meets its 16 x16 in one multiply-add: no pair can overflow
-// (2 x 15 x 32767), and the group's int32 sum of q x16 (< 2^24) is exact in float32, so the result is bit
-// for bit what 8-bit multiply-adds on x16's high and low bytes gave, in about half the instructions (the
-// one-row int4 linears of a decode step were bound by them, not by reading the codes). d x step is formed
-// for eight groups at a time, before the groups are walked.
+// (2 x 15 x 32767), and the group's int32 sum of q x16 (< 2^24) is exact in float32: the same integers that
+// 8-bit multiply-adds on x16's high and low bytes gave (in other lanes, so the float sums may differ in their
+// last bits), in about half the instructions; the one-row int4 linears of a decode step were bound by them,
+// not by reading the codes (docs/STUDY_LOG.md). d x step is formed eight groups at a time, before the groups
+// are walked.
 constexpr int kOneRowChannelsAvx2 = 4;        // weight rows in flight together, x loaded once for all
 constexpr int64_t kPrefetchBytesAvx2 = 8192;  // how far ahead of the codes being read they are prefetched
 constexpr int64_t kScaleChunk = 64;           // groups whose d x step are formed ahead of their products
@@ -402,10 +403,10 @@ void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const uint8_t* w, c
     const int64_t g1 = std::min(groups, g0 + kScaleChunk);
     for (int c = 0; c < C; ++c) {
       int64_t g = g0;
-      for (; g + 8 <= g1; g += 8)
-        _mm256_store_ps(ds[c] + (g - g0),
-                        _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + c * groups + g))),
-                                      _mm256_loadu_ps(xg.step.data() + g)));
+      for (; g + 8 <= g1; g += 8) {
+        const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + c * groups + g));
+        _mm256_store_ps(ds[c] + (g - g0), _mm256_mul_ps(_mm256_cvtph_ps(d), _mm256_loadu_ps(xg.step.data() + g)));
+      }
       for (; g < g1; ++g) ds[c][g - g0] = widen(scales[c * groups + g]) * xg.step[g];
     }
     for (int64_t g = g0; g < g1; ++g) {
