@@ -11,9 +11,10 @@
 //
 // with u = q_x + 128 the unsigned row codes (what the u8 x s8 instruction takes) and c the weight codes; each
 // group's sums get the `compensation` [K / 64, N], -128 sum_{k in g} c[n, k], made once at load (on AVX2,
-// below, the rows carry the offset instead). The weights are laid out once (w8a8_pack_weight): per block of 16 output
-// channels, per group of 4 input columns, the 16 channels' 4 codes side by side (64 bytes: one 512-bit
-// register for VPDPBUSD, two 256-bit ones on AVX2).
+// below, the weights carry the offset instead and the compensation is made from the rows at each call). The
+// weights are laid out once (w8a8_pack_weight): per block of 16 output channels, per group of 4 input columns,
+// the 16 channels' 4 codes side by side (64 bytes: one 512-bit register for VPDPBUSD, two 256-bit ones on
+// AVX2).
 //
 // The products run on AVX512-VNNI (VPDPBUSD): 4 rows x 64 channels of int32 sums in registers, one group of
 // columns at a time, its 4 KB of codes read from memory once and from L1 for the further row chunks. CPUs
@@ -224,6 +225,7 @@ void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, 
                const int32_t* row_compensation, const float* weight_scales, int64_t n0, void* out, bool bf16,
                int64_t N) {
   alignas(32) static const int16_t ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));  // c + 128: the unsigned operand
   const int64_t groups = K / kAvx2RowGroup;
   __m256 totals[R][2];
   for (int64_t g = 0; g < groups; ++g) {
@@ -234,7 +236,6 @@ void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, 
     const uint8_t* x = rows + m0 * K + g * kAvx2RowGroup;
 #pragma GCC unroll 8
     for (int step = 0; step < kAvx2RowGroup / 4; ++step) {
-      const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));  // c + 128: the unsigned operand
       const auto* wv = reinterpret_cast<const __m256i*>(w + step * 64);
       const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(wv), top);
       const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(wv + 1), top);
