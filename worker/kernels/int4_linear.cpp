@@ -437,6 +437,29 @@ void one_row_channels_avx2(const GridRowAvx2& xg, int64_t K, const uint8_t* w, c
   }
 }
 #endif
+// Weights [N, K] as d q + m (T float or bfloat16), split over output channels.
+template <typename T>
+void dequantize_rows(const uint8_t* wp, const Half* sp, const Half* mp, int64_t N, int64_t K, T* op) {
+  const int64_t groups = K / kGroup;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = wp + n * (K / 2) + g * kGroupBytes;
+        const float d = widen(sp[n * groups + g]), m = widen(mp[n * groups + g]);
+        T* o = op + n * K + g * kGroup;
+#ifdef LLMSERVE_AVX2
+        __m256 w[4];
+        dequantize_group(b, d, m, w);
+        for (int v = 0; v < 4; ++v) llmserve::store8(o + 8 * v, w[v]);
+#else
+        for (int64_t i = 0; i < kGroup; ++i) {  // weight i = 8 t + j: word j, nibble t
+          const int64_t j = i % 8, t = i / 8;
+          o[i] = T(d * static_cast<float>((b[2 * j + t / 2] >> (4 * (t % 2))) & 0x0F) + m);
+        }
+#endif
+      }
+  });
+}
 }  // namespace
 
 namespace llmserve {
@@ -545,41 +568,27 @@ void int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   });
 }
 
-// out = bfloat16(d q + m), the weights whole [N, K]: for batches of many rows, as int8_dequantize is.
+// out = d q + m, the weights whole [N, K], in float32 or rounded to bfloat16: for batches of many rows, where
+// oneDNN's GEMM over them beats these kernels (worker/model/quant.py `dequantize_min_rows`).
 void int4_dequantize(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& mins, const at::Tensor& out) {
   TORCH_CHECK(packed.device().is_cpu() && out.device().is_cpu(), "int4_dequantize runs on CPU tensors");
   TORCH_CHECK(packed.dim() == 2 && out.dim() == 2 && scales.dim() == 2, "int4_dequantize: packed [N, K / 2], out [N, K]");
   TORCH_CHECK(packed.scalar_type() == at::kByte && scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf &&
-                  out.scalar_type() == at::kBFloat16,
-              "int4_dequantize: uint8 packed codes, float16 scales and mins, bfloat16 out");
-  const int64_t N = out.size(0), K = out.size(1), groups = K / kGroup;
+                  (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat),
+              "int4_dequantize: uint8 packed codes, float16 scales and mins, bfloat16 or float32 out");
+  const int64_t N = out.size(0), K = out.size(1);
   TORCH_CHECK(K % kGroup == 0 && packed.size(0) == N && packed.size(1) == K / 2 && scales.size(0) == N &&
-                  scales.size(1) == groups && mins.sizes() == scales.sizes(),
+                  scales.size(1) == K / kGroup && mins.sizes() == scales.sizes(),
               "int4_dequantize: shapes differ");
   TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && mins.is_contiguous() && out.is_contiguous(),
               "int4_dequantize: contiguous tensors only");
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const Half* sp = scales.data_ptr<Half>();
   const Half* mp = mins.data_ptr<Half>();
-  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* b = wp + n * (K / 2) + g * kGroupBytes;
-        const float d = widen(sp[n * groups + g]), m = widen(mp[n * groups + g]);
-        c10::BFloat16* o = op + n * K + g * kGroup;
-#ifdef LLMSERVE_AVX2
-        __m256 w[4];
-        dequantize_group(b, d, m, w);
-        for (int v = 0; v < 4; ++v) llmserve::store8(o + 8 * v, w[v]);
-#else
-        for (int64_t i = 0; i < kGroup; ++i) {  // weight i = 8 t + j: word j, nibble t
-          const int64_t j = i % 8, t = i / 8;
-          o[i] = c10::BFloat16(d * static_cast<float>((b[2 * j + t / 2] >> (4 * (t % 2))) & 0x0F) + m);
-        }
-#endif
-      }
-  });
+  if (out.scalar_type() == at::kFloat)
+    dequantize_rows(wp, sp, mp, N, K, out.data_ptr<float>());
+  else
+    dequantize_rows(wp, sp, mp, N, K, out.data_ptr<c10::BFloat16>());
 }
 
 }  // namespace llmserve
