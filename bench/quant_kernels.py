@@ -3,12 +3,12 @@ and the batch sizes the engine runs, side by side.
 
 Columns: oneDNN float32 and bfloat16; the native int8 kernel (worker/kernels/int8_linear.cpp, float32 in);
 the native 4-bit kernel (int4_linear.cpp, float32 in), each held on one of the paths the engine switches
-between by rows: row-at-a-time products ("rows"), the bfloat16 panel GEMM ("panel", bf16_panel_gemm.h;
-AVX512-BF16 builds) and dequantize + oneDNN's GEMM ("dequantized", worker/model/quant.py: bfloat16 on CPUs
-with native bfloat16, int4 to float32 on the others); torch's `_weight_int4pack_mm_for_cpu` fed bfloat16
-(its only vectorized input on AVX2) and fed float32 (its scalar fallback). Each shape is timed alone (its
-weights stay in the last-level cache) and, in the `stack` rows, as the 30 layers of a decode step with
-distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
+between by rows: row-at-a-time products ("rows"; for int4 on a build without AVX512-BF16, from 5 rows its
+float32 panel), the bfloat16 panel GEMM ("panel", bf16_panel_gemm.h; AVX512-BF16 builds) and dequantize +
+oneDNN bfloat16 GEMM ("dequantized", worker/model/quant.py; CPUs with native bfloat16); torch's
+`_weight_int4pack_mm_for_cpu` fed bfloat16 (its only vectorized input on AVX2) and fed float32 (its scalar
+fallback). Each shape is timed alone (its weights stay in the last-level cache) and, in the `stack` rows, as
+the 30 layers of a decode step with distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
 microseconds per call; on a shared machine only the minimum is worth comparing.
 
 Why it exists: it chose worker/model/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
@@ -95,8 +95,7 @@ def int4pack_layer(weight: torch.Tensor, groups: Int4Groups, dtype: torch.dtype)
 def held(layer: Int8Linear | Int4Linear, path: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The layer held on one path at every row count, where the engine switches by rows: the native kernel's
     row-at-a-time products ("rows"), its bfloat16 panel GEMM ("panel", from `bf16_panel_min_rows`), or
-    dequantize + oneDNN's GEMM ("deq", from `worker.model.quant.dequantize_min_rows`; bfloat16, or float32
-    for int4 on a CPU without native bfloat16)."""
+    dequantize + oneDNN bfloat16 GEMM ("deq", from `worker.model.quant.dequantize_min_rows`)."""
     layer.dequantize_from = 1 if path == "deq" else None
     ops = native_ops()
     panel_rows = {"rows": 10**9, "panel": 1}.get(path)
@@ -121,9 +120,9 @@ def layers_for(weight: torch.Tensor, with_fp32_fallback: bool) -> dict[str, Call
     if PANEL_ROWS:  # AVX512-BF16 builds
         layers["int8_panel"] = held(Int8Linear(weight), "panel")
         layers["int4_panel"] = held(Int4Linear(weight, groups=groups), "panel")
-    if native_cpu_bfloat16():  # elsewhere bfloat16 GEMMs are emulated and int8 never dequantizes
+    if native_cpu_bfloat16():  # elsewhere bfloat16 GEMMs are emulated and the engine never dequantizes
         layers["int8_deq"] = held(Int8Linear(weight), "deq")
-    layers["int4_deq"] = held(Int4Linear(weight, groups=groups), "deq")  # to float32 without native bfloat16
+        layers["int4_deq"] = held(Int4Linear(weight, groups=groups), "deq")
     if with_fp32_fallback:
         layers["int4pack_fp32"] = int4pack_layer(weight, groups, torch.float32)
     return layers

@@ -360,7 +360,7 @@ def setup(repeats: int) -> str:
     query = getattr(torch.ops.llmserve, "int4_activation_dtype", None)
     int4_rows = query() if query is not None else "float32"
     panel_rows = getattr(torch.ops.llmserve, "bf16_panel_min_rows", lambda: 0)()
-    dequantize_rows = dequantize_min_rows(torch.device("cpu"), "int8")
+    dequantize_rows = dequantize_min_rows(torch.device("cpu"))
     dequantized = (
         " On this CPU both quantized rows change method with the batch (worker/model/quant.py):"
         f" from {panel_rows}"
@@ -482,7 +482,7 @@ def targets(rows: list[Row]) -> list[str]:
             + (
                 f"This CPU computes bfloat16 natively ({cpu_info().kind}): decode steps of 10 or more rows "
                 "run the quantized kernels' bfloat16 panel GEMM, and prefill chunks "
-                f"({dequantize_min_rows(torch.device('cpu'), 'int8')} rows and more) "
+                f"({dequantize_min_rows(torch.device('cpu'))} rows and more) "
                 "dequantize each weight for oneDNN's bfloat16 GEMM, which then reorders the fresh weights "
                 "on every call where the bfloat16 row's were packed at load (section \"Quantized linear "
                 'kernels", `stack` rows: the 30 layers at 32 and 512 rows).'

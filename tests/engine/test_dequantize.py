@@ -1,9 +1,9 @@
-"""Dequantize + oneDNN GEMM for batches of many rows (worker/model/quant.py `DEQUANTIZE_MIN_ROWS`,
-`DEQUANTIZE_MIN_ROWS_FLOAT32`; the kernels int8_dequantize and int4_dequantize in worker/kernels/).
+"""Dequantize + bfloat16 GEMM for batches of many rows (worker/model/quant.py `DEQUANTIZE_MIN_ROWS`; the
+kernels int8_dequantize and int4_dequantize in worker/kernels/).
 
 The dequantized weights are checked element by element against the layer's own definition of its weights
-(int8: q s; int4: d q + m rounded once, as the kernel's FMA does), in float32 or rounded to bfloat16; the
-layer's output on that path must then be exactly oneDNN's GEMM over those weights.
+(int8: q s; int4: d q + m rounded once, as the kernel's FMA does) rounded to bfloat16; the layer's output on
+that path must then be exactly oneDNN's bfloat16 GEMM over those weights.
 """
 
 import pytest
@@ -14,7 +14,6 @@ from tests.engine.kernel_grid import int8_rows_on_grid, on_chunk_grid
 from worker.kernels import native_ops
 from worker.model.decode_layers import DecodeLayers
 from worker.model.quant import (
-    DEQUANTIZE_MIN_ROWS_FLOAT32,
     Int4Groups,
     Int4Linear,
     Int8Linear,
@@ -30,12 +29,12 @@ def dequantize_ops():
     return ops
 
 
-def int4_reference(groups: Int4Groups, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """d q + m with one rounding to float32 (float64 arithmetic, exact here), then to `dtype`."""
+def int4_reference(groups: Int4Groups) -> torch.Tensor:
+    """d q + m with one rounding to float32 (float64 arithmetic, exact here), then to bfloat16."""
     n, k = groups.codes.shape
     q = groups.codes.double().reshape(n, k // 32, 32)
     scales, mins = groups.scales.half().double(), groups.mins.half().double()
-    return (q * scales[..., None] + mins[..., None]).reshape(n, k).float().to(dtype)
+    return (q * scales[..., None] + mins[..., None]).reshape(n, k).float().bfloat16()
 
 
 @pytest.mark.parametrize("in_features", [40, 576, 1536])  # a tail after 8-wide steps; the model's widths
@@ -48,17 +47,14 @@ def test_int8_dequantize_is_codes_times_scale_rounded_to_bfloat16(in_features):
     assert torch.equal(out, (layer.weight.float() * layer.scales[:, None]).bfloat16())
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("in_features", [32, 96, 1536])
-def test_int4_dequantize_is_d_q_plus_m_rounded_once(in_features, dtype):
+def test_int4_dequantize_is_d_q_plus_m_rounded_to_bfloat16(in_features):
     ops = dequantize_ops()
     gen = torch.Generator().manual_seed(in_features)
     groups = Int4Groups.from_float(torch.randn(40, in_features, generator=gen))
     layer = Int4Linear(groups.dequantize(), groups=groups)
-    out = torch.empty(40, in_features, dtype=dtype)
+    out = torch.empty(40, in_features, dtype=torch.bfloat16)
     ops.int4_dequantize(layer.weight, layer.scales, layer.mins, out)
-    if ops.int4_one_row_path() != "float":  # an AVX2 build: one FMA, so one rounding to float32
-        assert torch.equal(out, int4_reference(groups, dtype))
     # the plain-loop path (CPUs without AVX2/FMA) rounds d q before adding m: one bfloat16 step apart at most
     torch.testing.assert_close(out.float(), int4_reference(groups).float(), rtol=2**-7, atol=1e-6)
 
@@ -75,24 +71,9 @@ def test_dequantize_kernels_refuse_mismatched_shapes_and_types():
         ops.int4_dequantize(packed, half, half, torch.empty(8, 48, dtype=torch.bfloat16))
 
 
-def test_each_kind_of_cpu_dequantizes_what_beats_its_kernels():
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_a_batch_of_many_rows_runs_bfloat16_gemm_over_the_dequantized_weights(quantization):
     dequantize_ops()
-    cpu, weight = torch.device("cpu"), torch.randn(64, 64)
-    int8, int4 = Int8Linear(weight), Int4Linear(weight)
-    if native_cpu_bfloat16():  # both, to bfloat16, from the same row count
-        assert int8.dequantize_from == int4.dequantize_from == dequantize_min_rows(cpu, "int8") is not None
-        assert int8.dequantize_dtype == int4.dequantize_dtype == torch.bfloat16
-    else:  # int8's kernel beats float32 oneDNN at every batch; int4's does not
-        assert int8.dequantize_from is None and dequantize_min_rows(cpu, "int8") is None
-        assert int4.dequantize_from == DEQUANTIZE_MIN_ROWS_FLOAT32 == dequantize_min_rows(cpu, "int4")
-        assert int4.dequantize_dtype == torch.float32
-
-
-@pytest.mark.parametrize(
-    "quantization, dtype", [("int8", torch.bfloat16), ("int4", torch.bfloat16), ("int4", torch.float32)]
-)
-def test_a_batch_of_many_rows_runs_onednn_gemm_over_the_dequantized_weights(quantization, dtype):
-    ops = dequantize_ops()
     gen = torch.Generator().manual_seed(7)
     weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     if quantization == "int8":
@@ -102,14 +83,15 @@ def test_a_batch_of_many_rows_runs_onednn_gemm_over_the_dequantized_weights(quan
     else:
         groups = Int4Groups.from_float(weight)
         layer = Int4Linear(weight, bias, groups)
-        exact_weights, dequantized = groups.dequantize(), int4_reference(groups, dtype)
-        layer.dequantize_dtype = dtype
+        exact_weights, dequantized = groups.dequantize(), int4_reference(groups)
+    assert layer.dequantize_from == dequantize_min_rows(torch.device("cpu"))
+    assert (layer.dequantize_from is None) == (not native_cpu_bfloat16())
     layer.dequantize_from = 8  # the path runs on any CPU (emulated bfloat16 without native support)
     x = torch.randn(8, 64, generator=gen)
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (8, 96)
-    expected = F.linear(x.to(dtype), dequantized).float() + bias
-    if quantization == "int8" or ops.int4_one_row_path() != "float":
+    expected = F.linear(x.bfloat16(), dequantized).float() + bias
+    if quantization == "int8":
         assert torch.equal(got, expected)
     else:  # the plain-loop path's weights may be one bfloat16 step off (above)
         torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

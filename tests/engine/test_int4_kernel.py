@@ -113,6 +113,22 @@ def test_native_int4_kernel_is_float32_x_times_dequantized_weight(rows, in_featu
         assert_matches(out, x, groups)
 
 
+# Batches from five rows on an AVX2 build without AVX512-BF16: 24 weight rows formed into a float32 panel at a
+# time, met by tiles of six x rows by two weight rows; channel counts leave an odd weight row over (1, 3, 25,
+# 203: a part panel, a part tile) and row counts a part tile (5, 7, 13, 40).
+@pytest.mark.parametrize("out_features", [1, 3, 25, 203])
+@pytest.mark.parametrize("rows", [5, 7, 13, 40])
+def test_batches_over_odd_channel_and_row_counts(rows, out_features):
+    ops = native_int4()
+    gen = torch.Generator().manual_seed(rows * 10_000 + out_features)
+    for in_features in (32, 608):
+        groups = random_groups(gen, out_features, in_features)
+        x = torch.randn(rows, in_features, generator=gen)
+        out = torch.full((rows, out_features), float("nan"))
+        ops.int4_linear(x, pack_int4(groups.codes), groups.scales.half(), groups.mins.half(), out)
+        assert_matches(out, x, groups)
+
+
 # One row (a decode stream): four weight rows at a time, codes 4 groups (64 bytes) at a time and scales 16
 # groups at a time, so channel counts that leave 1-3 rows over and group counts that leave a part block
 # (1, 3, 17, 19, 65 groups) or a part 16 (17, 19, 65); x spanning four decades within a group puts elements
@@ -139,7 +155,7 @@ def test_on_group_grid_keeps_bfloat16_values_down_to_a_256th_of_the_largest():
     assert got[4] == round(2.0**-8 * 1.01 * 2**13) * 2.0**-13 != x[0, 4]
 
 
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 8])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_x_gives_non_finite_outputs(rows, bad):
     ops = native_int4()

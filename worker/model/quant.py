@@ -9,8 +9,7 @@ On CPU the project's kernels (worker/kernels/int8_linear.cpp, int4_linear.cpp) r
 before `make kernels`, torch's int8/int4 pack-mm ops, fed bfloat16 (the only inputs they vectorize on CPU).
 On a CPU with native bfloat16 the method changes with the batch: weights formed in registers for a few
 rows, a bfloat16 panel GEMM (worker/kernels/bf16_panel_gemm.h) for more, and from `DEQUANTIZE_MIN_ROWS`
-the weight dequantized once for oneDNN's GEMM. Without it, int4 dequantizes to float32 from
-`DEQUANTIZE_MIN_ROWS_FLOAT32` rows. Why, with the figures: docs/STUDY_LOG.md.
+the weight dequantized once for oneDNN's GEMM. Why, with the figures: docs/STUDY_LOG.md.
 """
 
 from __future__ import annotations
@@ -38,11 +37,6 @@ DEQUANTIZE_MIN_ROWS = 256
 # 327-338. Kept above the decode batches (at most 64 sequences): from 24-32 rows a decode step that
 # dequantized every weight served slower.
 DEQUANTIZE_MIN_ROWS_AMX = 96
-# Without native bfloat16 (AVX2, AVX-512 without BF16) int8's kernel beats oneDNN's float32 GEMM at every
-# batch size, but int4's, which forms each weight from its group once per four rows, does not: this model's
-# 30 layers at 128 rows took 303-408 ms against 210-308 ms dequantized to float32 (~13 ms of it) for oneDNN,
-# 1.4-1.6x at 512 rows; level at 48, the native kernel ahead at 32 (AVX2 EPYC, 2 threads, interleaved).
-DEQUANTIZE_MIN_ROWS_FLOAT32 = 64
 
 
 def native_cpu_bfloat16() -> bool:
@@ -51,20 +45,12 @@ def native_cpu_bfloat16() -> bool:
     return probe is not None and bool(probe())
 
 
-def dequantize_min_rows(device: torch.device, quantization: str) -> int | None:
-    """The row count from which a native `quantization` layer ("int8" or "int4") dequantizes its weights
-    for one oneDNN GEMM (in `dequantized_dtype`), or None where it never does."""
-    if device.type != "cpu":
+def dequantize_min_rows(device: torch.device) -> int | None:
+    """The row count from which a native quantized layer dequantizes for a bfloat16 GEMM, or None where it
+    never does (without native bfloat16 the native kernels beat float32 oneDNN at every batch size)."""
+    if device.type != "cpu" or not native_cpu_bfloat16():
         return None
-    if native_cpu_bfloat16():
-        return DEQUANTIZE_MIN_ROWS_AMX if cpu_info().kind == "amx" else DEQUANTIZE_MIN_ROWS
-    return DEQUANTIZE_MIN_ROWS_FLOAT32 if quantization == "int4" else None
-
-
-def dequantized_dtype() -> torch.dtype:
-    """What the weights are dequantized to: bfloat16 where the CPU computes it natively, else float32 (where
-    a bfloat16 GEMM is emulated and slower than float32's)."""
-    return torch.bfloat16 if native_cpu_bfloat16() else torch.float32
+    return DEQUANTIZE_MIN_ROWS_AMX if cpu_info().kind == "amx" else DEQUANTIZE_MIN_ROWS
 
 
 def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -155,12 +141,10 @@ class Int8Linear:
         if self.native is not None:
             self.weight = WEIGHTS.copy(self.weight)  # on huge pages
         self.bias = bias.detach() if bias is not None else None
-        self.dequantize_from = dequantize_min_rows(w.device, "int8") if self.native is not None else None
-        self.dequantize_dtype = torch.bfloat16  # what int8_dequantize writes
+        self.dequantize_from = dequantize_min_rows(w.device) if self.native is not None else None
         _probe(self)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        """q s rounded to bfloat16."""
+    def bfloat16_weight(self) -> torch.Tensor:
         weight = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
         self.native.int8_dequantize(self.weight, self.scales, weight)
         return weight
@@ -213,8 +197,7 @@ class Int4Linear:
             # float16, as a GGUF file has them: exact for its blocks and for `from_float`'s (rounded so).
             self.scales = groups.scales.half().contiguous()
             self.mins = groups.mins.half().contiguous()
-            self.dequantize_from = dequantize_min_rows(weight.device, "int4")
-            self.dequantize_dtype = dequantized_dtype()
+            self.dequantize_from = dequantize_min_rows(weight.device)
         else:
             self.backend = "int4pack"
             self.compute_dtype = compute_dtype(weight.device, weight.dtype)
@@ -224,13 +207,10 @@ class Int4Linear:
             pairs = torch.stack([groups.scales, offsets], dim=-1).transpose(0, 1)
             self.scales_and_offsets = pairs.to(self.compute_dtype).contiguous()
             self.dequantize_from = None
-            self.dequantize_dtype = None
         _probe(self)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        """d q + m (one rounding, as the kernel's FMA forms it) in `dequantize_dtype`: float32, or rounded
-        to bfloat16."""
-        weight = torch.empty(self.out_features, self.in_features, dtype=self.dequantize_dtype)
+    def bfloat16_weight(self) -> torch.Tensor:
+        weight = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
         self.native.int4_dequantize(self.weight, self.scales, self.mins, weight)
         return weight
 
@@ -250,12 +230,12 @@ class Int4Linear:
 
 
 def _dequantized_call(layer: Int8Linear | Int4Linear, x: torch.Tensor) -> torch.Tensor | None:
-    """From `dequantize_from` rows: x @ W.T (+ b) on oneDNN's GEMM over the layer's weights dequantized to
-    its `dequantize_dtype` (bfloat16: products and sums as oneDNN does them, output rounded to bfloat16),
-    in x's dtype; None below it (or where the layer never dequantizes)."""
+    """From `dequantize_from` rows: x @ W.T (+ b) on oneDNN's bfloat16 GEMM over the layer's weights
+    dequantized to bfloat16 (products and sums as oneDNN does them, output rounded to bfloat16), in x's
+    dtype; None below it (or where the layer never dequantizes)."""
     if layer.dequantize_from is None or x.shape[0] < layer.dequantize_from:
         return None
-    y = F.linear(x.to(layer.dequantize_dtype), layer.dequantized_weight()).to(x.dtype)
+    y = F.linear(x.to(torch.bfloat16), layer.bfloat16_weight()).to(x.dtype)
     return y + layer.bias if layer.bias is not None else y
 
 
