@@ -8,8 +8,9 @@ float32 panel), the bfloat16 panel GEMM ("panel", bf16_panel_gemm.h; AVX512-BF16
 oneDNN bfloat16 GEMM ("dequantized", worker/model/quant.py; CPUs with native bfloat16); torch's
 `_weight_int4pack_mm_for_cpu` fed bfloat16 (its only vectorized input on AVX2) and fed float32 (its scalar
 fallback). Each shape is timed alone (its weights stay in the last-level cache) and, in the `stack` rows, as
-the 30 layers of a decode step with distinct weights (streamed from memory, as in the engine). Minimum and median of interleaved repetitions,
-microseconds per call; on a shared machine only the minimum is worth comparing.
+the 30 layers of a decode step with distinct weights (streamed from memory, as in the engine). Minimum and
+median of interleaved repetitions, microseconds per call; on a shared machine only the minimum is worth
+comparing.
 
 Why it exists: it chose worker/model/quant.py's design (native kernels on CPU; torch's kernels fed bfloat16;
 groups of 32; the row count from which to dequantize).
