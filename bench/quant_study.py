@@ -584,17 +584,18 @@ def speed_only(row: Row, log_dir: Path, quick: bool) -> dict[str, dict]:
         server.stop()
 
 
-def save_figures(rows: list[Row]) -> None:
-    """Every row's figures, with the CPU they were measured on (kept row by row: a long run that fails
-    keeps its figures)."""
+def save_figures(rows: list[Row], run: dict) -> None:
+    """Every row's figures, with the CPU they were measured on and the run's arguments (`run`: what
+    --from-figures renders them with), kept row by row: a long run that fails keeps its figures."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    figures = {r.name: r.figures for r in rows} | {"cpu": cpu_info().as_dict()}
+    figures = {r.name: r.figures for r in rows} | {"cpu": cpu_info().as_dict(), "run": run}
     (RESULTS / "figures.json").write_text(json.dumps(figures, indent=1))
 
 
-def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> None:
+def measure(rows: list[Row], tokens: list[int], run: dict) -> None:
     """Quality and one serving run per row, then repeats - 1 more serving runs of every row, row after row
     (so a slow spell of the machine lands on all rows, not on one); the table's speeds are the medians."""
+    quick, repeats = run["quick"], run["repeats"]
     if any(r.name == "llama-q8_0" for r in rows):
         make_q8_0()
     log_dir = Path(tempfile.mkdtemp(prefix="quant-study-"))
@@ -606,7 +607,7 @@ def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> No
             row.figures["perplexity"] = llama_perplexity(row, len(tokens) // PPL_CONTEXT)
         print(f"  perplexity {row.figures['perplexity']}", flush=True)
         serve_and_measure(row, log_dir, quick)
-        save_figures(rows)
+        save_figures(rows, run)
         print(
             f"  accuracy {row.figures['accuracy']:.2f}  peak RSS {row.figures['rss_mb']:.0f} MB", flush=True
         )
@@ -618,7 +619,7 @@ def measure(rows: list[Row], tokens: list[int], quick: bool, repeats: int) -> No
             row.figures["speed_runs"].append(speed_only(row, log_dir, quick))
     for row in rows:
         row.figures["speed"] = median_of_runs(row.figures["speed_runs"])
-    save_figures(rows)
+    save_figures(rows, run)
 
 
 def main() -> None:
@@ -640,6 +641,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     saved = json.loads((RESULTS / "figures.json").read_text()) if args.from_figures else {}
+    # the arguments the figures were measured with (figures.json keeps them; files written before it did
+    # fall back to this command's)
+    run = {"rows": args.rows, "quick": args.quick, "repeats": args.repeats} | saved.get("run", {})
     if not args.write_docs:  # docs/bench/quant is written by runs that write the docs' table only
         RESULTS = Path(tempfile.mkdtemp(prefix="quant-study-"))
         print(f"raw results in {RESULTS}", flush=True)
@@ -647,9 +651,9 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     tokens = tokenizer.encode(TEXT.read_text(), add_special_tokens=False)
-    if args.quick:
+    if run["quick"]:
         tokens = tokens[: 4 * PPL_CONTEXT]
-    rows, skipped = [all_rows()[name] for name in args.rows], {}
+    rows, skipped = [all_rows()[name] for name in run["rows"]], {}
     wants_llama = any(r.kind == "llama" for r in rows) and not args.from_figures
     if wants_llama and not (LLAMA_BIN / "llama-server").exists() and LLAMA_SCRIPT.exists():
         print("building llama-server into .peers/llama (about 10 minutes on two cores)", flush=True)
@@ -667,7 +671,7 @@ def main() -> None:
         skipped.update({r.name: "the run ended before this row" for r in rows if "speed" not in r.figures})
         rows = [r for r in rows if "speed" in r.figures]
     else:
-        measure(rows, tokens, args.quick, args.repeats)
+        measure(rows, tokens, run)
     # float32 is the reference; a run without it compares with bfloat16 (and the table says so)
     reference = next((r for r in rows if r.name == "float32"), None) or next(
         (r for r in rows if r.name == "bfloat16"), None
@@ -677,9 +681,12 @@ def main() -> None:
             row.figures["agreement"] = agreement(
                 row.figures["greedy"], reference.figures["greedy"], tokenizer
             )
-    save_figures(rows)
-    measured_with = [a for a in os.sys.argv[1:] if a != "--from-figures"]  # the run that measured them
-    command = "python -m bench.quant_study " + " ".join(measured_with)
+    save_figures(rows, run)
+    command = "python -m bench.quant_study " + " ".join(
+        ["--rows", *run["rows"], "--repeats", str(run["repeats"])]
+        + (["--quick"] if run["quick"] else [])
+        + (["--write-docs"] if args.write_docs else [])
+    )
     body = render(rows, skipped, command, plot(rows), len(tokens), reference.name if reference else "float32")
     print(body)
     if args.write_docs:
