@@ -467,8 +467,8 @@ void dequantize_channel(const uint8_t* w, const Half* scales, const Half* mins, 
 // loads, not by the FMAs). Here a block of kPanelChannels weight rows is formed once per call into a float32
 // buffer (kept in L2), and every x row then meets it in tiles of six x rows by two weight rows: twelve sums in
 // registers, eight loads per twelve FMAs. This model's 30 layers on two threads of the AVX2 EPYC,
-// interleaved against the row-at-a-time path: 1.2x at 16 rows, 1.6-1.7x at 24-64; level with oneDNN's float32
-// GEMM over weights dequantized for it up to 512 rows.
+// interleaved against the row-at-a-time path: 1.2x at 16 rows, 1.6-1.7x at 24-64; against oneDNN's float32
+// GEMM over weights dequantized for it, 1.1-1.25x at 64-256 rows and level at 512.
 constexpr int64_t kPanelChannels = 24;
 constexpr int64_t kPanelTileRows = 6;      // 6 x 2 sums, 2 weight vectors and an x vector: 15 registers
 constexpr int64_t kPanelTileChannels = 2;  // (4 x 3 left the compiler loading each weight vector 4 times)
