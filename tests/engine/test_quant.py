@@ -255,7 +255,8 @@ def collect_logits(
 @pytest.fixture
 def held_path(request):
     """Every decoder linear of a model held on one of its kernels' paths at every row count, where the engine
-    switches by rows: the native kernels' row-at-a-time products ("rows"), their bfloat16 panel GEMM
+    switches by rows: the native kernels' row-at-a-time products ("rows"; int4 on a build without AVX512-BF16
+    runs its float32 panel from 5 rows either way, int4_linear.cpp), their bfloat16 panel GEMM
     ("panel", worker/kernels/bf16_panel_gemm.h, AVX512-BF16 builds), or dequantize + oneDNN bfloat16 GEMM
     ("dequantized", worker/model/quant.py). Yields a function that holds a model there; the switch is
     restored."""
