@@ -19,10 +19,18 @@ from worker.kernels import native_op, native_ops
 from worker.model.cpu_kind import cpu_info
 from worker.model.loader import load_model
 from worker.model.model import LlamaForPagedAttention
-from worker.model.quant import native_cpu_bfloat16
+from worker.model.quant import Int8Linear, native_cpu_bfloat16
 from worker.model.runner import ModelRunner
 from worker.model.smoothing import activation_ranges, factors, smooth
-from worker.model.w8a8 import GROUP, ZERO_POINT, W8A8Linear, quantize_rows, w8a8_available
+from worker.model.w8a8 import (
+    GROUP,
+    ZERO_POINT,
+    W8A8Head,
+    W8A8Linear,
+    quantize_rows,
+    row_max_code,
+    w8a8_available,
+)
 
 # w8a8 runs only on the project's integer GEMM: a build with the kernels on a CPU with AVX512-VNNI or AVX2
 # (test_the_integer_gemm_is_built_where_the_cpu_has_integer_dot_products: it is there when it should be).
@@ -166,12 +174,36 @@ def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_
     quantized = LlamaForPagedAttention(hf, 64, quantization="w8a8")
     roles = ("qkv", "o_proj", "gate_up", "down")
     assert all(type(getattr(layer, role)) is W8A8Linear for layer in quantized.layers for role in roles)
-    assert not isinstance(quantized.lm_head, W8A8Linear)  # the head stays unquantized
+    assert not isinstance(quantized.lm_head, W8A8Linear)  # its own class on AVX2, int8 weights elsewhere
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     for role in roles:
         layer_f, layer_q = getattr(float_model.layers[0], role), getattr(quantized.layers[0], role)
         x = hidden.repeat(1, layer_f.in_features // 64 + 1)[:, : layer_f.in_features]
         assert relative_error(layer_q(x), layer_f(x)) < 0.03
+
+
+@needs_gemm
+def test_the_head_of_a_float32_w8a8_model_quantizes_a_batch_of_rows_on_the_avx2_gemm_only():
+    """On the AVX2 kernel a batch's logits are the w8a8 GEMM's (7-bit rows) and a lone row's the int8
+    weight-only kernel's on float rows; elsewhere (VNNI builds) the head is the int8 one at any row count."""
+    hf = tiny_llama()
+    quantized = LlamaForPagedAttention(hf, 64, quantization="w8a8")
+    weight = hf.lm_head.weight.detach()
+    int8_head = Int8Linear(weight)
+    if row_max_code() == 127:  # the VNNI kernel: not measured for the head, so not used there
+        assert isinstance(quantized.lm_head, Int8Linear)
+        return
+    head = quantized.lm_head
+    assert isinstance(head, W8A8Head) and head.QUANTIZED_FROM_ROWS == 4
+    hidden = torch.randn(9, 64, generator=torch.Generator().manual_seed(1))
+    for rows in (1, 3):  # float rows: the int8 kernel's result, bit for bit
+        assert torch.equal(head(hidden[:rows]), int8_head(hidden[:rows]))
+    for rows in (4, 9):  # quantized rows: the integer sums, scaled
+        got = head(hidden[:rows])
+        expected = head.many_rows.reference(hidden[:rows])
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
+        assert not torch.equal(got, int8_head(hidden[:rows]))
+        assert relative_error(got, hidden[:rows] @ weight.T) < 0.03
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
