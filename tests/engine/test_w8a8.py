@@ -25,7 +25,6 @@ from worker.model.smoothing import activation_ranges, factors, smooth
 from worker.model.w8a8 import (
     GROUP,
     ZERO_POINT,
-    W8A8Head,
     W8A8Linear,
     quantize_rows,
     row_max_code,
@@ -174,7 +173,7 @@ def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_
     quantized = LlamaForPagedAttention(hf, 64, quantization="w8a8")
     roles = ("qkv", "o_proj", "gate_up", "down")
     assert all(type(getattr(layer, role)) is W8A8Linear for layer in quantized.layers for role in roles)
-    assert not isinstance(quantized.lm_head, W8A8Linear)  # its own class on AVX2, int8 weights elsewhere
+    assert (type(quantized.lm_head) is W8A8Linear) == (row_max_code() < 127)  # its rows: AVX2 only
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     for role in roles:
         layer_f, layer_q = getattr(float_model.layers[0], role), getattr(quantized.layers[0], role)
@@ -183,27 +182,23 @@ def test_w8a8_model_holds_int8_products_in_every_decoder_linear_and_stays_close_
 
 
 @needs_gemm
-def test_the_head_of_a_float32_w8a8_model_quantizes_a_batch_of_rows_on_the_avx2_gemm_only():
-    """On the AVX2 kernel a batch's logits are the w8a8 GEMM's (7-bit rows) and a lone row's the int8
-    weight-only kernel's on float rows; elsewhere (VNNI builds) the head is the int8 one at any row count."""
+def test_the_head_of_a_float32_w8a8_model_quantizes_its_rows_on_the_avx2_gemm_and_each_row_alone():
+    """On the AVX2 kernel the head is a w8a8 layer, and a row's logits are the same in any batch (a prompt's
+    logprobs equal the sampled token's); on VNNI builds it keeps float rows on int8 weights."""
     hf = tiny_llama()
-    quantized = LlamaForPagedAttention(hf, 64, quantization="w8a8")
-    weight = hf.lm_head.weight.detach()
-    int8_head = Int8Linear(weight)
+    head = LlamaForPagedAttention(hf, 64, quantization="w8a8").lm_head
     if row_max_code() == 127:  # the VNNI kernel: not measured for the head, so not used there
-        assert isinstance(quantized.lm_head, Int8Linear)
+        assert type(head) is Int8Linear
         return
-    head = quantized.lm_head
-    assert isinstance(head, W8A8Head) and head.QUANTIZED_FROM_ROWS == 4
+    assert type(head) is W8A8Linear
     hidden = torch.randn(9, 64, generator=torch.Generator().manual_seed(1))
-    for rows in (1, 3):  # float rows: the int8 kernel's result, bit for bit
-        assert torch.equal(head(hidden[:rows]), int8_head(hidden[:rows]))
-    for rows in (4, 9):  # quantized rows: the integer sums, scaled
-        got = head(hidden[:rows])
-        expected = head.many_rows.reference(hidden[:rows])
-        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
-        assert not torch.equal(got, int8_head(hidden[:rows]))
-        assert relative_error(got, hidden[:rows] @ weight.T) < 0.03
+    weight = hf.lm_head.weight.detach()
+    logits = head(hidden)
+    torch.testing.assert_close(logits.double(), head.reference(hidden), rtol=1e-5, atol=1e-4)
+    assert relative_error(logits, hidden @ weight.T) < 0.03
+    for rows in (1, 2, 4, 5, 6, 7):  # every tile height of the kernel, and the rows' order
+        assert torch.equal(head(hidden[:rows]), logits[:rows])
+        assert torch.equal(head(hidden[rows - 1 : rows + 2]), logits[rows - 1 : rows + 2])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -119,7 +119,7 @@ AUTO_BY_KIND = {
         "columns; int8: 1.20x at 32, 1.11x at 64), 3.58x / 2.34x / 1.72x / 1.71x and 1.98x since its GEMM "
         "widens each pair sum at once (2.0x int8's products per second from 64 rows), 4.00x / 2.60x / "
         "1.78x / 1.69x and 2.11x with its zero point on the weights, 3.85x / 2.35x / 1.83x / 1.73x and "
-        "2.50x with a batch's LM head on its GEMM too (2026-12-07); perplexity +0.87%, +0.60% with the "
+        "2.50x with the LM head on its GEMM too (2026-12-07); perplexity +0.87%, +0.60% with the "
         "head's rows float (int8 +0.41%; on the tune text +0.91% and +0.75% against +0.72%); bfloat16 is "
         "emulated here",
     ),

@@ -20,7 +20,7 @@ from common.linear import Linear
 from worker.model.attention import AttentionMetadata, paged_attention
 from worker.model.decode_layers import DecodeLayers
 from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
-from worker.model.w8a8 import W8A8Head, W8A8Linear
+from worker.model.w8a8 import W8A8Linear, quantized_head_rows
 
 # What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
 # each model needs (`LlamaForPagedAttention.needs`); the loader refuses a model that needs anything not
@@ -145,20 +145,20 @@ class LlamaForPagedAttention:
         # w8a8 in bfloat16 its rows stay unquantized: 8-bit rows with one scale each (oneDNN's then) cost the
         # 135M model 1% of perplexity on their own (docs/STUDY_LOG.md), and it sees only the rows whose logits
         # are wanted. Its weights are 8-bit where the model runs in float32 (AVX2 kinds): a float32 head was
-        # 113 MB read every decode step, 5 of a one-stream step's 11 ms (AVX2 EPYC); on the AVX2 kernel a
-        # batch of rows goes through the w8a8 GEMM (W8A8Head: 7-bit rows, a scale per 32 columns).
+        # 113 MB read every decode step, 5 of a one-stream step's 11 ms (AVX2 EPYC); on the AVX2 kernel its
+        # rows are quantized too (`quantized_head_rows`: 7-bit rows, a scale per 32 columns).
         float_rows = (
             hf_model.lm_head.weight.dtype == torch.float32 and hf_model.lm_head.weight.device.type == "cpu"
         )
         int8_head = quantization in ("int8", "int4") or (quantization == "w8a8" and float_rows)
         head_quantization = "int8" if int8_head else "none"
+        if quantization == "w8a8" and float_rows and quantized_head_rows(hf_model.lm_head.weight):
+            head_quantization = "w8a8"
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         if head_quantization == "int8":
             # It sees one row per sequence, where dequantizing its 28M weights each step costs more than the
             # native kernel's whole product (32 rows: 6.6 ms on its panel GEMM).
             self.lm_head.dequantize_from = None
-        if quantization == "w8a8" and float_rows and W8A8Head.applies(hf_model.lm_head.weight):
-            self.lm_head = W8A8Head(hf_model.lm_head.weight, few_rows=self.lm_head)
         # What the start log names: the decoder layers' kernel with w8a8 (its head is built otherwise), else
         # the head's, which is built as they are.
         self.linear_backend = W8A8Linear.backend if quantization == "w8a8" else self.lm_head.backend

@@ -271,8 +271,8 @@ def build_linear(
     backend: str,
     quantization: str = "none",
     int4_groups: Int4Groups | None = None,
-) -> Linear | Int8Linear | Int4Linear:
-    """The engine's one way to build a linear layer: float (`Linear`) or weight-only quantized."""
+) -> Linear | Int8Linear | Int4Linear | W8A8Linear:
+    """The engine's one way to build a linear layer: float (`Linear`) or quantized."""
     if quantization == "none":
         return Linear(weight, bias, backend)
     return quantized_linear(weight, bias, quantization, int4_groups)

@@ -126,29 +126,13 @@ class W8A8Linear:
         return y + self.bias.double() if self.bias is not None else y
 
 
-class W8A8Head:
-    """The LM head of a w8a8 model whose rows are float32, on the AVX2 kernel: from `QUANTIZED_FROM_ROWS` rows
-    (a decode step of several sequences) the rows are quantized and run the w8a8 GEMM; fewer stay float32 on
-    the int8 weight-only kernel (`few_rows`). For SmolLM2's 49152 x 576 head (AVX2 EPYC, two threads) the w8a8
-    GEMM took 1.5 / 1.7 / 1.8 / 2.1x less time than the weight-only kernel at 5 / 8 / 32 / 64 rows, where the
-    head was a quarter of a 64-sequence decode step, and 0.86-0.92x at 1-2 rows. Its 7-bit rows cost the tune
-    text 0.16% of perplexity on top of the decoder layers' (docs/STUDY_LOG.md). So a lone stream's logits
-    are those of float rows and a batch's those of quantized ones."""
-
-    QUANTIZED_FROM_ROWS = 4
-
-    def __init__(self, weight: torch.Tensor, few_rows) -> None:
-        self.few_rows = few_rows
-        self.many_rows = W8A8Linear(weight)
-        self.out_features, self.in_features = self.many_rows.out_features, self.many_rows.in_features
-        self.quantization, self.backend = W8A8Linear.quantization, W8A8Linear.backend
-
-    @staticmethod
-    def applies(weight: torch.Tensor) -> bool:
-        """Where it was measured faster: float32 rows on a CPU whose w8a8 GEMM is the AVX2 kernel (7-bit rows;
-        AVX512-VNNI builds keep the int8 head, unmeasured there)."""
-        return weight.dtype == torch.float32 and w8a8_available(weight.device) and row_max_code() < 127
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        layer = self.many_rows if x.shape[0] >= self.QUANTIZED_FROM_ROWS else self.few_rows
-        return layer(x)
+def quantized_head_rows(weight: torch.Tensor) -> bool:
+    """Whether a w8a8 model's LM head quantizes its rows too: where they are float32 and the GEMM is the AVX2
+    kernel, where it was measured. For SmolLM2's 49152 x 576 head (AVX2 EPYC, two threads) the w8a8 GEMM took
+    1.5 / 1.7 / 1.8 / 2.1x less time than the int8 weight-only kernel at 5 / 8 / 32 / 64 rows (the head was a
+    quarter of a 64-sequence decode step), 0.8-0.9x at 1-2 rows; its 7-bit rows cost the tune text 0.16% of
+    perplexity on top of the decoder layers' (docs/STUDY_LOG.md). Every row count takes the same path, so a
+    row's logits do not depend on its batch (a prompt's logprobs equal the sampled token's). Elsewhere the
+    head keeps float rows: int8 weights in float32 on AVX512-VNNI builds (not measured there), bfloat16 in
+    bfloat16."""
+    return weight.dtype == torch.float32 and w8a8_available(weight.device) and row_max_code() < 127
