@@ -199,6 +199,9 @@ def test_the_head_of_a_float32_w8a8_model_quantizes_its_rows_on_the_avx2_gemm_an
     for rows in (1, 2, 4, 5, 6, 7):  # every tile height of the kernel, and the rows' order
         assert torch.equal(head(hidden[:rows]), logits[:rows])
         assert torch.equal(head(hidden[rows - 1 : rows + 2]), logits[rows - 1 : rows + 2])
+    # a vocabulary of partial channel blocks keeps the int8 head (the decoder layers are w8a8 all the same)
+    odd = LlamaForPagedAttention(tiny_llama(vocab_size=250), 64, quantization="w8a8")
+    assert type(odd.lm_head) is Int8Linear and type(odd.layers[0].qkv) is W8A8Linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -134,5 +134,12 @@ def quantized_head_rows(weight: torch.Tensor) -> bool:
     perplexity on top of the decoder layers' (docs/STUDY_LOG.md). Every row count takes the same path, so a
     row's logits do not depend on its batch (a prompt's logprobs equal the sampled token's). Elsewhere the
     head keeps float rows: int8 weights in float32 on AVX512-VNNI builds (not measured there), bfloat16 in
-    bfloat16."""
-    return weight.dtype == torch.float32 and w8a8_available(weight.device) and row_max_code() < 127
+    bfloat16, and so does a vocabulary the GEMM's channel blocks do not divide (32001 entries, say)."""
+    out_features, in_features = weight.shape
+    return (
+        weight.dtype == torch.float32
+        and w8a8_available(weight.device)
+        and row_max_code() < 127
+        and in_features % GROUP == 0
+        and out_features % 32 == 0
+    )
