@@ -152,7 +152,7 @@ class LlamaForPagedAttention:
         )
         int8_head = quantization in ("int8", "int4") or (quantization == "w8a8" and float_rows)
         head_quantization = "int8" if int8_head else "none"
-        if quantization == "w8a8" and float_rows and quantized_head_rows(hf_model.lm_head.weight):
+        if quantization == "w8a8" and quantized_head_rows(hf_model.lm_head.weight):  # float32 rows only
             head_quantization = "w8a8"
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         if head_quantization == "int8":

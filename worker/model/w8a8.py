@@ -83,7 +83,7 @@ class W8A8Linear:
                 f"and a CPU with AVX512-VNNI or AVX2; a weight on {weight.device} here has neither "
                 f"(use WORKER_QUANTIZATION=int8 or none)"
             )
-        if in_features % GROUP or out_features % 32:
+        if not self.fits(weight):
             raise ValueError(
                 f"w8a8 needs layers of whole groups: in_features a multiple of {GROUP} and out_features of "
                 f"32, got {in_features} -> {out_features} (use WORKER_QUANTIZATION=int8 or none here)"
@@ -102,6 +102,13 @@ class W8A8Linear:
         self.compensation = torch.empty(in_features // GROUP, out_features, dtype=torch.int32)
         self.gemm.w8a8_pack_weight(codes, self.weight, self.compensation)
         self(torch.zeros(1, in_features))  # fail at load, not on a request
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        """The kernel's shapes: inputs in whole groups of GROUP columns, outputs in whole pairs of 16-channel
+        blocks."""
+        out_features, in_features = weight.shape
+        return in_features % GROUP == 0 and out_features % 32 == 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
@@ -135,11 +142,9 @@ def quantized_head_rows(weight: torch.Tensor) -> bool:
     row's logits do not depend on its batch (a prompt's logprobs equal the sampled token's). Elsewhere the
     head keeps float rows: int8 weights in float32 on AVX512-VNNI builds (not measured there), bfloat16 in
     bfloat16, and so does a vocabulary the GEMM's channel blocks do not divide (32001 entries, say)."""
-    out_features, in_features = weight.shape
     return (
         weight.dtype == torch.float32
         and w8a8_available(weight.device)
         and row_max_code() < 127
-        and in_features % GROUP == 0
-        and out_features % 32 == 0
+        and W8A8Linear.fits(weight)
     )
