@@ -152,7 +152,7 @@ def start_ours(dtype: str, log_dir: Path, quantization: str = "auto", **worker_e
 
     pids = {"worker": worker.proc.pid, "gateway": gateway.proc.pid}
     name = "ours" if quantization == "auto" else f"ours-{quantization}"
-    weights = resolve_quantization(quantization, "cpu")
+    weights = resolve_quantization(quantization, "cpu", model_path=str(MODEL_DIR))
     label = resolve_dtype(dtype, "cpu", weights) + ("" if weights == "none" else f"+{weights}")
     return Server(name, label, gateway.addr, pids, stop, logs)
 
@@ -442,7 +442,7 @@ def main() -> None:
         "--servers",
         nargs="+",
         default=["ours", "vllm"],
-        choices=["ours", "ours-none", "ours-int8", "ours-int4", "ours-w8a8", "vllm"],
+        choices=["ours", "ours-none", "ours-int8", "ours-int4", "ours-w8a8", "ours-w4a8", "vllm"],
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="rounds of every server in turn; the table shows medians"

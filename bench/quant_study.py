@@ -112,8 +112,11 @@ def all_rows() -> dict[str, Row]:
         "int8": Row("int8", "engine", "float32", "int8"),  # weight-only int8, float32 activations
         "int4": Row("int4", "engine", "float32", "int4"),
         # int8 weights x int8 activations (model/w8a8.py), between layers in the CPU's native dtype: bfloat16
-        # where it has it, float32 where bfloat16 is emulated (as `auto` runs it on AVX2)
+        # where it has it, float32 where bfloat16 is emulated (as `auto` ran it on AVX2 before w4a8)
         "w8a8": Row("w8a8", "engine", "bfloat16" if native_cpu_bfloat16() else "float32", "w8a8"),
+        # the int4 row's 4-bit weights (the GGUF file's Q4_1 blocks) x 8-bit activation rows (model/w4a8.py:
+        # AVX2), what `auto` runs on AVX2
+        "w4a8": Row("w4a8", "engine", "float32", "w4a8"),
         "llama-q4_1": Row("llama-q4_1", "llama", gguf=GGUF_Q4_1),
         "llama-q8_0": Row("llama-q8_0", "llama", gguf=LLAMA_DIR / "model-q8_0.gguf"),
     }
@@ -377,12 +380,14 @@ table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 ou
 tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
 kernel; w8a8 is int8 weights times int8 activation rows quantized at every step (model/w8a8.py), in
-{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx2 and avx512 kinds; int4 is a
+{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx512 kind; int4 is a
 float32 model whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its
 products read the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else
-float32).{dequantized} The package ships only the Q4_1 file, so the float32 weights are those blocks
-de-quantized: int4 computes the same weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file
-is the Q4_1 weights re-quantized (its perplexity cannot be better than Q4_1's)."""
+float32).{dequantized} w4a8 is int4's weights times int8 activation rows (a scale per 32 columns) on the
+project's AVX2 kernel (model/w4a8.py), what `auto` runs on the avx2 kind for a model with its GGUF blocks.
+The package ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the
+same weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized
+(its perplexity cannot be better than Q4_1's)."""
 
 
 def render(
@@ -514,7 +519,7 @@ def recommendation(rows: list[Row]) -> list[str]:
     single, busy = max(ok, key=lambda n: decode(ok[n])), max(ok, key=lambda n: loaded(ok[n]))
     f32 = engine["float32"]
     kind = cpu_info().kind
-    auto = resolve_quantization("auto", "cpu")
+    auto = resolve_quantization("auto", "cpu", model_path=str(MODEL_DIR))
     auto_name = resolve_dtype("auto", "cpu") if auto == "none" else auto
     level = [n for n in ok if loaded(ok[n]) >= 0.98 * loaded(ok[busy])]  # within 2%: a tie at this noise
     follows = (

@@ -8,8 +8,11 @@ Columns (each one call per linear, as the engine makes them):
   int8          int8 weights, float32 rows (worker/kernels/int8_linear.cpp): `WORKER_QUANTIZATION=int8`
   w8a8          worker/kernels/w8a8_linear.cpp (AVX512-VNNI, or VPMADDUBSW on 7-bit rows on AVX2): what a
                 w8a8 layer runs
+  w4a8          worker/kernels/w4a8_linear.cpp (AVX2): 4-bit weights (Q4_1 groups) x 8-bit rows, what a w4a8
+                layer runs (where the build has it)
 Every row is the 30 decoder layers' four linears at SmolLM2-135M's shapes with distinct weights (100 MB of
-int8 codes, 200 MB of bfloat16, 400 MB of float32), so the weights stream from memory as in a served step; a
+int8 codes, 66 MB of 4-bit ones with their float16 scales and mins, 200 MB of bfloat16, 400 MB of float32),
+so the weights stream from memory as in a served step; a
 single layer timed alone sits in cache and says little. Milliseconds per pass; the columns take turns within
 each repetition; minimum and median of the repetitions.
 
@@ -29,6 +32,7 @@ from common.linear import Linear
 from worker.kernels import native_ops
 from worker.model.cpu_kind import cpu_info
 from worker.model.quant import Int8Linear, native_cpu_bfloat16
+from worker.model.w4a8 import W4A8Linear, w4a8_available
 from worker.model.w8a8 import W8A8Linear
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # qkv, o_proj, gate_up, down: (out, in)
@@ -39,15 +43,18 @@ BASE = "bf16" if native_cpu_bfloat16() else "fp32"  # the unquantized column's d
 BASE_DTYPE = torch.bfloat16 if BASE == "bf16" else torch.float32
 
 
-def stack() -> list[tuple[Linear, Int8Linear, W8A8Linear]]:
-    """Per linear of the 30 layers: unquantized (BASE), int8 weight-only, and w8a8 on the project's GEMM."""
+def stack() -> list[tuple[Linear, Int8Linear, W8A8Linear, W4A8Linear | None]]:
+    """Per linear of the 30 layers: unquantized (BASE), int8 weight-only, w8a8 on the project's GEMM, and w4a8
+    where the build has its kernel."""
+    with_w4a8 = w4a8_available(torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(NUM_LAYERS):
         for out_features, in_features in SHAPES:
             weight = torch.randn(out_features, in_features, generator=gen) * 0.02
             unquantized = Linear(weight.to(BASE_DTYPE), None, "auto")
-            layers.append((unquantized, Int8Linear(weight), W8A8Linear(weight)))
+            w4a8 = W4A8Linear(weight) if with_w4a8 else None
+            layers.append((unquantized, Int8Linear(weight), W8A8Linear(weight), w4a8))
     return layers
 
 
@@ -59,15 +66,23 @@ def columns(layers: list, rows: int) -> dict[str, Callable[[], None]]:
     ops = native_ops()
 
     def w8a8() -> None:
-        for _, _, layer in layers:
+        for _, _, layer, _ in layers:
             x, out = xs[layer.in_features], outs[layer.out_features]
             ops.w8a8_linear(x, layer.weight, layer.weight_scales, layer.compensation, out)
 
-    return {
-        BASE: lambda: [base(xs[layer.in_features]) for base, _, layer in layers],
-        "int8": lambda: [int8(xs[layer.in_features]) for _, int8, layer in layers],
+    def w4a8() -> None:
+        for _, _, _, layer in layers:
+            x, out = xs[layer.in_features], outs[layer.out_features]
+            ops.w4a8_linear(x, layer.weight, layer.scales_mins, out)
+
+    fns = {
+        BASE: lambda: [base(xs[layer.in_features]) for base, _, layer, _ in layers],
+        "int8": lambda: [int8(xs[layer.in_features]) for _, int8, layer, _ in layers],
         "w8a8": w8a8,
     }
+    if layers[0][3] is not None:
+        fns["w4a8"] = w4a8
+    return fns
 
 
 def main() -> None:
@@ -107,14 +122,20 @@ def main() -> None:
         f"--rows {args.rows} --reps {args.reps}`. The 120 decoder linears of SmolLM2-135M with distinct "
         f"weights, ms per pass, minimum / median of the repetitions (columns in turn). {BASE}: unquantized "
         "weights on the engine's `Linear` in this CPU's native dtype; int8: int8 weights, float32 rows; "
-        "w8a8: worker/kernels/w8a8_linear.cpp, what a w8a8 layer runs. The module docstring has the details; "
+        "w8a8: worker/kernels/w8a8_linear.cpp, what a w8a8 layer runs; w4a8 (where built): "
+        "worker/kernels/w4a8_linear.cpp, 4-bit weights x 8-bit rows. The module docstring has the details; "
         "the served comparison is bench.peer_bench's.",
         "",
-        "| rows | " + " | ".join(names) + f" | {BASE} / w8a8 | int8 / w8a8 (minima) |",
-        "|---" * (len(names) + 3) + "|",
+        "| rows | "
+        + " | ".join(names)
+        + f" | {BASE} / w8a8 | int8 / w8a8"
+        + (" | w8a8 / w4a8" if "w4a8" in names else "")
+        + " (minima) |",
+        "|---" * (len(names) + 3 + ("w4a8" in names)) + "|",
     ]
     for rows, cells in table.items():
-        ratios = " | ".join(f"{cells[name][0] / cells['w8a8'][0]:.2f}x" for name in (BASE, "int8"))
+        pairs = [(BASE, "w8a8"), ("int8", "w8a8")] + ([("w8a8", "w4a8")] if "w4a8" in names else [])
+        ratios = " | ".join(f"{cells[a][0] / cells[b][0]:.2f}x" for a, b in pairs)
         row_cells = " | ".join(f"{lo:.2f} / {mid:.2f}" for lo, mid in cells.values())
         lines.append(f"| {rows} | {row_cells} | {ratios} |")
     publish(cpu_section("w8a8-kernels", cpu.kind), lines, args.write_docs)

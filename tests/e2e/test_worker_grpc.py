@@ -12,6 +12,7 @@ from scripts.launch import MODEL_NAME, Service
 from tests.e2e.conftest import wait_for_idle
 from tests.e2e.test_deadlines import reason_of
 from tests.support.grpc_checks import serving_with_reflection
+from worker.engine.config import EngineConfig
 from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.loader import resolve_dtype, resolve_quantization
 
@@ -47,8 +48,8 @@ def test_model_info(worker_stub: worker_pb2_grpc.WorkerStub) -> None:
     assert info.model_name == MODEL_NAME
     assert info.max_model_len > 0 and info.block_size > 0 and info.num_kv_blocks > 0
     assert info.vocab_size == 49152
-    # the worker's own defaults on this CPU: bfloat16 where it computes bf16 natively, else float32 (int8)
-    quantization = resolve_quantization("auto", "cpu")
+    # the worker's own defaults on this CPU and its model (w4a8 needs the model's GGUF 4-bit blocks)
+    quantization = resolve_quantization("auto", "cpu", model_path=EngineConfig.model)
     assert info.dtype == resolve_dtype("auto", "cpu", quantization) and info.device == "cpu"
     assert info.quantization == quantization
 

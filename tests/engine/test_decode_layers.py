@@ -1,7 +1,7 @@
 """The whole-step decode op (worker/kernels/decode_layers.cpp, worker/model/decode_layers.py) against the
 per-layer native path it replaces (worker/model/model.py `_forward_native`), on the same weights, for every
-linear kernel the op chains: int4 and int8 (float32), the AMX tile kernel (bfloat16), the w8a8 integer GEMM
-and oneDNN's prepacked GEMM (float32 and bfloat16, past 32 rows at its padded shapes).
+linear kernel the op chains: int4 and int8 (float32), the AMX tile kernel (bfloat16), the w8a8 and w4a8
+integer GEMMs and oneDNN's prepacked GEMM (float32 and bfloat16, past 32 rows at its padded shapes).
 
 Both chain the same kernels on the same values, so logits and the K/V written to the pools agree to float
 tolerance (in practice exactly). Decode steps run sequences of different lengths whose new tokens land on
@@ -19,6 +19,7 @@ from worker.kernels import native_ops
 from worker.model.decode_layers import DecodeLayers
 from worker.model.model import LlamaForPagedAttention
 from worker.model.runner import ModelRunner
+from worker.model.w4a8 import w4a8_available
 from worker.model.w8a8 import w8a8_available
 
 BLOCK = 4
@@ -55,6 +56,7 @@ CASES = {
     "int8": ("int8", torch.float32, "auto", "int8"),
     "amx-bf16": ("none", torch.bfloat16, "amx", "amx"),
     "w8a8-bf16": ("w8a8", torch.bfloat16, "auto", "w8a8"),
+    "w4a8": ("w4a8", torch.float32, "auto", "w4a8"),
     "onednn-bf16": ("none", torch.bfloat16, "onednn", "onednn"),
     "onednn-fp32": ("none", torch.float32, "onednn", "onednn"),
 }
@@ -69,6 +71,8 @@ def skip_unless_runs_here(case: str) -> None:
         pytest.skip(f"oneDNN has no {dtype} GEMM on this CPU")
     if quantization == "w8a8" and not w8a8_available(torch.device("cpu")):
         pytest.skip("no AVX512-VNNI on this CPU or build")
+    if quantization == "w4a8" and not w4a8_available(torch.device("cpu")):
+        pytest.skip("no AVX2 on this CPU or build")
 
 
 def runner_for(hf_name: str, case: str) -> ModelRunner:
@@ -187,7 +191,7 @@ def test_the_op_refuses_inconsistent_inputs():
         call(NUM_BLOCKS * BLOCK, "int8")
     with pytest.raises(RuntimeError, match="3 tensors per layer"):
         call(0, "int4")  # int8 lists given as int4
-    with pytest.raises(RuntimeError, match="linear is int4, int8, amx, w8a8 or onednn"):
+    with pytest.raises(RuntimeError, match="linear is int4, int8, amx, w8a8, w4a8 or onednn"):
         call(0, "int2")
     with pytest.raises(RuntimeError, match="only onednn linears run at more rows"):
         call(0, "int8", rows=16)

@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 
 from tests.engine.factories import tiny_llama
 from tests.engine.kernel_grid import int8_rows_on_grid, on_chunk_grid
 from worker.kernels import native_ops
 from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.gguf import decode_q4_blocks, load_int4_groups, read_gguf_tensors, undo_rotary_permutation
-from worker.model.loader import resolve_dtype, resolve_quantization
+from worker.model.loader import has_4bit_blocks, resolve_dtype, resolve_quantization
 from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear, native_cpu_bfloat16
+from worker.model.w4a8 import w4a8_available
 from worker.model.w8a8 import w8a8_available
 
 
@@ -100,22 +102,63 @@ def test_int8_rows_on_the_grid_get_what_each_gets_alone_and_the_float_path_stays
     assert not torch.equal(floats, batch)
 
 
-def test_auto_quantization_is_this_cpu_kinds_choice_where_its_kernel_runs_else_none():
-    """Each kind's choice has its own test (tests/unit/test_cpu_kind.py); here the machine at hand's."""
+def test_auto_quantization_is_this_cpu_kinds_choice_where_its_kernel_runs_else_none(tmp_path):
+    """Each kind's choice has its own test (tests/unit/test_cpu_kind.py); here the machine at hand's, for a
+    model directory whose GGUF file holds its 4-bit blocks (what w4a8 computes)."""
     runs = {
         "none": True,
         "int8": native_ops() is not None and hasattr(native_ops(), "int8_linear"),
         "w8a8": w8a8_available(torch.device("cpu")),
+        "w4a8": w4a8_available(torch.device("cpu")),
     }
     chosen = auto_choice(cpu_info().kind).quantization
-    assert resolve_quantization("auto", "cpu") == (chosen if runs[chosen] else "none")
+    if chosen == "w4a8" and not runs["w4a8"]:
+        chosen = "w8a8"
+    model_dir = gguf_model_dir(tmp_path, GGMLQuantizationType.Q4_1)
+    assert resolve_quantization("auto", "cpu", model_path=model_dir) == (chosen if runs[chosen] else "none")
     assert resolve_quantization("auto", "cuda:0") == "none"
     assert resolve_quantization("int4", "cpu") == "int4"
+
+
+def gguf_model_dir(tmp_path, layer_type) -> str:
+    """A model directory keeping a GGUF file whose two layer weights are of `layer_type` (and a norm)."""
+    from gguf import GGUFWriter
+
+    weight = np.random.default_rng(2).normal(size=(16, 64)).astype(np.float32)
+    blocks = layer_type == GGMLQuantizationType.Q4_1
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(str(tmp_path / "model.gguf"), "llama")
+    data, raw_dtype = (q4_1_bytes(weight), layer_type) if blocks else (weight, None)
+    for name in ("blk.0.ffn_up.weight", "blk.0.ffn_gate.weight"):
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(tmp_path)
+
+
+def test_auto_takes_w4a8_only_for_a_model_whose_gguf_file_holds_its_4_bit_blocks(tmp_path):
+    """On a kind whose choice is w4a8, a model without Q4 blocks (none kept, or layers of another type) gets
+    w8a8: 4-bit weights quantized from float are not what was measured."""
+    blocks = gguf_model_dir(tmp_path / "q4", GGMLQuantizationType.Q4_1)
+    floats = gguf_model_dir(tmp_path / "f32", GGMLQuantizationType.F32)
+    (tmp_path / "none").mkdir()
+    assert has_4bit_blocks(blocks) and not has_4bit_blocks(floats)
+    assert not has_4bit_blocks(str(tmp_path / "none")) and not has_4bit_blocks(None)
+    w4a8, w8a8 = w4a8_available(torch.device("cpu")), w8a8_available(torch.device("cpu"))
+    fallback = "w8a8" if w8a8 else "none"
+    assert resolve_quantization("auto", "cpu", "avx2", blocks) == ("w4a8" if w4a8 else fallback)
+    for other in (floats, str(tmp_path / "none"), None):
+        assert resolve_quantization("auto", "cpu", "avx2", other) == fallback
+    assert resolve_quantization("w4a8", "cpu", "avx2", floats) == "w4a8"  # an explicit choice stands
 
 
 def test_quantized_weights_run_float32_activations_on_cpu_unless_asked_otherwise():
     assert resolve_dtype("auto", "cpu", "int8") == "float32"
     assert resolve_dtype("auto", "cpu", "int4") == "float32"
+    assert resolve_dtype("auto", "cpu", "w4a8") == "float32"  # its kernel takes float32 rows
     # w8a8 quantizes its rows whatever their dtype: the kind's own dtype, as unquantized weights
     assert resolve_dtype("auto", "cpu", "w8a8") == resolve_dtype("auto", "cpu", "none")
     assert resolve_dtype("auto", "cpu", "none") == ("bfloat16" if native_cpu_bfloat16() else "float32")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from worker.model.cpu_kind import (
 )
 from worker.model.loader import resolve_dtype, resolve_precision, resolve_quantization
 from worker.model.quant import native_cpu_bfloat16
+from worker.model.w4a8 import w4a8_available
 from worker.model.w8a8 import w8a8_available
 
 # Abridged /proc/cpuinfo texts of real machines: the fields the parser reads, among others it must skip.
@@ -94,7 +97,8 @@ def test_this_machine_is_read_and_its_kind_agrees_with_onednn_on_bfloat16():
 def test_every_kind_has_a_choice_and_unmeasured_kinds_say_so():
     assert set(AUTO_BY_KIND) == {kind for kind, _ in KINDS}
     for kind, choice in AUTO_BY_KIND.items():
-        assert choice.quantization in ("none", "int8", "w8a8") and choice.dtype in ("float32", "bfloat16")
+        assert choice.quantization in ("none", "int8", "w8a8", "w4a8")
+        assert choice.dtype in ("float32", "bfloat16")
         assert choice.measured or choice.basis.startswith("not measured"), kind
     for kind in (OTHER, UNKNOWN, "riscv"):
         assert not auto_choice(kind).measured and auto_choice(kind).quantization == "none"
@@ -109,10 +113,17 @@ def test_auto_on_native_bfloat16_kinds_serves_bfloat16_weights(kind, dtype, quan
     assert resolve_dtype("auto", "cpu", quantization, kind) == dtype
 
 
-def test_auto_on_avx2_serves_w8a8_with_float32_where_the_integer_gemm_runs():
-    quantization = resolve_quantization("auto", "cpu", "avx2")
-    assert quantization == ("w8a8" if w8a8_available(torch.device("cpu")) else "none")
-    assert resolve_dtype("auto", "cpu", quantization, "avx2") == "float32"
+def test_auto_on_avx2_serves_w4a8_on_gguf_blocks_else_w8a8_with_float32_where_the_kernels_run():
+    """(tests/engine/test_quant.py has which model directories count as having their 4-bit blocks.)"""
+    model = "models/SmolLM2-135M-Instruct"
+    if not os.path.exists(f"{model}/model.gguf"):
+        pytest.skip("model not fetched (make model)")
+    w8a8 = "w8a8" if w8a8_available(torch.device("cpu")) else "none"
+    quantization = resolve_quantization("auto", "cpu", "avx2", model)
+    assert quantization == ("w4a8" if w4a8_available(torch.device("cpu")) else w8a8)
+    assert resolve_quantization("auto", "cpu", "avx2") == w8a8  # no model directory to read blocks from
+    for chosen in (quantization, w8a8):
+        assert resolve_dtype("auto", "cpu", chosen, "avx2") == "float32"
 
 
 def test_auto_on_avx512_without_bf16_serves_w8a8_with_float32_and_says_it_is_unmeasured():

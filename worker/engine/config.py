@@ -18,7 +18,7 @@ from worker.engine.lora_config import LoraConfig
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "native", "torch")  # native: compiled CPU decode kernel; torch: gather + matmul
 # weight-only, linear layers (worker/model/quant.py); auto: see worker/model/loader.py resolve_quantization
-QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "w4a8")
 
 
 @dataclass

@@ -28,6 +28,7 @@ UNITS = (
         "int8_linear.cpp",
         "bf16_weight_linear.cpp",
         "w8a8_linear.cpp",
+        "w4a8_linear.cpp",
         "decode_layers.cpp",
         "paged_attention.cpp",
     ),

@@ -23,6 +23,7 @@
 //     "int8"    int8_linear.cpp, float32 rows: codes [N, K], scales [N]                            (2 L tensors)
 //     "amx"     amx_linear.cpp, bfloat16 rows: the tile layout [N / 16, K / 2, 32]                 (1 L tensor)
 //     "w8a8"    w8a8_linear.cpp: packed codes, weight scales [N], compensation                    (3 L tensors)
+//     "w4a8"    w4a8_linear.cpp: packed 4-bit codes, float16 scales and mins                      (2 L tensors)
 //     "onednn"  oneDNN's prepacked GEMM (torch's mkldnn::_linear_pointwise), the weight as
 //               common/linear.py reorders it; rows above 32 padded as its `padded_rows` pads them (1 L tensor)
 #include <ATen/core/Tensor.h>
@@ -40,7 +41,7 @@
 
 namespace {
 
-enum class Kernel { Int4, Int8, Amx, W8A8, OneDNN };
+enum class Kernel { Int4, Int8, Amx, W8A8, W4A8, OneDNN };
 
 struct KernelInfo {
   Kernel kernel;
@@ -52,8 +53,9 @@ KernelInfo kernel_info(c10::string_view name) {
   if (name == "int8") return {Kernel::Int8, 2};
   if (name == "amx") return {Kernel::Amx, 1};
   if (name == "w8a8") return {Kernel::W8A8, 3};
+  if (name == "w4a8") return {Kernel::W4A8, 2};
   if (name == "onednn") return {Kernel::OneDNN, 1};
-  TORCH_CHECK(false, "decode_layers: linear is int4, int8, amx, w8a8 or onednn, got ", name);
+  TORCH_CHECK(false, "decode_layers: linear is int4, int8, amx, w8a8, w4a8 or onednn, got ", name);
 }
 
 // oneDNN's GEMM on a weight reordered for it (common/linear.py), through the dispatcher: it is torch's op,
@@ -81,6 +83,7 @@ struct Linears {
       case Kernel::Int8: llmserve::int8_linear(x, t[0], t[1], out); return out;
       case Kernel::Amx: llmserve::amx_linear(x, t[0], out); return out;
       case Kernel::W8A8: llmserve::w8a8_linear(x, t[0], t[1], t[2], out); return out;
+      case Kernel::W4A8: llmserve::w4a8_linear(x, t[0], t[1], out); return out;
       case Kernel::OneDNN: return onednn_linear(x, t[0]);
     }
     return out;
@@ -95,7 +98,7 @@ struct Linears {
   int64_t out_features() const {
     const at::Tensor& w = tensors[0];
     switch (info.kernel) {
-      case Kernel::Amx: case Kernel::W8A8: return w.size(0) * 16;  // [N / 16, ...] tile layouts
+      case Kernel::Amx: case Kernel::W8A8: case Kernel::W4A8: return w.size(0) * 16;  // [N / 16, ...] tile layouts
       default: return w.size(0);
     }
   }

@@ -318,6 +318,27 @@ void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Te
   });
 }
 
+#ifdef LLMSERVE_AVX2
+void signed_row_codes(const uint8_t* codes, int64_t M, int64_t K, int8_t* rows, int32_t* group_sums,
+                      int32_t multiplier) {
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int64_t i = begin * K; i < end * K; i += 32) {  // one group of 32 codes a pass
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), top);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows + i), q);
+      // sum of the group's 32 signed codes: 1 x q in pairs, then the pairs of pairs, then across lanes
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      group_sums[i / 32] = multiplier * _mm_cvtsi128_si32(s4);
+    }
+  });
+}
+#endif
+
 }  // namespace llmserve
 
 TORCH_LIBRARY_FRAGMENT(llmserve, m) {

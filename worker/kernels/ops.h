@@ -16,6 +16,10 @@ void rotary_(const at::Tensor& qkv, const at::Tensor& positions, const at::Tenso
              int64_t num_heads);
 void silu_and_mul(const at::Tensor& x, const at::Tensor& out);
 void quantize_rows_u8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t max_code = 127);
+// quantize_rows_u8's codes (q + 128, rows of K, groups of 32 columns) -> the signed codes q and `multiplier`
+// times each group's sum of them [M, K / 32] (AVX2 builds).
+void signed_row_codes(const uint8_t* codes, int64_t M, int64_t K, int8_t* rows, int32_t* group_sums,
+                      int32_t multiplier);
 
 // int8_linear.cpp, int4_linear.cpp
 void int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& out);
@@ -40,6 +44,12 @@ int64_t w8a8_row_group();
 void w8a8_pack_weight(const at::Tensor& codes, const at::Tensor& packed, const at::Tensor& compensation);
 void w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
                  const at::Tensor& compensation, const at::Tensor& out);
+
+// w4a8_linear.cpp
+bool w4a8_linear_supported();
+void w4a8_pack_weight(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                      const at::Tensor& packed, const at::Tensor& scales_mins);
+void w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_mins, const at::Tensor& out);
 
 // paged_attention.cpp
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slot_mapping, const at::Tensor& k_cache,

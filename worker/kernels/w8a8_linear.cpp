@@ -285,24 +285,11 @@ void avx2_tile(const uint8_t* rows, int64_t K, const int8_t* block, int64_t m0, 
 void avx2_linear(const uint8_t* codes, int64_t M, int64_t K, const int8_t* packed, int64_t N,
                  const float* group_scales, const int32_t* /* VNNI's compensation */, const float* weight_scales,
                  void* out, bool bf16) {
-  std::unique_ptr<uint8_t[]> rows(new uint8_t[static_cast<size_t>(M * K)]);
+  static_assert(kAvx2RowGroup == 32, "signed_row_codes sums groups of 32");
+  std::unique_ptr<int8_t[]> rows(new int8_t[static_cast<size_t>(M * K)]);
   std::unique_ptr<int32_t[]> row_compensation(new int32_t[static_cast<size_t>(M * (K / kAvx2RowGroup))]);
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i ones8 = _mm256_set1_epi8(1);
-    const __m256i ones16 = _mm256_set1_epi16(1);
-    for (int64_t i = begin * K; i < end * K; i += kAvx2RowGroup) {  // one group of 32 codes a pass
-      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)), top);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.get() + i), q);
-      // sum of the group's 32 signed codes: 1 x q in pairs, then the pairs of pairs, then across lanes
-      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-      row_compensation[i / kAvx2RowGroup] = -128 * _mm_cvtsi128_si32(s4);
-    }
-  });
-  const uint8_t* x = rows.get();
+  llmserve::signed_row_codes(codes, M, K, rows.get(), row_compensation.get(), -128);
+  const uint8_t* x = reinterpret_cast<const uint8_t*>(rows.get());
   const int32_t* compensation = row_compensation.get();
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {

@@ -44,7 +44,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     sched, cache = config.scheduler, config.kv_cache
-    dtype, quantization = resolve_precision(config.dtype, config.quantization, device)
+    dtype, quantization = resolve_precision(config.dtype, config.quantization, device, config.model)
     check_model_type(config.model)  # an unsupported architecture fails here, before anything loads
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, dtype, device, sched.max_model_len, config.linear_backend, quantization)

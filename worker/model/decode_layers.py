@@ -5,7 +5,8 @@ A decode step through `_forward_native`'s per-layer loop makes ~15 Python and sm
 model's int4 step, and at 64 sequences in bfloat16 still ~15% of the forward pass, the same few milliseconds
 at every batch size. The op chains the same kernels in C++, so it gives the same numbers. It covers the
 plain Llama layer (no bias) with every linear on one kernel: the project's int4 or int8 kernels (float32),
-its AMX tile kernel (bfloat16), its w8a8 integer GEMM, or oneDNN's prepacked GEMM; decode tokens only.
+its AMX tile kernel (bfloat16), its w8a8 or w4a8 integer GEMMs, or oneDNN's prepacked GEMM; decode tokens
+only.
 Anything else keeps `_forward_native`'s per-layer loop.
 """
 
@@ -37,6 +38,7 @@ _KERNELS = {
     "native-w8a8": _Kernel(
         "w8a8", ("weight", "weight_scales", "compensation"), (torch.float32, torch.bfloat16)
     ),
+    "native-w4a8": _Kernel("w4a8", ("weight", "scales_mins"), (torch.float32, torch.bfloat16)),
     "onednn": _Kernel("onednn", ("weight",), (torch.float32, torch.bfloat16)),
 }
 

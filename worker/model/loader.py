@@ -11,6 +11,7 @@ from worker.model.cpu_kind import auto_choice, cpu_info
 from worker.model.model import LlamaForPagedAttention
 from worker.model.quant import native_cpu_bfloat16
 from worker.model.smoothing import CALIBRATION_TEXT, smooth
+from worker.model.w4a8 import w4a8_available
 from worker.model.w8a8 import w8a8_available
 
 log = logging.getLogger(__name__)
@@ -54,22 +55,30 @@ def resolve_dtype(name: str, device: str, quantization: str = "none", kind: str 
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if quantization in ("int8", "int4"):
+    if quantization in ("int8", "int4", "w4a8"):
         return "float32"
     chosen = auto_choice(kind or cpu_info().kind).dtype
     return chosen or ("bfloat16" if native_cpu_bfloat16() else "float32")
 
 
-def resolve_quantization(name: str, device: str, kind: str | None = None) -> str:
+def resolve_quantization(
+    name: str, device: str, kind: str | None = None, model_path: str | None = None
+) -> str:
     """`auto`: what cpu_kind.py's table picks for this CPU's kind: the row with the most tokens/s under
-    concurrent load where the kind was measured (w8a8 on AVX2, bfloat16 weights on AVX512-BF16 and AMX), a
-    safe default where not. int8 and w8a8 need the compiled kernels (`make kernels`); without them, none.
-    GPUs serve the unquantized weights."""
+    concurrent load where the kind was measured (w4a8 on AVX2, bfloat16 weights on AVX512-BF16 and AMX), a
+    safe default where not. w4a8 computes a GGUF file's own 4-bit blocks: for a model without them
+    (`model_path` has no such file) `auto` takes w8a8 instead, since quantizing float weights to 4 bits
+    was not what was measured. int8, w8a8 and w4a8 need the compiled kernels (`make kernels`); without them,
+    none. GPUs serve the unquantized weights."""
     if name != "auto":
         return name
     chosen = auto_choice(kind or cpu_info().kind).quantization
     if device.startswith("cuda") or chosen == "none":
         return "none"
+    if chosen == "w4a8":
+        if w4a8_available(torch.device(device)) and has_4bit_blocks(model_path):
+            return "w4a8"
+        chosen = "w8a8"
     if chosen == "w8a8":
         return "w8a8" if w8a8_available(torch.device(device)) else "none"
     from worker.kernels import native_ops
@@ -78,10 +87,25 @@ def resolve_quantization(name: str, device: str, kind: str | None = None) -> str
     return "int8" if ops is not None and hasattr(ops, "int8_linear") else "none"
 
 
-def resolve_precision(dtype: str, quantization: str, device: str) -> tuple[str, str]:
+def has_4bit_blocks(model_path: str | None) -> bool:
+    """Whether the model directory keeps a GGUF file whose layer weights are all Q4_0/Q4_1 blocks (the
+    weights int4 and w4a8 then compute as they are; its tensor directory only is read)."""
+    from worker.model.gguf import find_gguf, read_gguf_tensors
+
+    gguf_path = find_gguf(model_path) if model_path and os.path.isdir(model_path) else None
+    if gguf_path is None:
+        return False
+    tensors = read_gguf_tensors(gguf_path).items()
+    layers = [t for name, t in tensors if name.startswith("blk.") and len(t.shape) == 2]  # not the norms
+    return bool(layers) and all(t.kind != "other" for t in layers)
+
+
+def resolve_precision(
+    dtype: str, quantization: str, device: str, model_path: str | None = None
+) -> tuple[str, str]:
     """Both settings resolved, logged with the CPU and the reason `auto` chose them (the choice is also
     exported: the quantization and cpu_info metrics, and GetModelInfo's dtype)."""
-    resolved_quantization = resolve_quantization(quantization, device)
+    resolved_quantization = resolve_quantization(quantization, device, model_path=model_path)
     resolved_dtype = resolve_dtype(dtype, device, resolved_quantization)
     cpu = cpu_info()
     why = "" if device.startswith("cuda") else f": {auto_choice(cpu.kind).basis}"
@@ -127,7 +151,7 @@ def load_model(
     if quantization == "w8a8":  # move the activations' outliers into the weights first (model/smoothing.py)
         model_dir = path if os.path.isdir(path) else None
         smooth(hf_model, load_tokenizer(path).encode(CALIBRATION_TEXT.read_text()), model_dir=model_dir)
-    int4_groups = gguf_int4_groups(path, hf_model) if quantization == "int4" else {}
+    int4_groups = gguf_int4_groups(path, hf_model) if quantization in ("int4", "w4a8") else {}
     model = LlamaForPagedAttention(hf_model, max_positions, linear_backend, quantization, int4_groups)
     missing = model.missing_forward_features()
     if missing:

@@ -20,7 +20,7 @@ from common.linear import Linear
 from worker.model.attention import AttentionMetadata, paged_attention
 from worker.model.decode_layers import DecodeLayers
 from worker.model.quant import Int4Groups, Int4Linear, Int8Linear, build_linear
-from worker.model.w8a8 import W8A8Linear, quantized_head_rows
+from worker.model.w8a8 import quantized_head_rows
 
 # What the forward pass implements beyond the plain Llama layer. The weight gathering below records what
 # each model needs (`LlamaForPagedAttention.needs`); the loader refuses a model that needs anything not
@@ -119,8 +119,9 @@ class LlamaForPagedAttention:
         quantization: str = "none",
         int4_groups: dict[str, Int4Groups] | None = None,
     ) -> None:
-        """`quantization`: none | int8 | int4 (weight-only, worker/model/quant.py); `int4_groups`: 4-bit
-        blocks already in a GGUF file, by Hugging Face name, used instead of re-quantizing."""
+        """`quantization`: none | int8 | int4 (weight-only, worker/model/quant.py) | w8a8 | w4a8 (integer
+        rows too: w8a8.py, w4a8.py); `int4_groups`: 4-bit blocks already in a GGUF file, by Hugging Face
+        name, used instead of re-quantizing (int4 and w4a8)."""
         config = hf_model.config
         self.shape = ModelShape(
             num_layers=config.num_hidden_layers,
@@ -150,18 +151,16 @@ class LlamaForPagedAttention:
         float_rows = (
             hf_model.lm_head.weight.dtype == torch.float32 and hf_model.lm_head.weight.device.type == "cpu"
         )
-        int8_head = quantization in ("int8", "int4") or (quantization == "w8a8" and float_rows)
+        integer_rows = quantization in ("w8a8", "w4a8")  # the decoder layers quantize their rows
+        int8_head = quantization in ("int8", "int4") or (integer_rows and float_rows)
         head_quantization = "int8" if int8_head else "none"
-        if quantization == "w8a8" and quantized_head_rows(hf_model.lm_head.weight):  # float32 rows only
+        if integer_rows and quantized_head_rows(hf_model.lm_head.weight):  # float32 rows only
             head_quantization = "w8a8"
         self.lm_head = build_linear(hf_model.lm_head.weight, None, linear_backend, head_quantization)
         if head_quantization == "int8":
             # It sees one row per sequence, where dequantizing its 28M weights each step costs more than the
             # native kernel's whole product (32 rows: 6.6 ms on its panel GEMM).
             self.lm_head.dequantize_from = None
-        # What the start log names: the decoder layers' kernel with w8a8 (its head is built otherwise), else
-        # the head's, which is built as they are.
-        self.linear_backend = W8A8Linear.backend if quantization == "w8a8" else self.lm_head.backend
         self.activation = self._activation(config)
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             if getattr(config, name, None):
@@ -173,6 +172,9 @@ class LlamaForPagedAttention:
             self._layer(layer, linear_backend, quantization, int4_groups or {}, f"model.layers.{i}.", q_scale)
             for i, layer in enumerate(inner.layers)
         ]
+        # What the start log names: the head's backend, which is the layers' too, except with integer rows.
+        layers_backend = self.layers[0].qkv.backend if integer_rows and self.layers else None
+        self.linear_backend = layers_backend or self.lm_head.backend
         self.cos, self.sin = self._rope_tables(inner, max_positions)
         for layer in self.layers:
             if layer.q_norm is not None:
@@ -223,7 +225,8 @@ class LlamaForPagedAttention:
                 weights[0] = weights[0] * q_scale
             weight = torch.cat(weights) if len(weights) > 1 else weights[0]
             groups = [int4_groups.get(f"{prefix}{name}.weight") for name in names]
-            fused = Int4Groups.cat(groups) if quantization == "int4" and all(groups) and not scale_q else None
+            four_bit = quantization in ("int4", "w4a8")
+            fused = Int4Groups.cat(groups) if four_bit and all(groups) and not scale_q else None
             return build_linear(weight, bias, backend, quantization, fused)
 
         bias = None

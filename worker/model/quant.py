@@ -255,13 +255,18 @@ def quantized_linear(
     quantization: str,
     int4_groups: Int4Groups | None = None,
 ) -> Int8Linear | Int4Linear | W8A8Linear:
-    """The quantized layer for `quantization` ("int8", "int4" or "w8a8"), with the `Linear` call interface."""
+    """The quantized layer for `quantization` ("int8", "int4", "w8a8" or "w4a8"), with the `Linear` call
+    interface."""
     if quantization == "int8":
         return Int8Linear(weight, bias)
     if quantization == "int4":
         return Int4Linear(weight, bias, int4_groups)
     if quantization == "w8a8":
         return W8A8Linear(weight, bias)
+    if quantization == "w4a8":
+        from worker.model.w4a8 import W4A8Linear  # here: w4a8.py builds on this module's Int4Groups
+
+        return W4A8Linear(weight, bias, int4_groups)
     raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
 
 

@@ -111,7 +111,7 @@ class WorkerMetrics:
 
         Gauge(
             PREFIX + "model_quantization_info",
-            "1 for the weight quantization the model runs with (none | int8 | int4).",
+            "1 for the weight quantization the model runs with (none | int8 | int4 | w8a8 | w4a8).",
             ["model_name", "quantization"],
             registry=reg,
         ).labels(model_name, quantization).set(1)
