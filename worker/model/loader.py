@@ -48,9 +48,10 @@ def torch_dtype(name: str) -> torch.dtype:
 def resolve_dtype(name: str, device: str, quantization: str = "none", kind: str | None = None) -> str:
     """`auto`: on CUDA bfloat16 (float16 without bf16 support); on CPU with weight-only quantized weights
     float32 (the native kernels read float32 rows and the fused decode step is the float32 layer: a bfloat16
-    model around them measured slower at every batch size); else (w8a8 included: its rows are quantized to
-    8 bits whatever their dtype) what worker/model/cpu_kind.py's table picks for this CPU's
-    kind (bfloat16 where it is native: AVX512-BF16, AMX; float32 where it is emulated)."""
+    model around them measured slower at every batch size), and with w4a8 (measured in float32 only); else
+    (w8a8 included: its rows are quantized to 8 bits whatever their dtype) what worker/model/cpu_kind.py's
+    table picks for this CPU's kind (bfloat16 where it is native: AVX512-BF16, AMX; float32 where it is
+    emulated)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):

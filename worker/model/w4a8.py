@@ -20,6 +20,7 @@ import torch
 
 from worker.kernels import native_op
 from worker.model.quant import Int4Groups
+from worker.model.w8a8 import ZERO_POINT, quantize_rows
 
 GROUP = 32  # weights per (scale, min) and columns per row scale
 
@@ -99,8 +100,6 @@ class W4A8Linear:
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """What `__call__` computes, in float64 (up to float32 rounding): the same integer sums per group."""
-        from worker.model.w8a8 import ZERO_POINT, quantize_rows
-
         codes, row_scales = quantize_rows(x, 127, GROUP)
         rows = (codes.double() - ZERO_POINT).reshape(x.shape[0], -1, GROUP)  # [M, G, 32]
         groups = self.groups()
