@@ -1,5 +1,5 @@
-"""The linears of a decode step with int8 weights x int8 rows (`WORKER_QUANTIZATION=w8a8`) beside unquantized
-and int8 weight-only ones, at the row counts of decode batches and prefill chunks.
+"""The linears of a decode step with integer rows (`WORKER_QUANTIZATION=w8a8`, and `w4a8` where built) beside
+unquantized and int8 weight-only ones, at the row counts of decode batches and prefill chunks.
 
 Columns (each one call per linear, as the engine makes them):
   bf16 / fp32   unquantized weights on the engine's `Linear` in the dtype this CPU computes natively (bfloat16

@@ -15,6 +15,7 @@ the weight dequantized once for oneDNN's GEMM. Why, with the figures: docs/STUDY
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,9 @@ from worker.engine.config import QUANTIZATIONS
 from worker.kernels import native_op
 from worker.model.cpu_kind import cpu_info
 from worker.model.w8a8 import W8A8Linear
+
+if TYPE_CHECKING:  # imported where it is built: w4a8.py builds on this module's Int4Groups
+    from worker.model.w4a8 import W4A8Linear
 
 INT4_GROUP_SIZE = 32  # llama.cpp's block; the engine's widths (576, 1536) are multiples of 32 but not of 128
 # From this many rows a native layer on a CPU with native bfloat16 dequantizes its weights and runs one oneDNN
@@ -254,7 +258,7 @@ def quantized_linear(
     bias: torch.Tensor | None,
     quantization: str,
     int4_groups: Int4Groups | None = None,
-) -> Int8Linear | Int4Linear | W8A8Linear:
+) -> Int8Linear | Int4Linear | W8A8Linear | W4A8Linear:
     """The quantized layer for `quantization` ("int8", "int4", "w8a8" or "w4a8"), with the `Linear` call
     interface."""
     if quantization == "int8":
@@ -264,7 +268,7 @@ def quantized_linear(
     if quantization == "w8a8":
         return W8A8Linear(weight, bias)
     if quantization == "w4a8":
-        from worker.model.w4a8 import W4A8Linear  # here: w4a8.py builds on this module's Int4Groups
+        from worker.model.w4a8 import W4A8Linear
 
         return W4A8Linear(weight, bias, int4_groups)
     raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
@@ -276,7 +280,7 @@ def build_linear(
     backend: str,
     quantization: str = "none",
     int4_groups: Int4Groups | None = None,
-) -> Linear | Int8Linear | Int4Linear | W8A8Linear:
+) -> Linear | Int8Linear | Int4Linear | W8A8Linear | W4A8Linear:
     """The engine's one way to build a linear layer: float (`Linear`) or quantized."""
     if quantization == "none":
         return Linear(weight, bias, backend)
