@@ -179,9 +179,7 @@ def test_the_bundled_model_in_w4a8_keeps_the_gguf_blocks_and_predicts_what_the_u
     (converted from that file); on a passage of the tune text its next tokens agree with float32's almost
     everywhere and its mean negative log-likelihood is within 2% (perplexity is measured by
     bench/quant_study.py)."""
-    from transformers import AutoTokenizer
-
-    from tests.engine.test_w8a8 import prompt_logits
+    from tests.engine.test_w8a8 import against_unquantized
     from worker.model.loader import load_hf_model, load_model
 
     hf = load_hf_model(str(MODEL_DIR), "float32", "cpu")
@@ -190,14 +188,6 @@ def test_the_bundled_model_in_w4a8_keeps_the_gguf_blocks_and_predicts_what_the_u
     torch.testing.assert_close(
         down, hf.model.layers[3].mlp.down_proj.weight.detach().float(), rtol=1e-6, atol=1e-7
     )
-    text = Path("bench/data/quant_tune.txt").read_text()
-    tokens = AutoTokenizer.from_pretrained(MODEL_DIR).encode(text, add_special_tokens=False)[:256]
-    reference, quantized = prompt_logits("none", "float32", tokens), prompt_logits("w4a8", "float32", tokens)
-    agreement = (reference.argmax(-1) == quantized.argmax(-1)).float().mean()
-    targets = torch.tensor(tokens[1:])
-
-    def nll(logits: torch.Tensor) -> float:
-        return float(-torch.log_softmax(logits[:-1], -1).gather(1, targets[:, None]).mean())
-
+    agreement, nll_ratio = against_unquantized("w4a8", "float32")
     assert agreement >= 0.9, f"top-1 agreement {agreement:.2f}"
-    assert abs(nll(quantized) / nll(reference) - 1) < 0.02
+    assert abs(nll_ratio - 1) < 0.02

@@ -379,17 +379,24 @@ def test_the_bundled_model_in_w8a8_predicts_what_the_unquantized_one_does():
     in the dtype this CPU computes natively (bfloat16 where oneDNN has it, else float32: on AVX2 emulated
     bfloat16 took this test 30 s) on a passage of the tune text: the same next token almost everywhere, and a
     mean negative log-likelihood within 5% (perplexity is measured by bench/quant_study.py)."""
+    dtype = "bfloat16" if native_cpu_bfloat16() else "float32"
+    agreement, nll_ratio = against_unquantized("w8a8", dtype)
+    assert agreement >= 0.9, f"top-1 agreement {agreement:.2f}"
+    assert abs(nll_ratio - 1) < 0.05
+
+
+def against_unquantized(quantization: str, dtype: str) -> tuple[float, float]:
+    """On the first 256 tokens of the tune text: the share of positions whose top token the quantized model
+    shares with the unquantized one, and the ratio of their mean negative log-likelihoods."""
     from transformers import AutoTokenizer
 
     text = Path("bench/data/quant_tune.txt").read_text()
     tokens = AutoTokenizer.from_pretrained(MODEL_DIR).encode(text, add_special_tokens=False)[:256]
-    dtype = "bfloat16" if native_cpu_bfloat16() else "float32"
-    reference, quantized = prompt_logits("none", dtype, tokens), prompt_logits("w8a8", dtype, tokens)
-    agreement = (reference.argmax(-1) == quantized.argmax(-1)).float().mean()
+    reference, quantized = prompt_logits("none", dtype, tokens), prompt_logits(quantization, dtype, tokens)
     targets = torch.tensor(tokens[1:])
 
     def nll(logits: torch.Tensor) -> float:
         return float(-torch.log_softmax(logits[:-1], -1).gather(1, targets[:, None]).mean())
 
-    assert agreement >= 0.9, f"top-1 agreement {agreement:.2f}"
-    assert abs(nll(quantized) / nll(reference) - 1) < 0.05
+    agreement = float((reference.argmax(-1) == quantized.argmax(-1)).float().mean())
+    return agreement, nll(quantized) / nll(reference)
