@@ -20,7 +20,7 @@ import torch
 
 from worker.kernels import native_op
 from worker.model.quant import Int4Groups
-from worker.model.w8a8 import ZERO_POINT, quantize_rows
+from worker.model.w8a8 import ZERO_POINT, IntegerRowsLinear, quantize_rows
 
 GROUP = 32  # weights per (scale, min) and columns per row scale
 
@@ -31,7 +31,7 @@ def w4a8_available(device: torch.device) -> bool:
     return device.type == "cpu" and ops is not None and ops.w4a8_linear_supported()
 
 
-class W4A8Linear:
+class W4A8Linear(IntegerRowsLinear):
     """y = x @ W.T (+ b) with W as `Int4Groups` (4-bit codes, a float16 scale and min per 32 inputs) and x
     quantized per call to 8-bit codes with one scale per 32 columns. Same call interface as
     `common.linear.Linear`."""
@@ -78,13 +78,8 @@ class W4A8Linear:
         out_features, in_features = weight.shape
         return in_features % GROUP == 0 and out_features % 16 == 0
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
-        out = rows.new_empty(rows.shape[0], self.out_features)
-        if rows.shape[0]:  # the kernel takes at least one row
-            self.gemm.w4a8_linear(rows, self.weight, self.scales_mins, out)
-        out = out.to(x.dtype)
-        return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
+    def _product(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        self.gemm.w4a8_linear(rows, self.weight, self.scales_mins, out)
 
     def groups(self) -> Int4Groups:
         """The weights as `Int4Groups` (float16 scales and mins widened), read back from the kernel's

@@ -67,7 +67,26 @@ def quantize_rows(
     return codes.reshape(rows.shape), scales.squeeze(2)
 
 
-class W8A8Linear:
+class IntegerRowsLinear:
+    """The call of a layer whose kernel quantizes the rows itself (w8a8 here, w4a8.py): float32 or bfloat16
+    rows in, out in their dtype, the bias added after. Subclasses give `_product(rows, out)`."""
+
+    out_features: int
+    bias: torch.Tensor | None
+
+    def _product(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        if rows.shape[0]:  # the kernels take at least one row
+            self._product(rows, out)
+        out = out.to(x.dtype)
+        return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
+
+
+class W8A8Linear(IntegerRowsLinear):
     """y = x @ W.T (+ b) with int8 weights (one scale per output channel) and int8 activations (one scale per
     group of `row_group()` columns of a row, computed at each call). Same call interface as
     `common.linear.Linear`."""
@@ -110,13 +129,8 @@ class W8A8Linear:
         out_features, in_features = weight.shape
         return in_features % GROUP == 0 and out_features % 32 == 0
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.contiguous() if x.dtype in (torch.float32, torch.bfloat16) else x.float().contiguous()
-        out = rows.new_empty(rows.shape[0], self.out_features)
-        if rows.shape[0]:  # the kernel takes at least one row
-            self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
-        out = out.to(x.dtype)
-        return out.add_(self.bias.to(out.dtype)) if self.bias is not None else out
+    def _product(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        self.gemm.w8a8_linear(rows, self.weight, self.weight_scales, self.compensation, out)
 
     def weight_codes(self) -> torch.Tensor:
         """The int8 weight codes [out, in], read back from the kernel's layout."""
@@ -134,14 +148,15 @@ class W8A8Linear:
 
 
 def quantized_head_rows(weight: torch.Tensor) -> bool:
-    """Whether a w8a8 model's LM head quantizes its rows too: where they are float32 and the GEMM is the AVX2
-    kernel, where it was measured. For SmolLM2's 49152 x 576 head (AVX2 EPYC, two threads) the w8a8 GEMM took
-    1.5 / 1.7 / 1.8 / 2.1x less time than the int8 weight-only kernel at 5 / 8 / 32 / 64 rows (the head was a
-    quarter of a 64-sequence decode step), 0.8-0.9x at 1-2 rows; its 7-bit rows cost the tune text 0.16% of
-    perplexity on top of the decoder layers' (docs/STUDY_LOG.md). Every row count takes the same path, so a
-    row's logits do not depend on its batch (a prompt's logprobs equal the sampled token's). Elsewhere the
-    head keeps float rows: int8 weights in float32 on AVX512-VNNI builds (not measured there), bfloat16 in
-    bfloat16, and so does a vocabulary the GEMM's channel blocks do not divide (32001 entries, say)."""
+    """Whether a w8a8 (or w4a8) model's LM head quantizes its rows too: where they are float32 and the GEMM is
+    the AVX2 kernel, where it was measured. For SmolLM2's 49152 x 576 head (AVX2 EPYC, two threads) the w8a8
+    GEMM took 1.5 / 1.7 / 1.8 / 2.1x less time than the int8 weight-only kernel at 5 / 8 / 32 / 64 rows (the
+    head was a quarter of a 64-sequence decode step), 0.8-0.9x at 1-2 rows; its 7-bit rows cost the tune text
+    0.16% of perplexity on top of the decoder layers' (docs/STUDY_LOG.md). Every row count takes the same
+    path, so a row's logits do not depend on its batch (a prompt's logprobs equal the sampled token's).
+    Elsewhere the head keeps float rows: int8 weights in float32 on AVX512-VNNI builds (not measured there),
+    bfloat16 in bfloat16, and so does a vocabulary the GEMM's channel blocks do not divide (32001 entries,
+    say)."""
     return (
         weight.dtype == torch.float32
         and w8a8_available(weight.device)
