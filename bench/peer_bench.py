@@ -2,9 +2,9 @@
 
 One server at a time on the same machine in one run (two servers on two cores would measure each other),
 same model directory, same client and workload, each server at the dtype given (by default each one's own
-default: ours `auto`, which is float32 activations with int8 weights (WORKER_QUANTIZATION=auto) on a CPU
-without native bfloat16 and unquantized bfloat16 on one with it, and vLLM's bfloat16; `--servers ours-none`
-adds our unquantized stack at --ours-dtype):
+default: ours `auto`, what worker/model/cpu_kind.py's table runs on this CPU's kind (WORKER_DTYPE and
+WORKER_QUANTIZATION=auto), and vLLM's bfloat16; `--servers ours-none` adds our unquantized stack at
+--ours-dtype):
   random       chat completions, 128 random prompt tokens, 128 output tokens (EOS ignored), streamed,
                at concurrency 1, 8, 32 and 64 (64 prompts; 128 at 64)
   prefix       32 requests sharing one 512-token prefix + 32 own tokens, 32 output tokens, concurrency 8

@@ -114,9 +114,9 @@ def all_rows() -> dict[str, Row]:
         # int8 weights x int8 activations (model/w8a8.py), between layers in the CPU's native dtype: bfloat16
         # where it has it, float32 where bfloat16 is emulated (as `auto` ran it on AVX2 before w4a8)
         "w8a8": Row("w8a8", "engine", "bfloat16" if native_cpu_bfloat16() else "float32", "w8a8"),
-        # the int4 row's 4-bit weights (the GGUF file's Q4_1 blocks) x 8-bit activation rows (model/w4a8.py:
-        # AVX2), what `auto` runs on AVX2
-        "w4a8": Row("w4a8", "engine", "float32", "w4a8"),
+        # the int4 row's 4-bit weights (the GGUF file's Q4_1 blocks) x 8-bit activation rows (model/w4a8.py),
+        # what `auto` runs on AVX2; between layers in the native dtype, as w8a8
+        "w4a8": Row("w4a8", "engine", "bfloat16" if native_cpu_bfloat16() else "float32", "w4a8"),
         "llama-q4_1": Row("llama-q4_1", "llama", gguf=GGUF_Q4_1),
         "llama-q8_0": Row("llama-q8_0", "llama", gguf=LLAMA_DIR / "model-q8_0.gguf"),
     }

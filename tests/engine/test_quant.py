@@ -158,9 +158,9 @@ def test_auto_takes_w4a8_only_for_a_model_whose_gguf_file_holds_its_4_bit_blocks
 def test_quantized_weights_run_float32_activations_on_cpu_unless_asked_otherwise():
     assert resolve_dtype("auto", "cpu", "int8") == "float32"
     assert resolve_dtype("auto", "cpu", "int4") == "float32"
-    assert resolve_dtype("auto", "cpu", "w4a8") == "float32"  # its kernel takes float32 rows
-    # w8a8 quantizes its rows whatever their dtype: the kind's own dtype, as unquantized weights
+    # w8a8 and w4a8 quantize their rows whatever their dtype: the kind's own dtype, as unquantized weights
     assert resolve_dtype("auto", "cpu", "w8a8") == resolve_dtype("auto", "cpu", "none")
+    assert resolve_dtype("auto", "cpu", "w4a8") == resolve_dtype("auto", "cpu", "none")
     assert resolve_dtype("auto", "cpu", "none") == ("bfloat16" if native_cpu_bfloat16() else "float32")
     assert resolve_dtype("bfloat16", "cpu", "int8") == "bfloat16"  # an explicit choice stands
 

@@ -89,13 +89,15 @@ def test_a_rows_output_does_not_depend_on_its_batch():
 
 @needs_kernel
 def test_the_layer_stays_close_to_the_int4_layer_on_the_same_weights():
-    """Only the rows' rounding to 8 bits separates it from int4 (float32 rows on the same groups)."""
+    """Only the rows' rounding to 8 bits separates it from int4 (the same groups; int4 multiplies float32
+    rows, or rows rounded to bfloat16 where the CPU has AVX512-BF16: int4_linear.cpp)."""
     weight = torch.randn(64, 192, generator=torch.Generator().manual_seed(6)) * 0.05
     groups = Int4Groups.from_float(weight)
     x = torch.randn(9, 192, generator=torch.Generator().manual_seed(7))
     int4, w4a8 = Int4Linear(weight, None, groups), W4A8Linear(weight, None, groups)
+    int4_rows = x.bfloat16() if "avx512_bf16" in cpu_info().flags else x
     torch.testing.assert_close(
-        int4(x).double(), x.double() @ groups.dequantize().double().T, rtol=1e-4, atol=1e-4
+        int4(x).double(), int4_rows.double() @ groups.dequantize().double().T, rtol=1e-4, atol=1e-4
     )
     assert relative_error(w4a8(x), int4(x)) < 0.01
 

@@ -104,13 +104,16 @@ def test_every_kind_has_a_choice_and_unmeasured_kinds_say_so():
         assert not auto_choice(kind).measured and auto_choice(kind).quantization == "none"
 
 
-@pytest.mark.parametrize(
-    ("kind", "dtype", "quantization"),
-    [("amx", "bfloat16", "none"), ("avx512_bf16", "bfloat16", "none")],
-)
-def test_auto_on_native_bfloat16_kinds_serves_bfloat16_weights(kind, dtype, quantization):
-    assert resolve_quantization("auto", "cpu", kind) == quantization
-    assert resolve_dtype("auto", "cpu", quantization, kind) == dtype
+def test_auto_on_amx_serves_bfloat16_weights():
+    assert resolve_quantization("auto", "cpu", "amx") == "none"
+    assert resolve_dtype("auto", "cpu", "none", "amx") == "bfloat16"
+
+
+def test_auto_on_avx512_bf16_serves_w8a8_between_bfloat16_layers_where_the_kernels_run():
+    quantization = resolve_quantization("auto", "cpu", "avx512_bf16")
+    assert quantization == ("w8a8" if w8a8_available(torch.device("cpu")) else "none")
+    assert resolve_dtype("auto", "cpu", quantization, "avx512_bf16") == "bfloat16"
+    assert auto_choice("avx512_bf16").measured
 
 
 def test_auto_on_avx2_serves_w4a8_on_gguf_blocks_else_w8a8_with_float32_where_the_kernels_run():

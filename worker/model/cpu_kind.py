@@ -71,8 +71,9 @@ def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
 
 @dataclass(frozen=True)
 class AutoChoice:
-    """What `auto` runs on one kind of CPU. `dtype` is for unquantized weights: quantized weights always run
-    float32 activations on CPU (the native kernels read float32 rows; worker/model/loader.py resolve_dtype).
+    """What `auto` runs on one kind of CPU. `dtype` is for unquantized weights and for w8a8 and w4a8 (which
+    quantize their rows whatever their dtype); weight-only int8 and int4 run float32 activations on CPU
+    (worker/model/loader.py resolve_dtype).
     `basis` says what the choice rests on, and is logged when the worker starts."""
 
     # none | int8 | w8a8 | w4a8 (w4a8 falls back to w8a8 for a model without its GGUF file's 4-bit blocks,
@@ -94,11 +95,10 @@ AUTO_BY_KIND = {
         "(147, 104 and 86 decode tok/s against 66)",
     ),
     "avx512_bf16": AutoChoice(
-        "none",
+        "w8a8",
         "bfloat16",
         True,
-        "quantization study on an AVX512-BF16 EPYC: bfloat16 made the most tokens/s at 32 streams "
-        "(384.5 against int4 364.6, int8 346.6 tok/s)",
+        "PEER_BASIS",
     ),
     "avx512": AutoChoice(
         "w8a8",
