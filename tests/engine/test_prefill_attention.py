@@ -57,13 +57,16 @@ def test_a_sliding_window_holds_on_the_rows_path():
 
 
 NATIVE = pytest.mark.skipif(
-    attention._native_prefill() is None, reason="the AMX prefill-attention kernel needs an AMX CPU"
+    attention._native_prefill() is None, reason="the native prefill-attention kernel needs AMX or AVX512-BF16"
 )
 
 
-def run_native_chunk(n: int, cached: int, heads: int, kv_heads: int, native: bool) -> torch.Tensor:
+def run_native_chunk(
+    n: int, cached: int, heads: int, kv_heads: int, native: bool, key_growth: float = 0.0
+) -> torch.Tensor:
     """A bfloat16 chunk of head size 64 through paged_attention, on the native kernel or (the torch backend)
-    SDPA, the pool's unused rows NaN (a block's rows past the context are read into a tile, never used)."""
+    SDPA, the pool's unused rows NaN (a block's rows past the context are read into a tile, never used). The
+    key at position t is scaled by 1 + key_growth t."""
     gen = torch.Generator().manual_seed(n * 7 + cached)
     dim, block, context = 64, 16, cached + n
     blocks = (context + block - 1) // block
@@ -71,16 +74,17 @@ def run_native_chunk(n: int, cached: int, heads: int, kv_heads: int, native: boo
     v_cache = torch.full((kv_heads, blocks + 3, block, dim), float("nan"), dtype=torch.bfloat16)
     table = torch.randperm(blocks + 3, generator=gen)[:blocks]
     earlier = torch.arange(cached)
-    k_cache[:, table[earlier // block], earlier % block] = torch.randn(
-        kv_heads, cached, dim, generator=gen
+    k_cache[:, table[earlier // block], earlier % block] = (
+        torch.randn(kv_heads, cached, dim, generator=gen) * (1 + key_growth * earlier)[None, :, None]
     ).bfloat16()
     v_cache[:, table[earlier // block], earlier % block] = torch.randn(
         kv_heads, cached, dim, generator=gen
     ).bfloat16()
     q = torch.randn(n, heads, dim, generator=gen).bfloat16()
-    k = torch.randn(n, kv_heads, dim, generator=gen).bfloat16()
-    v = torch.randn(n, kv_heads, dim, generator=gen).bfloat16()
     positions = torch.arange(cached, context)
+    growth = (1 + key_growth * positions)[:, None, None]
+    k = (torch.randn(n, kv_heads, dim, generator=gen) * growth).bfloat16()
+    v = torch.randn(n, kv_heads, dim, generator=gen).bfloat16()
     meta = AttentionMetadata(
         slot_mapping=table[positions // block] * block + positions % block, num_decodes=0,
         decode_block_tables=None, decode_mask=None, prefills=[PrefillChunk(0, n, context, table)],
@@ -99,6 +103,17 @@ def test_the_native_kernel_attends_as_sdpa_does(heads, kv_heads, n, cached):
     heads per KV head: the kernel's output against SDPA's on the same pool, within bfloat16 rounding."""
     native = run_native_chunk(n, cached, heads, kv_heads, native=True)
     expected = run_native_chunk(n, cached, heads, kv_heads, native=False)
+    assert not native.isnan().any()
+    torch.testing.assert_close(native.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@NATIVE
+@pytest.mark.parametrize(("n", "cached"), [(40, 530), (200, 0)])
+def test_scores_that_grow_along_the_context_move_the_running_max_and_rescale_the_sums(n, cached):
+    """Keys ever longer along the context: a row's scores leave its running max far behind many times, and
+    each time what it summed so far must be rescaled (the steps before would otherwise outweigh the rest)."""
+    native = run_native_chunk(n, cached, 9, 3, native=True, key_growth=0.1)
+    expected = run_native_chunk(n, cached, 9, 3, native=False, key_growth=0.1)
     assert not native.isnan().any()
     torch.testing.assert_close(native.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
