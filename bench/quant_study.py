@@ -373,18 +373,19 @@ def setup(repeats: int) -> str:
         else ""
     )
     native = "yes" if native_cpu_bfloat16() else "no"
-    w8a8_dtype = all_rows()["w8a8"].dtype
+    w8a8_dtype, w4a8_dtype = all_rows()["w8a8"].dtype, all_rows()["w4a8"].dtype
     return f"""(one server at a time, on this {os.cpu_count()}-core machine ({cpu_info().model}, native
 bfloat16: {native}) with nothing else running; {runs}; counts are small, so compare rows within this
 table). Client: `vllm bench serve`, completions, 128 random prompt tokens, 64 output tokens. Decode
 tok/s: 1000 / TPOT p50 at one stream. Rows: float32 and bfloat16 are unquantized weights in
 that dtype; int8 is float32 activations with int8 weights (one scale per channel) through the project's
 kernel; w8a8 is int8 weights times int8 activation rows quantized at every step (model/w8a8.py), in
-{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx512 kind; int4 is a
-float32 model whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1 blocks (its
-products read the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16, else
-float32).{dequantized} w4a8 is int4's weights times int8 activation rows (a scale per 32 columns) on the
-project's AVX2 kernel (model/w4a8.py), what `auto` runs on the avx2 kind for a model with its GGUF blocks.
+{w8a8_dtype} between layers, what `WORKER_QUANTIZATION=auto` runs on the avx512 and avx512_bf16 kinds;
+int4 is a float32 model whose linear layers run the project's 4-bit kernel on the GGUF file's own Q4_1
+blocks (its products read the activations as {int4_rows} here: bfloat16 where the CPU has AVX512-BF16,
+else float32).{dequantized} w4a8 is int4's weights times int8 activation rows (a scale per 32 columns) on the
+project's kernel (model/w4a8.py; AVX2, or AVX512-VNNI where the CPU has it), in {w4a8_dtype} between layers,
+what `auto` runs on the avx2 kind for a model with its GGUF blocks.
 The package ships only the Q4_1 file, so the float32 weights are those blocks de-quantized: int4 computes the
 same weights as float32, int8 rounds them again, and llama.cpp's Q8_0 file is the Q4_1 weights re-quantized
 (its perplexity cannot be better than Q4_1's)."""

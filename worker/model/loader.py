@@ -51,7 +51,7 @@ def resolve_dtype(name: str, device: str, quantization: str = "none", kind: str 
     model around them measured slower at every batch size); else (w8a8 and w4a8 included: their rows are
     quantized to 8 bits whatever their dtype) what worker/model/cpu_kind.py's table picks for this CPU's kind
     (bfloat16 where it is native: AVX512-BF16, AMX; float32 where it is emulated). w4a8 in bfloat16 on an
-    AVX512-BF16 EPYC: decode steps 0.85-0.95x float32's time from 8 sequences, perplexity within 0.1%."""
+    AVX512-BF16 EPYC: decode steps 0.83-0.89x float32's time from 8 sequences, perplexity within 0.1%."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
