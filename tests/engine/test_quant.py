@@ -155,7 +155,7 @@ def test_auto_takes_w4a8_only_for_a_model_whose_gguf_file_holds_its_4_bit_blocks
     assert resolve_quantization("w4a8", "cpu", "avx2", floats) == "w4a8"  # an explicit choice stands
 
 
-def test_quantized_weights_run_float32_activations_on_cpu_unless_asked_otherwise():
+def test_weight_only_quantized_weights_run_float32_activations_on_cpu_unless_asked_otherwise():
     assert resolve_dtype("auto", "cpu", "int8") == "float32"
     assert resolve_dtype("auto", "cpu", "int4") == "float32"
     # w8a8 and w4a8 quantize their rows whatever their dtype: the kind's own dtype, as unquantized weights
