@@ -8,8 +8,8 @@ Columns (each one call per linear, as the engine makes them):
   int8          int8 weights, float32 rows (worker/kernels/int8_linear.cpp): `WORKER_QUANTIZATION=int8`
   w8a8          worker/kernels/w8a8_linear.cpp (AVX512-VNNI, or VPMADDUBSW on 7-bit rows on AVX2): what a
                 w8a8 layer runs
-  w4a8          worker/kernels/w4a8_linear.cpp (AVX2): 4-bit weights (Q4_1 groups) x 8-bit rows, what a w4a8
-                layer runs (where the build has it)
+  w4a8          worker/kernels/w4a8_linear.cpp (AVX512-VNNI, or AVX2): 4-bit weights (Q4_1 groups) x 8-bit
+                rows, what a w4a8 layer runs (where the build has it)
 Every row is the 30 decoder layers' four linears at SmolLM2-135M's shapes with distinct weights (100 MB of
 int8 codes, 66 MB of 4-bit ones with their float16 scales and mins, 200 MB of bfloat16, 400 MB of float32),
 so the weights stream from memory as in a served step; a

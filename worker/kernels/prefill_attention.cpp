@@ -228,25 +228,35 @@ inline float weigh_row(__m512 x0, __m512 x1, __mmask16 seen0, __mmask16 seen1, f
   return correction;
 }
 
-// Which of a step's two halves of 16 keys (from t0) a row at `position` may see: all, where the step ends at or
-// before the nearest row's position (`causal` false).
-inline void seen_keys(int64_t t0, bool causal, int32_t position, __mmask16& seen0, __mmask16& seen1) {
-  seen0 = seen1 = 0xFFFF;
-  if (!causal) return;
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i key0 = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(t0)));
-  const __m512i at = _mm512_set1_epi32(position);
-  seen0 = _mm512_cmp_epi32_mask(key0, at, _MM_CMPINT_LE);
-  seen1 = _mm512_cmp_epi32_mask(_mm512_add_epi32(key0, _mm512_set1_epi32(16)), at, _MM_CMPINT_LE);
-}
+// A step's key indices (t0 .. t0 + 31), made once per step: which of them a row at `position` may see (all,
+// where the step ends at or before the nearest row's position: `causal` false).
+struct StepKeys {
+  __m512i key0, key1;
+  bool causal;
+
+  StepKeys(int64_t t0, bool causal_) : causal(causal_) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    key0 = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(t0)));
+    key1 = _mm512_add_epi32(key0, _mm512_set1_epi32(16));
+  }
+
+  void seen(int32_t position, __mmask16& seen0, __mmask16& seen1) const {
+    seen0 = seen1 = 0xFFFF;
+    if (!causal) return;
+    const __m512i at = _mm512_set1_epi32(position);
+    seen0 = _mm512_cmp_epi32_mask(key0, at, _MM_CMPINT_LE);
+    seen1 = _mm512_cmp_epi32_mask(key1, at, _MM_CMPINT_LE);
+  }
+};
 
 #ifdef LLMSERVE_AMX_PREFILL
 // The softmax of one step's scores into bfloat16 weights; returns whether some row's sums need rescaling.
 bool weigh_step(RowTile& tile, int64_t t0, bool causal, float scale) {
+  const StepKeys keys(t0, causal);
   bool rescale = false;
   for (int r = 0; r < 16; ++r) {
     __mmask16 seen0, seen1;
-    seen_keys(t0, causal, tile.position[r], seen0, seen1);
+    keys.seen(tile.position[r], seen0, seen1);
     const float before = tile.max[r];
     tile.correction[r] = weigh_row(_mm512_load_ps(tile.scores[r]), _mm512_load_ps(tile.scores[r] + 16), seen0, seen1,
                                    scale, tile.max[r], tile.partial[r], tile.weights[r]);
@@ -425,12 +435,11 @@ void attend_rows_avx512(const BF16* q, int64_t q_stride, BF16* out, int64_t out_
       }
     }
     // the online softmax (weigh_row)
-    const int64_t t0 = kStep * s;
-    const bool causal = t0 + kStep - 1 > nearest;
+    const StepKeys keys(kStep * s, kStep * s + kStep - 1 > nearest);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       __mmask16 seen0, seen1;
-      seen_keys(t0, causal, rows.position[r], seen0, seen1);
+      keys.seen(rows.position[r], seen0, seen1);
       const float correction = weigh_row(scores[r][0], scores[r][1], seen0, seen1, scale, rows.max[r], rows.partial[r],
                                          rows.weights[r]);
       if (correction != 1.f) {

@@ -3,8 +3,9 @@
 The weights are the int4 layer's groups (worker/model/quant.py `Int4Groups`: a GGUF file's own Q4_1 blocks
 where the model has one, else quantized from float at load), so they are the same weights int4 computes. Where
 int4 multiplies them in float32, here each step's activation rows are quantized per group of the same 32
-columns (8-bit codes, one scale each, as llama.cpp's Q8_1) and the products run on AVX2's integer
-multiply-adds (worker/kernels/w4a8_linear.cpp): a group's part of a row's dot product is
+columns (8-bit codes, one scale each, as llama.cpp's Q8_1) and the products run on the CPU's integer
+multiply-adds (worker/kernels/w4a8_linear.cpp: AVX2, or AVX512-VNNI where the CPU has it): a group's part of a
+row's dot product is
 
     s_x (d sum_k q_x[k] q_w[k] + m sum_k q_x[k])
 
